@@ -1,0 +1,27 @@
+//! The command line: `palisade <subcommand>`, also installable as the kubectl plugin `kubectl-palisade`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "palisade", version, about = "Kubernetes leases with fencing tokens")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the CustomResourceDefinitions (Lease, LeaseClaim) as YAML.
+    Crds,
+}
+
+pub fn main(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Crds => {
+            print!("{}", crate::api::crds_yaml());
+            ExitCode::SUCCESS
+        }
+    }
+}

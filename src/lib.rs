@@ -1,0 +1,8 @@
+//! palisade: Kubernetes leases with fencing tokens.
+//!
+//! A grant of a [`api::Lease`] carries a strictly increasing fencing token; the
+//! protected resource rejects writes with a token lower than the highest it has
+//! seen. See DESIGN.md for the contract.
+
+pub mod api;
+pub mod cli;
