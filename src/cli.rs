@@ -15,6 +15,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the CustomResourceDefinitions (Lease, LeaseClaim) as YAML.
     Crds,
+    /// Admit a write to a file-backed fenced store (the enforcement side of a fencing token).
+    Fence(crate::fence::FenceArgs),
 }
 
 pub fn main(cli: Cli) -> ExitCode {
@@ -23,5 +25,6 @@ pub fn main(cli: Cli) -> ExitCode {
             print!("{}", crate::api::crds_yaml());
             ExitCode::SUCCESS
         }
+        Command::Fence(args) => crate::fence::run(args),
     }
 }
