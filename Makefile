@@ -16,10 +16,12 @@ SHELL := /bin/bash
 .NOTPARALLEL:
 
 CACHE_DIR ?= $(HOME)/.cache/palisade
-K8S_VERSION := $(shell awk '/^require k8s.io\/kubernetes /{print $$3}' tests/controlplane/kube/go.mod)
+# Versions come from the go.mod files: the one place they are pinned.
+gomod_version = $(shell awk '{for (i = 1; i < NF; i++) if ($$i == "$(1)" && $$(i+1) ~ /^v[0-9]/) {print $$(i+1); exit}}' $(2))
+K8S_VERSION := $(call gomod_version,k8s.io/kubernetes,tests/controlplane/kube/go.mod)
 K8S_MINOR := $(word 2,$(subst ., ,$(K8S_VERSION)))
-ETCD_VERSION := $(shell awk '/^require go.etcd.io\/etcd\/server\/v3 /{print $$3}' tests/controlplane/etcd/go.mod)
-HELM_VERSION := $(shell awk '$$1=="helm.sh/helm/v3"{print $$2}' tests/controlplane/helm/go.mod)
+ETCD_VERSION := $(call gomod_version,go.etcd.io/etcd/server/v3,tests/controlplane/etcd/go.mod)
+HELM_VERSION := $(call gomod_version,helm.sh/helm/v3,tests/controlplane/helm/go.mod)
 
 KUBE_BIN := $(CACHE_DIR)/kubernetes-$(K8S_VERSION)
 ETCD_BIN := $(CACHE_DIR)/etcd-$(ETCD_VERSION)

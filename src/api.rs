@@ -134,7 +134,10 @@ pub struct LeaseStatus {
 #[x_kube(validation = Rule::new("has(self.pod) == has(oldSelf.pod)").message("spec.pod is immutable: it cannot be added or removed after creation").field_path(".pod"))]
 pub struct LeaseClaimSpec {
     /// Name of the Lease in the same namespace (immutable).
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.leaseName is immutable"))]
     pub lease_name: String,
     /// Who holds the lease when this claim is granted, e.g. the pod name (immutable).

@@ -6,4 +6,10 @@
 
 pub mod api;
 pub mod cli;
+pub mod controller;
+pub mod election;
 pub mod fence;
+pub mod grant;
+pub mod index;
+pub mod telemetry;
+pub mod token;

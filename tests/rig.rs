@@ -24,9 +24,12 @@ async fn pod_bound_token_carries_the_pod_name_in_user_info() {
     let pods: Api<Pod> = ns.api();
     let pp = PostParams::default();
 
-    sas.create(&pp, &serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap())
-        .await
-        .expect("create ServiceAccount");
+    sas.create(
+        &pp,
+        &serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap(),
+    )
+    .await
+    .expect("create ServiceAccount");
     // No kubelet or scheduler: the Pod object only has to exist to bind a token to it.
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "worker-0"},

@@ -127,11 +127,19 @@ impl Drop for TestNamespace {
 
 /// The Kubernetes release the control plane is built from (tests/controlplane/kube/go.mod).
 pub fn pinned_kubernetes_version() -> String {
-    let gomod = std::fs::read_to_string(repo_root().join("tests/controlplane/kube/go.mod")).unwrap();
+    let gomod =
+        std::fs::read_to_string(repo_root().join("tests/controlplane/kube/go.mod")).unwrap();
     gomod
         .lines()
-        .find_map(|l| l.strip_prefix("require k8s.io/kubernetes "))
+        .find_map(|l| {
+            let mut fields = l
+                .split_whitespace()
+                .skip_while(|f| *f != "k8s.io/kubernetes");
+            fields.next()?;
+            fields
+                .next()
+                .filter(|v| v.starts_with('v'))
+                .map(str::to_string)
+        })
         .expect("go.mod requires k8s.io/kubernetes")
-        .trim()
-        .to_string()
 }

@@ -1,0 +1,563 @@
+//! The lease controller: watches feed the [`Index`]; dirty Leases are decided
+//! by [`grant::decide`] and written, one Lease status write per decision,
+//! conditioned on the resourceVersion it was computed from (DESIGN rule 2).
+//!
+//! One task owns the index and the work queue, so no locks; the API writes run
+//! concurrently (never two for the same Lease) and report back to that task.
+//! We use kube-runtime's watcher (relist, backoff) but not its `Controller`:
+//! our unit of work is a Lease *name*, which claims may name before the Lease
+//! exists, and expiry needs per-holder timers on the controller's own clock.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::{FuturesUnordered, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::time::{DelayQueue, delay_queue};
+
+use crate::api::{CONTROLLER_MANAGER, Lease, LeaseClaim};
+use crate::grant::{self, ClaimUpdate, Decision, Ending};
+use crate::index::{Index, LeaseKey};
+use crate::telemetry::{Metrics, Readiness, WriteLabels};
+
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Watch one namespace, or all when None.
+    pub namespace: Option<String>,
+    /// Concurrent Lease writes (different Leases).
+    pub concurrency: usize,
+    /// Name reported in Events.
+    pub instance: String,
+}
+
+enum Input {
+    Lease(Result<Event<Lease>, watcher::Error>),
+    Claim(Result<Event<LeaseClaim>, watcher::Error>),
+    Pod(Result<Event<Pod>, watcher::Error>),
+}
+
+/// What one write pass reports back to the loop.
+struct Outcome {
+    key: LeaseKey,
+    /// The Lease as written, or as freshly read after a conflict.
+    lease: Option<Lease>,
+    /// The Lease no longer exists (read after a conflict).
+    lease_gone: bool,
+    retry_after: Option<Duration>,
+    handed_over: bool,
+}
+
+/// Runs until `shutdown`; grants only while `leading` is true.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    ready: Readiness,
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    let (leases, claims, pods): (Api<Lease>, Api<LeaseClaim>, Api<Pod>) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
+    };
+    let wc = watcher::Config::default();
+    let inputs = futures::stream::select_all(vec![
+        watcher::watcher(leases, wc.clone())
+            .default_backoff()
+            .map(Input::Lease)
+            .boxed(),
+        watcher::watcher(claims, wc.clone())
+            .default_backoff()
+            .map(Input::Claim)
+            .boxed(),
+        watcher::watcher(pods, wc)
+            .default_backoff()
+            .map(Input::Pod)
+            .boxed(),
+    ]);
+    let mut inputs = Box::pin(inputs.take_until(shutdown.clone().cancelled_owned()));
+
+    let events = spawn_event_publisher(client.clone(), &config.instance);
+    let mut state = Loop {
+        client,
+        config,
+        metrics,
+        events,
+        index: Index::default(),
+        synced: [false; 3],
+        relist: Relist::default(),
+        queue: VecDeque::new(),
+        queued: HashSet::new(),
+        dirty_since: HashMap::new(),
+        in_flight: HashSet::new(),
+        timers: DelayQueue::new(),
+        timer_keys: HashMap::new(),
+    };
+    let mut writes = FuturesUnordered::new();
+    let mut was_leading = false;
+
+    loop {
+        let is_leading = *leading.borrow();
+        if is_leading && !was_leading && state.is_synced() {
+            // Failover: every held lease gets a fresh full duration (DESIGN rule 4).
+            state.index.restart_holder_clocks(Instant::now());
+            for key in state.index.keys() {
+                state.mark_dirty(key, Instant::now());
+            }
+            was_leading = true;
+        }
+        if is_leading && state.is_synced() {
+            while writes.len() < state.config.concurrency {
+                let Some(fut) = state.next_write() else { break };
+                writes.push(fut);
+            }
+        }
+        tokio::select! {
+            input = inputs.next() => match input {
+                Some(input) => state.handle_input(input, &ready),
+                None => break, // shutdown
+            },
+            Some(expired) = state.timers.next() => {
+                let key = expired.into_inner();
+                state.timer_keys.remove(&key);
+                state.mark_dirty(key, Instant::now());
+            }
+            Some(outcome) = writes.next() => state.finish(outcome),
+            changed = leading.changed() => {
+                if changed.is_err() { break; }
+            }
+        }
+    }
+    // Stop granting; let in-flight writes finish so no decision is left half-written.
+    ready.set(false);
+    while let Some(outcome) = writes.next().await {
+        state.finish(outcome);
+    }
+    tracing::info!("controller stopped");
+}
+
+/// Objects buffered during a watch (re)list, applied atomically at InitDone.
+#[derive(Default)]
+struct Relist {
+    leases: Vec<Lease>,
+    claims: Vec<LeaseClaim>,
+    pods: Vec<Pod>,
+}
+
+struct Loop {
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    events: mpsc::UnboundedSender<(Lease, KubeEvent)>,
+    index: Index,
+    /// Leases, claims, pods: initial list delivered.
+    synced: [bool; 3],
+    relist: Relist,
+    queue: VecDeque<LeaseKey>,
+    queued: HashSet<LeaseKey>,
+    /// When each queued key first became dirty: the start of a handover's latency.
+    dirty_since: HashMap<LeaseKey, Instant>,
+    in_flight: HashSet<LeaseKey>,
+    timers: DelayQueue<LeaseKey>,
+    timer_keys: HashMap<LeaseKey, delay_queue::Key>,
+}
+
+impl Loop {
+    fn is_synced(&self) -> bool {
+        self.synced.iter().all(|s| *s)
+    }
+
+    fn mark_dirty(&mut self, key: LeaseKey, now: Instant) {
+        self.dirty_since.entry(key.clone()).or_insert(now);
+        if self.queued.insert(key.clone()) {
+            self.queue.push_back(key);
+        }
+    }
+
+    fn handle_input(&mut self, input: Input, ready: &Readiness) {
+        let now = Instant::now();
+        let touched = match input {
+            Input::Lease(Ok(ev)) => match ev {
+                Event::Apply(l) => self.index.apply_lease(l, now).into_iter().collect(),
+                Event::Delete(l) => self.index.delete_lease(&l).into_iter().collect(),
+                Event::Init => {
+                    self.relist.leases.clear();
+                    Vec::new()
+                }
+                Event::InitApply(l) => {
+                    self.relist.leases.push(l);
+                    Vec::new()
+                }
+                Event::InitDone => {
+                    self.synced[0] = true;
+                    self.index
+                        .reset_leases(std::mem::take(&mut self.relist.leases), now)
+                }
+            },
+            Input::Claim(Ok(ev)) => match ev {
+                Event::Apply(c) => self.index.apply_claim(c, now),
+                Event::Delete(c) => self.index.delete_claim(&c),
+                Event::Init => {
+                    self.relist.claims.clear();
+                    Vec::new()
+                }
+                Event::InitApply(c) => {
+                    self.relist.claims.push(c);
+                    Vec::new()
+                }
+                Event::InitDone => {
+                    self.synced[1] = true;
+                    self.index
+                        .reset_claims(std::mem::take(&mut self.relist.claims), now)
+                }
+            },
+            Input::Pod(Ok(ev)) => match ev {
+                Event::Apply(p) => self.index.apply_pod(&p),
+                Event::Delete(p) => self.index.delete_pod(&p),
+                Event::Init => {
+                    self.relist.pods.clear();
+                    Vec::new()
+                }
+                Event::InitApply(p) => {
+                    self.relist.pods.push(p);
+                    Vec::new()
+                }
+                Event::InitDone => {
+                    self.synced[2] = true;
+                    self.index.reset_pods(std::mem::take(&mut self.relist.pods))
+                }
+            },
+            Input::Lease(Err(e)) | Input::Claim(Err(e)) | Input::Pod(Err(e)) => {
+                // The watcher retries with backoff; a malformed object shows up here too.
+                tracing::warn!(error = %e, "watch error");
+                Vec::new()
+            }
+        };
+        if self.is_synced() && !ready.get() {
+            tracing::info!(leases = self.index.lease_count(), "caches synced");
+            ready.set(true);
+            for key in self.index.keys() {
+                self.mark_dirty(key, now);
+            }
+        }
+        for key in touched {
+            self.mark_dirty(key, now);
+        }
+        self.metrics.leases.set(self.index.lease_count() as i64);
+        self.metrics.leases_held.set(self.index.held_count() as i64);
+    }
+
+    /// Decides dirty Leases (that have no write in flight) until one needs a write, and returns it.
+    fn next_write(&mut self) -> Option<BoxFuture<'static, Outcome>> {
+        loop {
+            let position = self
+                .queue
+                .iter()
+                .position(|k| !self.in_flight.contains(k))?;
+            let key = self.queue.remove(position)?;
+            self.queued.remove(&key);
+            let dirty_since = self.dirty_since.remove(&key).unwrap_or_else(Instant::now);
+            let Some(view) = self.index.view(&key) else {
+                continue;
+            };
+            let decision = grant::decide(&view, Instant::now(), Timestamp::now());
+            let lease = view.lease.cloned();
+            let holder_deadline = view.holder_deadline;
+            if decision.lease_status.is_none() && decision.claim_updates.is_empty() {
+                self.schedule(&key, holder_deadline);
+                continue;
+            }
+            self.in_flight.insert(key.clone());
+            let writer = Writer {
+                client: self.client.clone(),
+                metrics: self.metrics.clone(),
+                events: self.events.clone(),
+            };
+            return Some(writer.write(key, lease, decision, dirty_since).boxed());
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        let now = Instant::now();
+        self.in_flight.remove(&outcome.key);
+        if let Some(lease) = outcome.lease {
+            self.index.apply_lease(lease, now);
+        } else if outcome.lease_gone
+            && let Some(lease) = self.index.lease(&outcome.key).map(|l| (**l).clone())
+        {
+            self.index.delete_lease(&lease);
+        }
+        if outcome.handed_over {
+            self.metrics.leases_held.set(self.index.held_count() as i64);
+        }
+        match outcome.retry_after {
+            Some(delay) if delay.is_zero() => self.mark_dirty(outcome.key, now),
+            Some(delay) => self.schedule(&outcome.key, Some(now + delay)),
+            None => {
+                let deadline = self
+                    .index
+                    .view(&outcome.key)
+                    .and_then(|v| v.holder_deadline);
+                self.schedule(&outcome.key, deadline);
+            }
+        }
+    }
+
+    /// Wakes the Lease at `at` (its holder's expiry, or a retry), replacing any earlier timer.
+    fn schedule(&mut self, key: &LeaseKey, at: Option<Instant>) {
+        if let Some(old) = self.timer_keys.remove(key) {
+            self.timers.remove(&old);
+        }
+        if let Some(at) = at {
+            let handle = self.timers.insert_at(key.clone(), at.into());
+            self.timer_keys.insert(key.clone(), handle);
+        }
+    }
+}
+
+struct Writer {
+    client: Client,
+    metrics: Arc<Metrics>,
+    events: mpsc::UnboundedSender<(Lease, KubeEvent)>,
+}
+
+impl Writer {
+    async fn write(
+        self,
+        key: LeaseKey,
+        lease: Option<Lease>,
+        decision: Decision,
+        dirty_since: Instant,
+    ) -> Outcome {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
+        let mut outcome = Outcome {
+            key: key.clone(),
+            lease: None,
+            lease_gone: false,
+            retry_after: None,
+            handed_over: false,
+        };
+        let mut wrote_lease = false;
+        if let (Some(status), Some(current)) = (&decision.lease_status, &lease) {
+            let mut desired = current.clone();
+            desired.status = Some(status.clone());
+            // PUT /status carries metadata.resourceVersion: the API server refuses it
+            // with 409 if the Lease changed since we decided (DESIGN rule 2).
+            match leases
+                .replace_status(&key.name, &post_params(), &desired)
+                .await
+            {
+                Ok(written) => {
+                    wrote_lease = true;
+                    outcome.lease = Some(written.clone());
+                    self.record_lease_write(&key, &written, &decision, dirty_since);
+                }
+                Err(e) => {
+                    if is_conflict(&e) || is_not_found(&e) {
+                        self.metrics
+                            .write_conflicts
+                            .get_or_create(&WriteLabels { kind: "lease" })
+                            .inc();
+                        tracing::debug!(lease = %key, "lease changed since read; re-reading");
+                    } else {
+                        self.metrics
+                            .write_errors
+                            .get_or_create(&WriteLabels { kind: "lease" })
+                            .inc();
+                        tracing::warn!(lease = %key, error = %e, "lease status write failed");
+                    }
+                    return self
+                        .reread(
+                            &leases,
+                            outcome,
+                            if is_conflict(&e) || is_not_found(&e) {
+                                Duration::ZERO
+                            } else {
+                                Duration::from_millis(500)
+                            },
+                        )
+                        .await;
+                }
+            }
+        }
+        // Taking a grant away from a claim that this pass did not hand over: make
+        // sure our view of the Lease is current, so a stale cache never demotes a holder.
+        if !wrote_lease && decision.claim_updates.iter().any(|u| u.needs_confirmation) {
+            let current_rv = lease.as_ref().and_then(|l| l.resource_version());
+            match leases.get_opt(&key.name).await {
+                Ok(Some(fresh)) if fresh.resource_version() == current_rv => {}
+                Ok(_) | Err(_) => return self.reread(&leases, outcome, Duration::ZERO).await,
+            }
+        }
+        let claims: Api<LeaseClaim> = Api::namespaced(self.client.clone(), &key.namespace);
+        for update in &decision.claim_updates {
+            if let Err(e) = write_claim_status(&claims, update).await {
+                if is_not_found(&e) || is_conflict(&e) {
+                    continue; // deleted or re-created meanwhile: its own watch event re-decides
+                }
+                self.metrics
+                    .write_errors
+                    .get_or_create(&WriteLabels { kind: "claim" })
+                    .inc();
+                tracing::warn!(lease = %key, claim = %update.name, error = %e, "claim status write failed");
+                outcome.retry_after = Some(Duration::from_millis(500));
+            }
+        }
+        outcome.handed_over = wrote_lease;
+        outcome
+    }
+
+    fn record_lease_write(
+        &self,
+        key: &LeaseKey,
+        written: &Lease,
+        decision: &Decision,
+        dirty_since: Instant,
+    ) {
+        if let Some(ended) = &decision.ended {
+            let (counter, type_) = match ended.how {
+                Ending::Released => (&self.metrics.releases, EventType::Normal),
+                Ending::Expired => (&self.metrics.expirations, EventType::Warning),
+                Ending::Revoked(_) => (&self.metrics.revocations, EventType::Warning),
+            };
+            counter.inc();
+            let why = match &ended.how {
+                Ending::Released => "claim deleted".to_string(),
+                Ending::Expired => "no renewal observed within the lease duration".to_string(),
+                Ending::Revoked(why) => why.clone(),
+            };
+            tracing::info!(lease = %key, claim = %ended.claim, token = ?ended.token, reason = ended.how.reason(), %why, "grant ended");
+            self.publish(
+                written,
+                type_,
+                ended.how.reason(),
+                format!(
+                    "grant of {} to {} (token {}) ended: {why}",
+                    key.name,
+                    ended.identity,
+                    ended.token.unwrap_or_default()
+                ),
+            );
+        }
+        if let Some(granted) = &decision.granted {
+            self.metrics.grants.inc();
+            if decision.ended.is_some() {
+                self.metrics
+                    .handover_latency
+                    .observe(dirty_since.elapsed().as_secs_f64());
+            }
+            tracing::info!(lease = %key, claim = %granted.claim, holder = %granted.identity, token = granted.token, "granted");
+            self.publish(
+                written,
+                EventType::Normal,
+                "Granted",
+                format!(
+                    "granted to {} (claim {}) with fencing token {}",
+                    granted.identity, granted.claim, granted.token
+                ),
+            );
+        }
+    }
+
+    fn publish(&self, lease: &Lease, type_: EventType, reason: &str, note: String) {
+        let event = KubeEvent {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        let _ = self.events.send((lease.clone(), event));
+    }
+
+    /// After a failed write: read the Lease again and decide once more.
+    async fn reread(&self, leases: &Api<Lease>, mut outcome: Outcome, retry: Duration) -> Outcome {
+        match leases.get_opt(&outcome.key.name).await {
+            Ok(Some(fresh)) => outcome.lease = Some(fresh),
+            Ok(None) => outcome.lease_gone = true,
+            Err(e) => {
+                tracing::warn!(lease = %outcome.key, error = %e, "re-reading lease failed");
+                outcome.retry_after = Some(Duration::from_millis(500));
+                return outcome;
+            }
+        }
+        outcome.retry_after = Some(retry);
+        outcome
+    }
+}
+
+async fn write_claim_status(
+    claims: &Api<LeaseClaim>,
+    update: &ClaimUpdate,
+) -> Result<(), kube::Error> {
+    // A JSON patch that tests the UID, so a claim re-created under the same name is left alone.
+    let patch = serde_json::json!([
+        {"op": "test", "path": "/metadata/uid", "value": update.uid},
+        {"op": "add", "path": "/status", "value": update.status},
+    ]);
+    let patch: json_patch::Patch = serde_json::from_value(patch).expect("a well-formed JSON patch");
+    claims
+        .patch_status(
+            &update.name,
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await
+        .map(|_| ())
+}
+
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(CONTROLLER_MANAGER.to_string()),
+        ..Default::default()
+    }
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Events are published off the write path, in order, by one recorder (so they are de-duplicated).
+fn spawn_event_publisher(
+    client: Client,
+    instance: &str,
+) -> mpsc::UnboundedSender<(Lease, KubeEvent)> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Lease, KubeEvent)>();
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: CONTROLLER_MANAGER.to_string(),
+            instance: Some(instance.to_string()),
+        },
+    );
+    tokio::spawn(async move {
+        while let Some((lease, event)) = rx.recv().await {
+            if let Err(e) = recorder.publish(&event, &lease.object_ref(&())).await {
+                tracing::debug!(error = %e, "publishing event failed");
+            }
+        }
+    });
+    tx
+}

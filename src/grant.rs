@@ -1,0 +1,459 @@
+//! The grant decision: observed state in, desired statuses out. Pure; no I/O.
+//!
+//! Given one Lease (or its absence), the claims naming it, what their pods say
+//! and whether the holder's time ran out, [`decide`] returns the Lease status to
+//! write (at most one write: grant, handover and free happen together, DESIGN
+//! rule 5), the claim status mirrors to write after it, and the events to publish.
+
+use std::time::Instant;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::api::{ClaimPhase, Holder, LeaseClaimStatus, LeasePhase, LeaseStatus};
+use crate::index::{ClaimView, LeaseView};
+use crate::token::next_token;
+
+/// How many waiting claims `status.waiting` lists.
+pub const WAITING_LISTED: usize = 10;
+
+/// Why a grant ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// The holder deleted its claim.
+    Released,
+    /// No renewal observed within the lease duration.
+    Expired,
+    /// The claim's pod is gone or terminal, or the claim was marked lost.
+    Revoked(String),
+}
+
+impl Ending {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Ending::Released => "Released",
+            Ending::Expired => "Expired",
+            Ending::Revoked(_) => "Revoked",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub claim: String,
+    pub identity: String,
+    pub token: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    pub claim: String,
+    pub identity: String,
+    pub token: Option<i64>,
+    pub how: Ending,
+}
+
+/// A claim status to write (after the Lease write, if any).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimUpdate {
+    pub name: String,
+    pub uid: String,
+    pub status: LeaseClaimStatus,
+    /// Takes a grant away from a claim whose loss this decision did not itself
+    /// write to the Lease: confirm the Lease with a fresh read first.
+    pub needs_confirmation: bool,
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Decision {
+    /// The new Lease status, when it differs from the observed one.
+    pub lease_status: Option<LeaseStatus>,
+    pub granted: Option<Grant>,
+    pub ended: Option<Ended>,
+    pub claim_updates: Vec<ClaimUpdate>,
+}
+
+/// Decides who holds the Lease, with which token, and who waits.
+pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
+    let mut claims: Vec<&ClaimView<'_>> = view.claims.iter().collect();
+    claims.sort_by(|a, b| (a.claim.created, &a.claim.name).cmp(&(b.claim.created, &b.claim.name)));
+
+    let Some(lease) = view.lease else {
+        return decide_without_lease(&claims, wall);
+    };
+    let observed = lease.status.clone().unwrap_or_default();
+    let generation = lease.metadata.generation;
+    let mut status = observed.clone();
+    let mut decision = Decision::default();
+
+    // 1. Does the current holder keep the lease?
+    let holder = observed.holder.as_ref();
+    let holder_claim = holder.and_then(|h| claims.iter().find(|c| c.claim.uid == h.claim_uid));
+    let ending = match (holder, holder_claim) {
+        (None, _) => None,
+        (Some(_), None) => Some(Ending::Released),
+        (Some(_), Some(c)) if c.claim.deleting => Some(Ending::Released),
+        (Some(h), Some(c)) => match &c.pod_problem {
+            Some(problem) => Some(Ending::Revoked(
+                problem.describe(
+                    &c.claim
+                        .pod
+                        .as_ref()
+                        .map(|p| p.name.clone())
+                        .unwrap_or_else(|| h.identity.clone()),
+                ),
+            )),
+            None if view.holder_deadline.is_some_and(|d| now >= d) => Some(Ending::Expired),
+            None if c.claim.status.phase.is_some_and(ClaimPhase::is_final) => {
+                Some(Ending::Revoked(format!(
+                    "claim {} was already marked {:?}",
+                    c.claim.name,
+                    c.claim.status.phase.unwrap()
+                )))
+            }
+            None => None,
+        },
+    };
+    if let (Some(h), Some(how)) = (holder, &ending) {
+        decision.ended = Some(Ended {
+            claim: h.claim.clone(),
+            identity: h.identity.clone(),
+            token: observed.fencing_token,
+            how: how.clone(),
+        });
+    }
+    let ended_uid = ending.as_ref().and(holder).map(|h| h.claim_uid.as_str());
+    let kept_uid = if ending.is_none() {
+        holder.map(|h| h.claim_uid.as_str())
+    } else {
+        None
+    };
+
+    // 2. Who waits: pending claims whose pods (if any) are alive, in FIFO order.
+    let waiting: Vec<&ClaimView<'_>> = claims
+        .iter()
+        .copied()
+        .filter(|c| {
+            is_waiting(c)
+                && Some(c.claim.uid.as_str()) != ended_uid
+                && Some(c.claim.uid.as_str()) != kept_uid
+        })
+        .collect();
+
+    // 3. Hand over in the same write.
+    let mut waiters = waiting.as_slice();
+    if kept_uid.is_none() {
+        if let Some((next, rest)) = waiting.split_first() {
+            let rv = lease.resource_version().unwrap_or_default();
+            let next_token = next_token(observed.fencing_token, &rv);
+            status.holder = Some(Holder {
+                claim: next.claim.name.clone(),
+                claim_uid: next.claim.uid.clone(),
+                identity: next.claim.holder_identity.clone(),
+            });
+            status.fencing_token = Some(next_token.token);
+            status.grants = Some(observed.grants.unwrap_or(0) + 1);
+            status.acquire_time = Some(MicroTime(wall));
+            status.phase = Some(LeasePhase::Held);
+            set_condition(
+                &mut status.conditions,
+                "TokenFromResourceVersion",
+                next_token.from_resource_version,
+                if next_token.from_resource_version {
+                    "Integer"
+                } else {
+                    "NotAnInteger"
+                },
+                &if next_token.from_resource_version {
+                    "tokens are derived from the Lease resourceVersion".to_string()
+                } else {
+                    format!(
+                        "resourceVersion {rv:?} is not an integer: token fell back to fencingToken + 1"
+                    )
+                },
+                generation,
+                wall,
+            );
+            decision.granted = Some(Grant {
+                claim: next.claim.name.clone(),
+                identity: next.claim.holder_identity.clone(),
+                token: next_token.token,
+            });
+            waiters = rest;
+        } else {
+            status.holder = None;
+            status.phase = Some(LeasePhase::Free);
+            status.acquire_time = None;
+        }
+    }
+    status.phase = Some(if status.holder.is_some() {
+        LeasePhase::Held
+    } else {
+        LeasePhase::Free
+    });
+    status.waiting = waiters
+        .iter()
+        .take(WAITING_LISTED)
+        .map(|c| c.claim.name.clone())
+        .collect();
+    status.waiting_count = Some(waiters.len() as i64);
+    status.observed_generation = generation;
+    let (held, reason, message) = match &status.holder {
+        Some(h) => (
+            true,
+            "Granted",
+            format!(
+                "held by {} (claim {}) with fencing token {}",
+                h.identity,
+                h.claim,
+                status.fencing_token.unwrap_or_default()
+            ),
+        ),
+        None => (false, "Free", "no claim is waiting".to_string()),
+    };
+    set_condition(
+        &mut status.conditions,
+        "Held",
+        held,
+        reason,
+        &message,
+        generation,
+        wall,
+    );
+    if status != observed {
+        decision.lease_status = Some(status.clone());
+    }
+    let wrote_lease = decision.lease_status.is_some();
+
+    // 4. Claim mirrors, written after the Lease.
+    let holder_uid = status.holder.as_ref().map(|h| h.claim_uid.as_str());
+    let lease_token = status.fencing_token;
+    for (position, c) in waiters.iter().enumerate() {
+        let mut s = c.claim.status.clone();
+        s.phase = Some(ClaimPhase::Pending);
+        s.position = Some(position as i64 + 1);
+        remove_condition(&mut s.conditions, "LeaseNotFound");
+        set_condition(
+            &mut s.conditions,
+            "Granted",
+            false,
+            "Waiting",
+            &format!(
+                "waiting for lease {} at position {}",
+                view.key.name,
+                position + 1
+            ),
+            c.claim.generation,
+            wall,
+        );
+        push_claim_update(&mut decision, c, s, false);
+    }
+    for c in &claims {
+        let uid = c.claim.uid.as_str();
+        if c.claim.deleting || c.claim.status.phase.is_some_and(ClaimPhase::is_final) {
+            continue;
+        }
+        if Some(uid) == holder_uid {
+            let mut s = c.claim.status.clone();
+            if s.phase != Some(ClaimPhase::Granted) {
+                s.phase = Some(ClaimPhase::Granted);
+                s.fencing_token = lease_token;
+                s.grant_time = status.acquire_time.clone();
+                s.position = None;
+                remove_condition(&mut s.conditions, "LeaseNotFound");
+                set_condition(
+                    &mut s.conditions,
+                    "Granted",
+                    true,
+                    "Granted",
+                    &format!(
+                        "granted lease {} with fencing token {}",
+                        view.key.name,
+                        lease_token.unwrap_or_default()
+                    ),
+                    c.claim.generation,
+                    wall,
+                );
+                push_claim_update(&mut decision, c, s, false);
+            }
+        } else if Some(uid) == ended_uid {
+            let how = decision
+                .ended
+                .as_ref()
+                .expect("ended_uid implies ended")
+                .how
+                .clone();
+            let (phase, message) = match &how {
+                Ending::Expired => (
+                    ClaimPhase::Expired,
+                    "no renewal observed within the lease duration".to_string(),
+                ),
+                Ending::Revoked(why) => (ClaimPhase::Revoked, why.clone()),
+                Ending::Released => (ClaimPhase::Released, "released".to_string()),
+            };
+            push_claim_update(
+                &mut decision,
+                c,
+                lost(c, phase, how.reason(), &message, wall),
+                false,
+            );
+        } else if c.claim.status.phase == Some(ClaimPhase::Granted) {
+            // Granted in its mirror, but the Lease names someone else: a later grant superseded it.
+            let message = format!(
+                "lease {} is held by another claim (fencing token {})",
+                view.key.name,
+                lease_token.unwrap_or_default()
+            );
+            push_claim_update(
+                &mut decision,
+                c,
+                lost(c, ClaimPhase::Revoked, "Superseded", &message, wall),
+                !wrote_lease,
+            );
+        } else if is_pending(c)
+            && let Some(problem) = &c.pod_problem
+        {
+            let pod = c
+                .claim
+                .pod
+                .as_ref()
+                .map(|p| p.name.as_str())
+                .unwrap_or_default();
+            push_claim_update(
+                &mut decision,
+                c,
+                lost(
+                    c,
+                    ClaimPhase::Revoked,
+                    "PodGone",
+                    &problem.describe(pod),
+                    wall,
+                ),
+                false,
+            );
+        }
+    }
+
+    decision
+}
+
+fn decide_without_lease(claims: &[&ClaimView<'_>], wall: Timestamp) -> Decision {
+    let mut decision = Decision::default();
+    let mut position = 0;
+    for c in claims {
+        if c.claim.deleting || c.claim.status.phase.is_some_and(ClaimPhase::is_final) {
+            continue;
+        }
+        let s = if c.claim.status.phase == Some(ClaimPhase::Granted) {
+            lost(
+                c,
+                ClaimPhase::Revoked,
+                "LeaseDeleted",
+                "the Lease was deleted",
+                wall,
+            )
+        } else {
+            position += 1;
+            let mut s = c.claim.status.clone();
+            s.phase = Some(ClaimPhase::Pending);
+            s.position = Some(position);
+            set_condition(
+                &mut s.conditions,
+                "LeaseNotFound",
+                true,
+                "LeaseNotFound",
+                "the Lease named in spec.leaseName does not exist (yet); the claim waits for it",
+                c.claim.generation,
+                wall,
+            );
+            s
+        };
+        push_claim_update(&mut decision, c, s, false);
+    }
+    decision
+}
+
+fn is_pending(c: &ClaimView<'_>) -> bool {
+    !c.claim.deleting && matches!(c.claim.status.phase, None | Some(ClaimPhase::Pending))
+}
+
+fn is_waiting(c: &ClaimView<'_>) -> bool {
+    is_pending(c) && c.pod_problem.is_none()
+}
+
+fn lost(
+    c: &ClaimView<'_>,
+    phase: ClaimPhase,
+    reason: &str,
+    message: &str,
+    wall: Timestamp,
+) -> LeaseClaimStatus {
+    let mut s = c.claim.status.clone();
+    s.phase = Some(phase);
+    s.position = None;
+    set_condition(
+        &mut s.conditions,
+        "Granted",
+        false,
+        reason,
+        message,
+        c.claim.generation,
+        wall,
+    );
+    s
+}
+
+fn push_claim_update(
+    decision: &mut Decision,
+    c: &ClaimView<'_>,
+    mut status: LeaseClaimStatus,
+    needs_confirmation: bool,
+) {
+    status.observed_generation = c.claim.generation;
+    if status != c.claim.status {
+        decision.claim_updates.push(ClaimUpdate {
+            name: c.claim.name.clone(),
+            uid: c.claim.uid.clone(),
+            status,
+            needs_confirmation,
+        });
+    }
+}
+
+/// Sets a condition, keeping its lastTransitionTime unless its status changed.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    wall: Timestamp,
+) {
+    let status = if status { "True" } else { "False" }.to_string();
+    let existing = conditions.iter_mut().find(|c| c.type_ == type_);
+    match existing {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = Time(wall);
+            }
+            c.status = status;
+            c.reason = reason.to_string();
+            c.message = message.to_string();
+            c.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.to_string(),
+            status,
+            reason: reason.to_string(),
+            message: message.to_string(),
+            observed_generation: generation,
+            last_transition_time: Time(wall),
+        }),
+    }
+}
+
+fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}

@@ -1,0 +1,438 @@
+//! One in-memory index of Leases, LeaseClaims and Pods, fed by watch events.
+//!
+//! Every `apply_*`/`delete_*` returns the Leases whose grant decision may have
+//! changed, so the controller re-decides only those. The index also keeps the
+//! expiry bookkeeping of DESIGN rule 4: the instant (controller's monotonic
+//! clock) at which it last *observed* each claim's renewal, and since when it
+//! has seen each holder. Tests feed it objects directly.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::api::{Lease, LeaseClaim, LeaseClaimStatus, PodRef};
+use crate::token::resource_version_newer;
+
+/// A Lease by namespace and name; also the unit of work of the controller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl LeaseKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What the controller needs of a LeaseClaim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimEntry {
+    pub name: String,
+    pub uid: String,
+    pub created: Option<Timestamp>,
+    pub generation: Option<i64>,
+    pub holder_identity: String,
+    pub pod: Option<PodRef>,
+    pub renew_time: Option<Timestamp>,
+    pub deleting: bool,
+    pub status: LeaseClaimStatus,
+    /// When the controller last observed a change of `spec.renewTime` (or first saw the claim).
+    pub renew_observed_at: Instant,
+}
+
+/// Why a claim's pod no longer backs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodProblem {
+    Gone,
+    Replaced,
+    Terminal(String),
+}
+
+impl PodProblem {
+    pub fn describe(&self, pod: &str) -> String {
+        match self {
+            PodProblem::Gone => format!("pod {pod} was deleted"),
+            PodProblem::Replaced => {
+                format!("pod {pod} was replaced by another pod with a different UID")
+            }
+            PodProblem::Terminal(phase) => format!("pod {pod} is {phase}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PodEntry {
+    uid: String,
+    /// `Succeeded`/`Failed`, or None while it may still run.
+    terminal_phase: Option<String>,
+    deleting: bool,
+}
+
+#[derive(Debug, Default)]
+struct LeaseEntry {
+    lease: Option<Arc<Lease>>,
+    claims: BTreeMap<String, ClaimEntry>,
+    /// The holder's claim UID and when the index first saw it hold the lease.
+    holder_since: Option<(String, Instant)>,
+}
+
+/// A claim together with what its pod says about it, as the grant decision sees it.
+#[derive(Debug, Clone)]
+pub struct ClaimView<'a> {
+    pub claim: &'a ClaimEntry,
+    pub pod_problem: Option<PodProblem>,
+}
+
+/// Everything the grant decision needs about one Lease name.
+#[derive(Debug)]
+pub struct LeaseView<'a> {
+    pub key: &'a LeaseKey,
+    pub lease: Option<&'a Lease>,
+    pub claims: Vec<ClaimView<'a>>,
+    /// When the current holder's grant expires on the controller's clock.
+    pub holder_deadline: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+pub struct Index {
+    leases: HashMap<LeaseKey, LeaseEntry>,
+    /// (namespace, claim name) -> lease name, to find a claim on deletion.
+    claim_lease: HashMap<(String, String), String>,
+    pods: HashMap<(String, String), PodEntry>,
+    /// (namespace, pod name) -> leases with a claim naming that pod.
+    pod_leases: HashMap<(String, String), BTreeSet<LeaseKey>>,
+}
+
+impl Index {
+    pub fn lease_count(&self) -> usize {
+        self.leases.values().filter(|e| e.lease.is_some()).count()
+    }
+
+    pub fn held_count(&self) -> usize {
+        self.leases
+            .values()
+            .filter(|e| e.holder_since.is_some())
+            .count()
+    }
+
+    /// After a restart or failover every holder gets a fresh full duration (DESIGN rule 4).
+    pub fn restart_holder_clocks(&mut self, now: Instant) {
+        for entry in self.leases.values_mut() {
+            if let Some((_, since)) = &mut entry.holder_since {
+                *since = now;
+            }
+        }
+    }
+
+    pub fn keys(&self) -> Vec<LeaseKey> {
+        self.leases.keys().cloned().collect()
+    }
+
+    pub fn lease(&self, key: &LeaseKey) -> Option<&Arc<Lease>> {
+        self.leases.get(key)?.lease.as_ref()
+    }
+
+    /// Applies a Lease; an object older than the one held (by resourceVersion) is ignored,
+    /// so a late watch event never undoes the controller's own newer write.
+    pub fn apply_lease(&mut self, lease: Lease, now: Instant) -> Option<LeaseKey> {
+        let key = LeaseKey::new(lease.namespace().unwrap_or_default(), lease.name_any());
+        let entry = self.leases.entry(key.clone()).or_default();
+        if let Some(current) = &entry.lease {
+            let same_object = current.metadata.uid == lease.metadata.uid;
+            let older = resource_version_newer(
+                current.resource_version().as_deref().unwrap_or(""),
+                lease.resource_version().as_deref().unwrap_or(""),
+            ) == Some(true);
+            if same_object && older {
+                return None;
+            }
+            if same_object && current.resource_version() == lease.resource_version() {
+                return None;
+            }
+        }
+        let holder_uid = lease
+            .status
+            .as_ref()
+            .and_then(|s| s.holder.as_ref())
+            .map(|h| h.claim_uid.clone());
+        entry.holder_since = match (holder_uid, entry.holder_since.take()) {
+            (Some(uid), Some((seen, since))) if seen == uid => Some((seen, since)),
+            (Some(uid), _) => Some((uid, now)),
+            (None, _) => None,
+        };
+        entry.lease = Some(Arc::new(lease));
+        Some(key)
+    }
+
+    pub fn delete_lease(&mut self, lease: &Lease) -> Option<LeaseKey> {
+        let key = LeaseKey::new(lease.namespace().unwrap_or_default(), lease.name_any());
+        let entry = self.leases.get_mut(&key)?;
+        // A delete event of an older object must not remove a re-created one.
+        if entry.lease.as_ref().map(|l| &l.metadata.uid) != Some(&lease.metadata.uid) {
+            return None;
+        }
+        entry.lease = None;
+        entry.holder_since = None;
+        self.forget_if_empty(&key);
+        Some(key)
+    }
+
+    pub fn apply_claim(&mut self, claim: LeaseClaim, now: Instant) -> Vec<LeaseKey> {
+        let namespace = claim.namespace().unwrap_or_default();
+        let name = claim.name_any();
+        let mut touched = Vec::new();
+        // leaseName is immutable, but a claim re-created under the same name may name another lease.
+        if let Some(old_lease) = self
+            .claim_lease
+            .get(&(namespace.clone(), name.clone()))
+            .cloned()
+            && old_lease != claim.spec.lease_name
+        {
+            touched.extend(self.remove_claim(&namespace, &name));
+        }
+        let key = LeaseKey::new(&namespace, &claim.spec.lease_name);
+        let entry = self.leases.entry(key.clone()).or_default();
+        let previous = entry.claims.get(&name);
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let renew_time = claim.spec.renew_time.as_ref().map(|t| t.0);
+        let renew_observed_at = match previous {
+            Some(p) if p.uid == uid && p.renew_time == renew_time => p.renew_observed_at,
+            _ => now,
+        };
+        let new = ClaimEntry {
+            name: name.clone(),
+            uid,
+            created: claim.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            generation: claim.metadata.generation,
+            holder_identity: claim.spec.holder_identity.clone(),
+            pod: claim.spec.pod.clone(),
+            renew_time,
+            deleting: claim.metadata.deletion_timestamp.is_some(),
+            status: claim.status.clone().unwrap_or_default(),
+            renew_observed_at,
+        };
+        if previous == Some(&new) {
+            return touched;
+        }
+        if let Some(pod) = &new.pod {
+            self.pod_leases
+                .entry((namespace.clone(), pod.name.clone()))
+                .or_default()
+                .insert(key.clone());
+        }
+        entry.claims.insert(name.clone(), new);
+        self.claim_lease
+            .insert((namespace, name), claim.spec.lease_name);
+        touched.push(key);
+        touched
+    }
+
+    pub fn delete_claim(&mut self, claim: &LeaseClaim) -> Vec<LeaseKey> {
+        let namespace = claim.namespace().unwrap_or_default();
+        let name = claim.name_any();
+        // Only the object we hold: a delete of an older incarnation is stale.
+        let held_uid = self
+            .claim_lease
+            .get(&(namespace.clone(), name.clone()))
+            .and_then(|lease| self.leases.get(&LeaseKey::new(&namespace, lease)))
+            .and_then(|e| e.claims.get(&name))
+            .map(|c| c.uid.clone());
+        if held_uid.is_some() && held_uid != claim.metadata.uid {
+            return Vec::new();
+        }
+        self.remove_claim(&namespace, &name)
+    }
+
+    fn remove_claim(&mut self, namespace: &str, name: &str) -> Vec<LeaseKey> {
+        let Some(lease) = self
+            .claim_lease
+            .remove(&(namespace.to_string(), name.to_string()))
+        else {
+            return Vec::new();
+        };
+        let key = LeaseKey::new(namespace, lease);
+        if let Some(entry) = self.leases.get_mut(&key)
+            && let Some(removed) = entry.claims.remove(name)
+            && let Some(pod) = removed.pod
+        {
+            let pod_key = (namespace.to_string(), pod.name);
+            let still_named = entry
+                .claims
+                .values()
+                .any(|c| c.pod.as_ref().map(|p| &p.name) == Some(&pod_key.1));
+            if !still_named && let Some(set) = self.pod_leases.get_mut(&pod_key) {
+                set.remove(&key);
+                if set.is_empty() {
+                    self.pod_leases.remove(&pod_key);
+                }
+            }
+        }
+        self.forget_if_empty(&key);
+        vec![key]
+    }
+
+    pub fn apply_pod(&mut self, pod: &Pod) -> Vec<LeaseKey> {
+        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        let new = PodEntry {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            terminal_phase: phase.filter(|p| p == "Succeeded" || p == "Failed"),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+        };
+        if self.pods.get(&key) == Some(&new) {
+            return Vec::new();
+        }
+        self.pods.insert(key.clone(), new);
+        self.leases_of_pod(&key)
+    }
+
+    pub fn delete_pod(&mut self, pod: &Pod) -> Vec<LeaseKey> {
+        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+        if self.pods.get(&key).map(|p| &p.uid) != pod.metadata.uid.as_ref() {
+            return Vec::new();
+        }
+        self.pods.remove(&key);
+        self.leases_of_pod(&key)
+    }
+
+    fn leases_of_pod(&self, pod: &(String, String)) -> Vec<LeaseKey> {
+        self.pod_leases
+            .get(pod)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Replaces all Leases with a fresh listing (watch re-list), returning every key touched.
+    pub fn reset_leases(&mut self, leases: Vec<Lease>, now: Instant) -> Vec<LeaseKey> {
+        let listed: BTreeSet<LeaseKey> = leases
+            .iter()
+            .map(|l| LeaseKey::new(l.namespace().unwrap_or_default(), l.name_any()))
+            .collect();
+        let mut touched: Vec<LeaseKey> = Vec::new();
+        for (key, entry) in self.leases.iter_mut() {
+            if entry.lease.is_some() && !listed.contains(key) {
+                entry.lease = None;
+                entry.holder_since = None;
+                touched.push(key.clone());
+            }
+        }
+        for lease in leases {
+            touched.extend(self.apply_lease(lease, now));
+        }
+        touched
+    }
+
+    pub fn reset_claims(&mut self, claims: Vec<LeaseClaim>, now: Instant) -> Vec<LeaseKey> {
+        let listed: BTreeSet<(String, String)> = claims
+            .iter()
+            .map(|c| (c.namespace().unwrap_or_default(), c.name_any()))
+            .collect();
+        let gone: Vec<(String, String)> = self
+            .claim_lease
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        let mut touched = Vec::new();
+        for (ns, name) in gone {
+            touched.extend(self.remove_claim(&ns, &name));
+        }
+        for claim in claims {
+            touched.extend(self.apply_claim(claim, now));
+        }
+        touched
+    }
+
+    pub fn reset_pods(&mut self, pods: Vec<Pod>) -> Vec<LeaseKey> {
+        let listed: BTreeSet<(String, String)> = pods
+            .iter()
+            .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        let gone: Vec<(String, String)> = self
+            .pods
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        let mut touched = Vec::new();
+        for key in gone {
+            self.pods.remove(&key);
+            touched.extend(self.leases_of_pod(&key));
+        }
+        for pod in &pods {
+            touched.extend(self.apply_pod(pod));
+        }
+        touched
+    }
+
+    fn forget_if_empty(&mut self, key: &LeaseKey) {
+        if let Some(e) = self.leases.get(key)
+            && e.lease.is_none()
+            && e.claims.is_empty()
+        {
+            self.leases.remove(key);
+        }
+    }
+
+    /// What the grant decision sees for one Lease name.
+    pub fn view<'a>(&'a self, key: &'a LeaseKey) -> Option<LeaseView<'a>> {
+        let entry = self.leases.get(key)?;
+        let claims = entry
+            .claims
+            .values()
+            .map(|claim| ClaimView {
+                claim,
+                pod_problem: self.pod_problem(&key.namespace, claim),
+            })
+            .collect();
+        let holder_deadline = self.holder_deadline(entry);
+        Some(LeaseView {
+            key,
+            lease: entry.lease.as_deref(),
+            claims,
+            holder_deadline,
+        })
+    }
+
+    fn pod_problem(&self, namespace: &str, claim: &ClaimEntry) -> Option<PodProblem> {
+        let pod_ref = claim.pod.as_ref()?;
+        match self
+            .pods
+            .get(&(namespace.to_string(), pod_ref.name.clone()))
+        {
+            None => Some(PodProblem::Gone),
+            Some(p) if p.deleting => Some(PodProblem::Gone),
+            Some(p) if pod_ref.uid.as_ref().is_some_and(|uid| *uid != p.uid) => {
+                Some(PodProblem::Replaced)
+            }
+            Some(p) => p.terminal_phase.clone().map(PodProblem::Terminal),
+        }
+    }
+
+    /// The holder expires `leaseDurationSeconds` after the later of: when the
+    /// index first saw it hold the lease, and its last observed renewal.
+    fn holder_deadline(&self, entry: &LeaseEntry) -> Option<Instant> {
+        let lease = entry.lease.as_ref()?;
+        let (uid, since) = entry.holder_since.as_ref()?;
+        let claim = entry.claims.values().find(|c| &c.uid == uid);
+        let last_seen_alive = claim.map_or(*since, |c| c.renew_observed_at.max(*since));
+        let duration =
+            Duration::from_secs(lease.spec.lease_duration_seconds.clamp(1, 86_400) as u64);
+        Some(last_seen_alive + duration)
+    }
+}

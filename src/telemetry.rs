@@ -1,0 +1,201 @@
+//! Logs, Prometheus metrics and the health endpoints (`/healthz`, `/readyz`, `/metrics`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+/// Starts `tracing` output: human-readable, or one JSON object per line.
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `lease` or `claim`.
+    pub kind: &'static str,
+}
+
+/// The controller's metrics, all prefixed `palisade_`.
+pub struct Metrics {
+    pub registry: Registry,
+    pub grants: Counter,
+    pub releases: Counter,
+    pub expirations: Counter,
+    pub revocations: Counter,
+    pub write_conflicts: Family<WriteLabels, Counter>,
+    pub write_errors: Family<WriteLabels, Counter>,
+    /// From the event that ended a grant reaching the controller to the handover write succeeding.
+    pub handover_latency: Histogram,
+    pub leases_held: Gauge,
+    pub leases: Gauge,
+    pub is_leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("palisade");
+        let grants = Counter::default();
+        let releases = Counter::default();
+        let expirations = Counter::default();
+        let revocations = Counter::default();
+        let write_conflicts = Family::<WriteLabels, Counter>::default();
+        let write_errors = Family::<WriteLabels, Counter>::default();
+        // 0.5 ms .. ~16 s
+        let handover_latency = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.0005, 2.0, 16),
+        );
+        let leases_held = Gauge::default();
+        let leases = Gauge::default();
+        let is_leader = Gauge::default();
+        registry.register(
+            "grants",
+            "Grants made (each with a new fencing token)",
+            grants.clone(),
+        );
+        registry.register(
+            "releases",
+            "Grants ended because the holder deleted its claim",
+            releases.clone(),
+        );
+        registry.register(
+            "expirations",
+            "Grants ended because no renewal was observed in time",
+            expirations.clone(),
+        );
+        registry.register(
+            "revocations",
+            "Grants ended because the holder's pod is gone or terminal",
+            revocations.clone(),
+        );
+        registry.register(
+            "write_conflicts",
+            "Status writes refused because the object changed since it was read (resourceVersion precondition)",
+            write_conflicts.clone(),
+        );
+        registry.register(
+            "write_errors",
+            "Status writes that failed for another reason",
+            write_errors.clone(),
+        );
+        registry.register_with_unit(
+            "handover_latency",
+            "Time from the event that ended a grant to the write that granted the next claim",
+            prometheus_client::registry::Unit::Seconds,
+            handover_latency.clone(),
+        );
+        registry.register(
+            "leases_held",
+            "Leases that currently have a holder",
+            leases_held.clone(),
+        );
+        registry.register("leases", "Leases known to the controller", leases.clone());
+        registry.register(
+            "is_leader",
+            "1 while this replica is the active controller",
+            is_leader.clone(),
+        );
+        Self {
+            registry,
+            grants,
+            releases,
+            expirations,
+            revocations,
+            write_conflicts,
+            write_errors,
+            handover_latency,
+            leases_held,
+            leases,
+            is_leader,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Readiness: true once the watches delivered their initial state, false again during shutdown.
+#[derive(Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst);
+    }
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    metrics: Arc<Metrics>,
+    ready: Readiness,
+}
+
+/// Serves `/healthz` (the process answers), `/readyz` and `/metrics` until `shutdown`.
+pub async fn serve_admin(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    ready: Readiness,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(AdminState { metrics, ready });
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "admin server listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    if state.ready.get() {
+        (StatusCode::OK, "ready")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: caches not synced, or shutting down",
+        )
+    }
+}
+
+async fn metrics_text(State(state): State<AdminState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+}

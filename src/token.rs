@@ -1,0 +1,114 @@
+//! Fencing-token arithmetic (DESIGN rule 3).
+//!
+//! `token = max(status.fencingToken + 1, rv + 1)`, where `rv` is the Lease
+//! resourceVersion that the granting write is conditioned on. The write that
+//! publishes the token gets a resourceVersion greater than `rv`, so every token
+//! is at most the resourceVersion that published it. resourceVersions grow
+//! across the whole resource type, so tokens keep increasing even when a Lease
+//! is deleted and re-created under the same name.
+
+/// The token for the next grant, and whether the resourceVersion took part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextToken {
+    pub token: i64,
+    /// False when the resourceVersion did not parse as an integer and the token
+    /// fell back to `fencingToken + 1` (reported in a condition).
+    pub from_resource_version: bool,
+}
+
+/// Computes the next token from the last one issued on this Lease object (if
+/// any) and the resourceVersion the grant is conditioned on.
+pub fn next_token(last: Option<i64>, resource_version: &str) -> NextToken {
+    let after_last = last.unwrap_or(0).max(0).saturating_add(1);
+    match parse_resource_version(resource_version) {
+        Some(rv) => NextToken {
+            token: after_last.max(rv.saturating_add(1)),
+            from_resource_version: true,
+        },
+        None => NextToken {
+            token: after_last,
+            from_resource_version: false,
+        },
+    }
+}
+
+/// A resourceVersion read as an integer: decimal digits only, no sign, no
+/// leading zeros, fits in i64 (KEP-5504: comparable resourceVersions).
+pub fn parse_resource_version(rv: &str) -> Option<i64> {
+    let well_formed = !rv.is_empty()
+        && rv.bytes().all(|b| b.is_ascii_digit())
+        && !(rv.len() > 1 && rv.starts_with('0'));
+    if well_formed { rv.parse().ok() } else { None }
+}
+
+/// Orders two resourceVersions of one resource when both are integers.
+pub fn resource_version_newer(candidate: &str, current: &str) -> Option<bool> {
+    Some(parse_resource_version(candidate)? > parse_resource_version(current)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn first_grant_is_above_the_resource_version() {
+        assert_eq!(next_token(None, "41").token, 42);
+    }
+
+    #[test]
+    fn last_token_wins_when_it_is_higher() {
+        // A Lease whose token came from a higher resourceVersion elsewhere.
+        assert_eq!(next_token(Some(100), "41").token, 101);
+    }
+
+    #[test]
+    fn unparseable_resource_version_falls_back_to_counter() {
+        for rv in ["", "abc", "-5", "+5", "007", "1.5", "99999999999999999999"] {
+            let next = next_token(Some(9), rv);
+            assert_eq!(next.token, 10, "rv {rv:?}");
+            assert!(!next.from_resource_version, "rv {rv:?}");
+        }
+    }
+
+    #[test]
+    fn negative_or_missing_last_token_counts_as_zero() {
+        assert_eq!(next_token(Some(-3), "x").token, 1);
+        assert_eq!(next_token(None, "x").token, 1);
+    }
+
+    #[test]
+    fn resource_versions_compare_as_integers() {
+        assert_eq!(resource_version_newer("100", "99"), Some(true));
+        assert_eq!(resource_version_newer("99", "100"), Some(false));
+        assert_eq!(resource_version_newer("a", "100"), None);
+    }
+
+    proptest! {
+        /// Simulates grants where each write's new resourceVersion exceeds the
+        /// one it was conditioned on (what the API server guarantees), with
+        /// re-creations that reset the status: tokens strictly increase and each
+        /// token is at most the resourceVersion of the write that published it.
+        #[test]
+        fn tokens_strictly_increase_across_grants_and_recreation(
+            steps in proptest::collection::vec((1u32..50, any::<bool>()), 1..200)
+        ) {
+            let mut rv: i64 = 1;
+            let mut last: Option<i64> = None;
+            let mut previous_token = 0;
+            for (gap, recreate) in steps {
+                if recreate {
+                    last = None; // a new Lease object starts with an empty status
+                    rv += 1;     // its creation is a write too
+                }
+                let next = next_token(last, &rv.to_string());
+                let written_rv = rv + i64::from(gap);
+                prop_assert!(next.token > previous_token);
+                prop_assert!(next.token <= written_rv);
+                previous_token = next.token;
+                last = Some(next.token);
+                rv = written_rv;
+            }
+        }
+    }
+}
