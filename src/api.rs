@@ -36,7 +36,7 @@ const LEASE_NAME_RULE: &str = "self.metadata.name.size() <= 63 && self.metadata.
     derive = "Default",
     derive = "PartialEq",
     doc = "A lock granted to one LeaseClaim at a time, with a strictly increasing fencing token per grant.",
-    validation = Rule::new(LEASE_NAME_RULE).message("metadata.name of a Lease must be a DNS label (lowercase letters, digits and '-', at most 63 characters): it is used as the value of the palisade.dev/fenced-by label").field_path(".metadata.name"),
+    validation = Rule::new(LEASE_NAME_RULE).message("metadata.name of a Lease must be a DNS label (lowercase letters, digits and '-', at most 63 characters): it is used as the value of the palisade.dev/fenced-by label"),
     printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity", description = "holderIdentity of the claim that holds the lease"),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken", description = "fencing token of the current (or last) grant"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),

@@ -216,7 +216,7 @@ struct MarksFile {
 /// the rename and its directory fsync stay inside it, and nothing is scattered
 /// next to the user's other files. Contents:
 ///
-/// - `marks.json`: the marks ([`MarksFile`]), replaced whole by rename, so a
+/// - `marks.json`: `{"highest": {"<key>": <token>, ...}}`, replaced whole by rename, so a
 ///   reader sees the old or the new file, never a mix.
 /// - `lock`: empty; an exclusive `flock` on it guards every read-check-write. The
 ///   kernel drops the lock when its holder dies, even by SIGKILL.
@@ -485,6 +485,8 @@ pub struct FenceArgs {
         long,
         env = "PALISADE_FENCING_TOKEN",
         value_parser = parse_token,
+        // So that `--token -1` reaches parse_token and gets its clear message.
+        allow_negative_numbers = true,
         required_unless_present = "show"
     )]
     pub token: Option<u64>,

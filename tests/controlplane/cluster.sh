@@ -115,7 +115,8 @@ EOF
 start() { # component args...
   local c=$1
   shift
-  setsid "$BIN_DIR/$c" "$@" </dev/null >"$STATE_DIR/$c.log" 2>&1 &
+  # 9>&-: the daemons must not inherit (and hold) the lock of this script.
+  setsid "$BIN_DIR/$c" "$@" </dev/null >"$STATE_DIR/$c.log" 2>&1 9>&- &
   echo $! >"$STATE_DIR/$c.pid"
 }
 

@@ -143,3 +143,103 @@ pub fn pinned_kubernetes_version() -> String {
         })
         .expect("go.mod requires k8s.io/kubernetes")
 }
+
+/// Installs (server-side applies) the palisade CRDs once per test binary and waits until they serve.
+pub async fn install_crds() {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_init(|| async {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::CustomResourceExt;
+        use kube::api::{Patch, PatchParams};
+        let crds: Api<CustomResourceDefinition> = Api::all(client().await);
+        for crd in [palisade::api::Lease::crd(), palisade::api::LeaseClaim::crd()] {
+            let name = crd.metadata.name.clone().unwrap();
+            crds.patch(&name, &PatchParams::apply("palisade-tests").force(), &Patch::Apply(&crd))
+                .await
+                .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
+            let established = kube::runtime::wait::conditions::is_crd_established();
+            tokio::time::timeout(
+                std::time::Duration::from_secs(30),
+                kube::runtime::wait::await_condition(crds.clone(), &name, established),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("CRD {name} not established within 30s"))
+            .unwrap();
+        }
+    })
+    .await;
+}
+
+/// A free TCP port on 127.0.0.1 (for a controller's admin server).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `palisade controller` process for one namespace; SIGKILLed when dropped.
+pub struct ControllerProcess {
+    pub child: tokio::process::Child,
+    pub admin_port: u16,
+}
+
+impl ControllerProcess {
+    pub async fn start(namespace: &str, extra: &[&str]) -> Self {
+        let admin_port = free_port();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(repo_root().join(format!("target/controller-{namespace}.log")))
+            .unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["controller", "--namespace", namespace, "--admin-addr"])
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig_path())
+            .env("RUST_LOG", "info,palisade=debug")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawning palisade controller");
+        let process = Self { child, admin_port };
+        process.wait_ready().await;
+        process
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Ok(body) = self.get("/readyz").await
+                && body.starts_with("ready")
+            {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "controller not ready within 30s");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// GET a path of the admin server (plain HTTP/1.0, no client library needed).
+    pub async fn get(&self, path: &str) -> std::io::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.admin_port)).await?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    }
+
+    /// The value of a metric without labels (or the sum over its label sets).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self.get("/metrics").await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter(|l| l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}

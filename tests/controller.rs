@@ -1,0 +1,465 @@
+//! The lease controller against the real API server: grants, FIFO, tokens,
+//! expiry, release, revocation, restarts and split brain.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
+use serde_json::json;
+use support::{ControllerProcess, TestNamespace};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn setup(prefix: &str) -> TestNamespace {
+    support::install_crds().await;
+    TestNamespace::new(prefix).await
+}
+
+async fn create_lease(ns: &TestNamespace, name: &str, duration: i64) -> Lease {
+    let lease: Lease = serde_json::from_value(json!({
+        "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+        "metadata": {"name": name},
+        "spec": {"leaseDurationSeconds": duration}
+    }))
+    .unwrap();
+    ns.api::<Lease>().create(&PostParams::default(), &lease).await.expect("create Lease")
+}
+
+async fn create_claim(ns: &TestNamespace, name: &str, lease: &str, pod: Option<(&str, &str)>) -> LeaseClaim {
+    let mut spec = json!({"leaseName": lease, "holderIdentity": name});
+    if let Some((pod, uid)) = pod {
+        spec["pod"] = json!({"name": pod, "uid": uid});
+    }
+    let claim: LeaseClaim = serde_json::from_value(json!({
+        "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap();
+    ns.api::<LeaseClaim>().create(&PostParams::default(), &claim).await.expect("create LeaseClaim")
+}
+
+async fn delete_claim(ns: &TestNamespace, name: &str) {
+    ns.api::<LeaseClaim>().delete(name, &DeleteParams::default()).await.expect("delete LeaseClaim");
+}
+
+/// Waits until the Lease satisfies `pred`, returning it.
+async fn wait_lease(ns: &TestNamespace, name: &str, what: &str, pred: impl Fn(&Lease) -> bool) -> Lease {
+    let api = ns.api::<Lease>();
+    let deadline = Instant::now() + WAIT;
+    let mut stream = watcher::watch_object(api, name).boxed();
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, stream.next()).await {
+            Ok(Some(Ok(Some(lease)))) if pred(&lease) => return lease,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("watch on lease {name} ended"),
+            Err(_) => panic!("lease {name}: timed out after {WAIT:?} waiting for {what}"),
+        }
+    }
+}
+
+fn holder_claim(lease: &Lease) -> Option<String> {
+    lease.status.as_ref()?.holder.as_ref().map(|h| h.claim.clone())
+}
+
+fn token(lease: &Lease) -> i64 {
+    lease.status.as_ref().and_then(|s| s.fencing_token).expect("a token")
+}
+
+async fn wait_holder(ns: &TestNamespace, lease: &str, claim: &str) -> Lease {
+    wait_lease(ns, lease, &format!("holder {claim}"), |l| holder_claim(l).as_deref() == Some(claim)).await
+}
+
+async fn wait_claim_phase(ns: &TestNamespace, name: &str, phase: ClaimPhase) -> LeaseClaim {
+    let api = ns.api::<LeaseClaim>();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let claim = api.get(name).await.expect("get claim");
+        if claim.status.as_ref().and_then(|s| s.phase) == Some(phase) {
+            return claim;
+        }
+        assert!(Instant::now() < deadline, "claim {name} never reached {phase:?}: {:?}", claim.status);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Records every version of every Lease and claim status in the namespace, to check
+/// afterwards that no token was published for two claims.
+struct History {
+    /// token -> claim UIDs it was published for (Lease holder or claim mirror)
+    owners: Arc<Mutex<BTreeMap<i64, std::collections::BTreeSet<String>>>>,
+    lease_tokens: Arc<Mutex<Vec<(i64, i64)>>>,
+    _tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl History {
+    fn start(ns: &TestNamespace) -> Self {
+        let owners: Arc<Mutex<BTreeMap<i64, std::collections::BTreeSet<String>>>> = Default::default();
+        let lease_tokens: Arc<Mutex<Vec<(i64, i64)>>> = Default::default();
+        let (o1, t1) = (owners.clone(), lease_tokens.clone());
+        let leases = ns.api::<Lease>();
+        let a = tokio::spawn(async move {
+            let mut s = watcher::watcher(leases, watcher::Config::default()).boxed();
+            while let Some(Ok(ev)) = s.next().await {
+                if let watcher::Event::Apply(l) | watcher::Event::InitApply(l) = ev
+                    && let Some(st) = &l.status
+                    && let (Some(h), Some(t)) = (&st.holder, st.fencing_token)
+                {
+                    o1.lock().unwrap().entry(t).or_default().insert(h.claim_uid.clone());
+                    let rv: i64 = l.resource_version().unwrap().parse().unwrap();
+                    t1.lock().unwrap().push((rv, t));
+                }
+            }
+        });
+        let o2 = owners.clone();
+        let claims = ns.api::<LeaseClaim>();
+        let b = tokio::spawn(async move {
+            let mut s = watcher::watcher(claims, watcher::Config::default()).boxed();
+            while let Some(Ok(ev)) = s.next().await {
+                if let watcher::Event::Apply(c) | watcher::Event::InitApply(c) = ev
+                    && let Some(t) = c.status.as_ref().and_then(|s| s.fencing_token)
+                {
+                    o2.lock().unwrap().entry(t).or_default().insert(c.uid().unwrap());
+                }
+            }
+        });
+        Self { owners, lease_tokens, _tasks: vec![a, b] }
+    }
+
+    /// Every token belongs to exactly one claim, and tokens never go down as the Lease's versions go up.
+    fn assert_consistent(&self) {
+        for (token, uids) in self.owners.lock().unwrap().iter() {
+            assert_eq!(uids.len(), 1, "token {token} was published for several claims: {uids:?}");
+        }
+        let mut seen = self.lease_tokens.lock().unwrap().clone();
+        seen.sort();
+        for pair in seen.windows(2) {
+            assert!(pair[0].1 <= pair[1].1, "token went down between lease versions: {pair:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn first_claim_is_granted_with_a_token_above_the_resource_version() {
+    let ns = setup("first-grant").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let created = create_lease(&ns, "billing", 15).await;
+    let created_rv: i64 = created.resource_version().unwrap().parse().unwrap();
+    let claim = create_claim(&ns, "worker-0", "billing", None).await;
+
+    let lease = wait_holder(&ns, "billing", "worker-0").await;
+    let status = lease.status.clone().unwrap();
+    assert_eq!(status.phase, Some(LeasePhase::Held));
+    let holder = status.holder.unwrap();
+    assert_eq!(holder.identity, "worker-0");
+    assert_eq!(Some(holder.claim_uid), claim.metadata.uid);
+    assert_eq!(status.grants, Some(1));
+    let written_rv: i64 = lease.resource_version().unwrap().parse().unwrap();
+    let t = status.fencing_token.unwrap();
+    assert!(t > created_rv && t <= written_rv, "token {t} not in ({created_rv}, {written_rv}]");
+    assert!(status.conditions.iter().any(|c| c.type_ == "Held" && c.status == "True"));
+
+    let claim = wait_claim_phase(&ns, "worker-0", ClaimPhase::Granted).await;
+    assert_eq!(claim.status.unwrap().fencing_token, Some(t));
+}
+
+#[tokio::test]
+async fn waiters_are_granted_in_fifo_order_with_increasing_tokens() {
+    let ns = setup("fifo").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    create_lease(&ns, "queue", 15).await;
+    create_claim(&ns, "holder", "queue", None).await;
+    let mut last = token(&wait_holder(&ns, "queue", "holder").await);
+    // Names in reverse order, creation timestamps a second apart: creation time decides, not name.
+    for name in ["zz-first", "mm-second", "aa-third"] {
+        create_claim(&ns, name, "queue", None).await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let lease = wait_lease(&ns, "queue", "three waiters", |l| {
+        l.status.as_ref().is_some_and(|s| s.waiting_count == Some(3))
+    })
+    .await;
+    assert_eq!(lease.status.unwrap().waiting, vec!["zz-first", "mm-second", "aa-third"]);
+    let c = wait_claim_phase(&ns, "aa-third", ClaimPhase::Pending).await;
+    assert_eq!(c.status.unwrap().position, Some(3));
+
+    let mut previous = "holder";
+    for next in ["zz-first", "mm-second", "aa-third"] {
+        delete_claim(&ns, previous).await;
+        let lease = wait_holder(&ns, "queue", next).await;
+        let t = token(&lease);
+        assert!(t > last, "token {t} after {last}");
+        last = t;
+        previous = next;
+    }
+    delete_claim(&ns, previous).await;
+    let lease = wait_lease(&ns, "queue", "Free", |l| {
+        l.status.as_ref().and_then(|s| s.phase) == Some(LeasePhase::Free)
+    })
+    .await;
+    assert_eq!(lease.status.unwrap().fencing_token, Some(last), "a free lease keeps its last token");
+}
+
+#[tokio::test]
+async fn tokens_strictly_increase_over_100_handovers() {
+    let ns = setup("handovers").await;
+    let controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let history = History::start(&ns);
+    create_lease(&ns, "hot", 15).await;
+    create_claim(&ns, "c-0", "hot", None).await;
+    let mut last = token(&wait_holder(&ns, "hot", "c-0").await);
+    let mut latencies = Vec::new();
+    for i in 1..=100 {
+        let (prev, next) = (format!("c-{}", i - 1), format!("c-{i}"));
+        create_claim(&ns, &next, "hot", None).await;
+        wait_lease(&ns, "hot", "a waiter", |l| l.status.as_ref().is_some_and(|s| s.waiting_count == Some(1))).await;
+        let released = Instant::now();
+        delete_claim(&ns, &prev).await;
+        let lease = wait_holder(&ns, "hot", &next).await;
+        latencies.push(released.elapsed());
+        let t = token(&lease);
+        assert!(t > last, "handover {i}: token {t} not above {last}");
+        last = t;
+    }
+    latencies.sort();
+    println!(
+        "handover after release, seen by a watching client: p50 {:?}, p90 {:?}, max {:?} over {}",
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() * 9 / 10],
+        latencies.last().unwrap(),
+        latencies.len()
+    );
+    assert_eq!(controller.metric("palisade_grants_total").await, 101.0);
+    assert_eq!(controller.metric("palisade_write_errors_total").await, 0.0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    history.assert_consistent();
+}
+
+#[tokio::test]
+async fn tokens_keep_increasing_when_the_lease_is_deleted_and_recreated() {
+    let ns = setup("recreate").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    create_lease(&ns, "phoenix", 15).await;
+    create_claim(&ns, "a", "phoenix", None).await;
+    let first = token(&wait_holder(&ns, "phoenix", "a").await);
+
+    ns.api::<Lease>().delete("phoenix", &DeleteParams::default()).await.unwrap();
+    let a = wait_claim_phase(&ns, "a", ClaimPhase::Revoked).await;
+    assert_eq!(a.status.unwrap().fencing_token, Some(first), "a lost claim keeps its token");
+    create_claim(&ns, "b", "phoenix", None).await;
+    let b = wait_claim_phase(&ns, "b", ClaimPhase::Pending).await;
+    assert!(
+        b.status.unwrap().conditions.iter().any(|c| c.type_ == "LeaseNotFound" && c.status == "True"),
+        "a claim for a missing Lease says LeaseNotFound"
+    );
+
+    create_lease(&ns, "phoenix", 15).await;
+    let lease = wait_holder(&ns, "phoenix", "b").await;
+    let second = token(&lease);
+    assert!(second > first, "token after re-creation {second} must exceed {first}");
+    assert_eq!(lease.status.unwrap().grants, Some(1), "grants counts this Lease object's grants");
+    let b = wait_claim_phase(&ns, "b", ClaimPhase::Granted).await;
+    assert!(b.status.unwrap().conditions.iter().all(|c| c.type_ != "LeaseNotFound"));
+}
+
+async fn renew(ns: &TestNamespace, claim: &str) {
+    let patch = json!({"spec": {"renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())}});
+    ns.api::<LeaseClaim>()
+        .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("renew");
+}
+
+#[tokio::test]
+async fn a_renewing_holder_keeps_the_lease_and_a_silent_one_expires() {
+    let ns = setup("expiry").await;
+    let controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    create_lease(&ns, "short", 2).await;
+    create_claim(&ns, "renewer", "short", None).await;
+    let t = token(&wait_holder(&ns, "short", "renewer").await);
+    create_claim(&ns, "next", "short", None).await;
+
+    // Renew every 500 ms for 5 s (2.5 durations): still the holder, same token.
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        renew(&ns, "renewer").await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let lease = ns.api::<Lease>().get("short").await.unwrap();
+    assert_eq!(holder_claim(&lease).as_deref(), Some("renewer"));
+    assert_eq!(token(&lease), t);
+
+    // Stop renewing: expired after about the duration, and the waiter is granted.
+    let stopped = Instant::now();
+    let lease = wait_holder(&ns, "short", "next").await;
+    let waited = stopped.elapsed();
+    assert!(waited >= Duration::from_millis(1400), "expired too early: {waited:?}");
+    assert!(token(&lease) > t);
+    let old = wait_claim_phase(&ns, "renewer", ClaimPhase::Expired).await;
+    assert_eq!(old.status.unwrap().fencing_token, Some(t));
+    assert_eq!(controller.metric("palisade_expirations_total").await, 1.0);
+}
+
+#[tokio::test]
+async fn deleting_the_holders_pod_revokes_without_waiting_for_expiry() {
+    let ns = setup("revoke").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "worker-0"},
+        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "main", "image": "registry.invalid/none:0"}]}
+    }))
+    .unwrap();
+    let pod = ns.api::<Pod>().create(&PostParams::default(), &pod).await.unwrap();
+    create_lease(&ns, "guarded", 600).await;
+    create_claim(&ns, "worker-0", "guarded", Some(("worker-0", &pod.uid().unwrap()))).await;
+    let t = token(&wait_holder(&ns, "guarded", "worker-0").await);
+    create_claim(&ns, "standby", "guarded", None).await;
+    wait_lease(&ns, "guarded", "a waiter", |l| l.status.as_ref().is_some_and(|s| s.waiting_count == Some(1))).await;
+
+    let deleted = Instant::now();
+    ns.api::<Pod>().delete("worker-0", &DeleteParams::default().grace_period(0)).await.unwrap();
+    let lease = wait_holder(&ns, "guarded", "standby").await;
+    assert!(deleted.elapsed() < Duration::from_secs(10), "revocation waited for {:?}", deleted.elapsed());
+    assert!(token(&lease) > t);
+    let old = wait_claim_phase(&ns, "worker-0", ClaimPhase::Revoked).await;
+    let status = old.status.unwrap();
+    let message = &status.conditions.iter().find(|c| c.type_ == "Granted").unwrap().message;
+    assert!(message.contains("worker-0"), "the reason names the pod: {message}");
+}
+
+/// Churns claims on one Lease: each round adds a waiter and releases the holder.
+async fn churn(ns: &TestNamespace, lease: &str, rounds: usize, prefix: &str) {
+    create_claim(ns, &format!("{prefix}-0"), lease, None).await;
+    wait_holder(ns, lease, &format!("{prefix}-0")).await;
+    for i in 1..=rounds {
+        create_claim(ns, &format!("{prefix}-{i}"), lease, None).await;
+        delete_claim(ns, &format!("{prefix}-{}", i - 1)).await;
+        wait_holder(ns, lease, &format!("{prefix}-{i}")).await;
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_controller_keeps_tokens_monotonic() {
+    let ns = setup("restart").await;
+    let history = History::start(&ns);
+    create_lease(&ns, "durable", 15).await;
+    let mut controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    churn(&ns, "durable", 10, "before").await;
+    let before = token(&ns.api::<Lease>().get("durable").await.unwrap());
+    controller.kill();
+    let _ = controller.child.wait().await;
+    // Work arrives while no controller runs.
+    create_claim(&ns, "during", "durable", None).await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    // The holder from before the restart keeps its grant (fresh duration), so release it.
+    delete_claim(&ns, "before-10").await;
+    let lease = wait_holder(&ns, "durable", "during").await;
+    assert!(token(&lease) > before);
+    delete_claim(&ns, "during").await;
+    churn(&ns, "durable", 10, "after").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    history.assert_consistent();
+}
+
+#[tokio::test]
+async fn two_controllers_at_once_never_issue_a_token_twice() {
+    let ns = setup("split-brain").await;
+    let history = History::start(&ns);
+    let a = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let b = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    for lease in ["sb-1", "sb-2"] {
+        create_lease(&ns, lease, 15).await;
+    }
+    let (r1, r2) = tokio::join!(churn(&ns, "sb-1", 25, "x"), churn(&ns, "sb-2", 25, "y"));
+    let _ = (r1, r2);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    history.assert_consistent();
+    let grants = a.metric("palisade_grants_total").await + b.metric("palisade_grants_total").await;
+    let conflicts = a.metric("palisade_write_conflicts_total").await + b.metric("palisade_write_conflicts_total").await;
+    println!("split brain: {grants} grants, {conflicts} write conflicts");
+    // 2 leases x 26 claims: every grant published exactly once although both controllers tried.
+    assert_eq!(grants, 52.0, "grants counted across both controllers");
+    assert_eq!(a.metric("palisade_write_errors_total").await + b.metric("palisade_write_errors_total").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_when_the_leader_stops() {
+    let ns = setup("election").await;
+    let args = ["--leader-elect=true", "--election-namespace", ns.name.as_str()];
+    let mut leader = ControllerProcess::start(&ns.name, &args).await;
+    create_lease(&ns, "ha", 15).await;
+    create_claim(&ns, "one", "ha", None).await;
+    wait_holder(&ns, "ha", "one").await;
+    let standby = ControllerProcess::start(&ns.name, &args).await;
+    assert_eq!(standby.metric("palisade_is_leader").await, 0.0);
+
+    // SIGTERM: the leader releases the election lease, the standby takes over.
+    let pid = leader.child.id().unwrap() as i32;
+    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    let status = leader.child.wait().await.unwrap();
+    assert!(status.success(), "graceful shutdown exits 0: {status:?}");
+    create_claim(&ns, "two", "ha", None).await;
+    delete_claim(&ns, "one").await;
+    wait_holder(&ns, "ha", "two").await;
+    assert_eq!(standby.metric("palisade_is_leader").await, 1.0);
+}
+
+#[tokio::test]
+async fn invalid_specs_are_rejected_with_the_field_named() {
+    let ns = setup("invalid").await;
+    let leases = ns.api::<Lease>();
+    let claims = ns.api::<LeaseClaim>();
+    let strict = PatchParams::apply("palisade-tests").validation_strict();
+    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+        ("zero duration", json!({"kind": "Lease", "metadata": {"name": "l1"}, "spec": {"leaseDurationSeconds": 0}}), "spec.leaseDurationSeconds"),
+        ("negative duration", json!({"kind": "Lease", "metadata": {"name": "l2"}, "spec": {"leaseDurationSeconds": -5}}), "spec.leaseDurationSeconds"),
+        ("huge duration", json!({"kind": "Lease", "metadata": {"name": "l3"}, "spec": {"leaseDurationSeconds": 86401}}), "spec.leaseDurationSeconds"),
+        ("string duration", json!({"kind": "Lease", "metadata": {"name": "l4"}, "spec": {"leaseDurationSeconds": "15s"}}), "spec.leaseDurationSeconds"),
+        ("unknown field", json!({"kind": "Lease", "metadata": {"name": "l5"}, "spec": {"leaseDuration": 15}}), "leaseDuration"),
+        ("name not a DNS label", json!({"kind": "Lease", "metadata": {"name": "a.b"}, "spec": {}}), "metadata.name"),
+        ("missing leaseName", json!({"kind": "LeaseClaim", "metadata": {"name": "c1"}, "spec": {"holderIdentity": "x"}}), "spec.leaseName"),
+        ("missing holderIdentity", json!({"kind": "LeaseClaim", "metadata": {"name": "c2"}, "spec": {"leaseName": "x"}}), "spec.holderIdentity"),
+        ("bad leaseName", json!({"kind": "LeaseClaim", "metadata": {"name": "c3"}, "spec": {"leaseName": "Not_A_Name", "holderIdentity": "x"}}), "spec.leaseName"),
+        ("unknown claim field", json!({"kind": "LeaseClaim", "metadata": {"name": "c4"}, "spec": {"leaseName": "x", "holderIdentity": "x", "ttl": 5}}), "ttl"),
+    ];
+    for (case, mut body, field) in cases {
+        body["apiVersion"] = json!("palisade.dev/v1alpha1");
+        let name = body["metadata"]["name"].as_str().unwrap().to_string();
+        let result = if body["kind"] == "Lease" {
+            leases.patch(&name, &strict, &Patch::Apply(&body)).await.map(|_| ())
+        } else {
+            claims.patch(&name, &strict, &Patch::Apply(&body)).await.map(|_| ())
+        };
+        let err = result.expect_err(case);
+        let message = err.to_string();
+        assert!(message.contains(field), "{case}: the error names {field}: {message}");
+        assert!(leases.get_opt(&name).await.unwrap().is_none() && claims.get_opt(&name).await.unwrap().is_none(), "{case}: nothing was created");
+    }
+
+    // Immutable fields of an existing claim.
+    create_claim(&ns, "fixed", "some-lease", None).await;
+    for (field, patch) in [
+        ("spec.leaseName", json!({"spec": {"leaseName": "other"}})),
+        ("spec.holderIdentity", json!({"spec": {"holderIdentity": "someone-else"}})),
+        ("spec.pod", json!({"spec": {"pod": {"name": "p"}}})),
+    ] {
+        let err = claims
+            .patch("fixed", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect_err(field);
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    }
+    let unchanged = claims.get("fixed").await.unwrap();
+    assert_eq!(unchanged.spec.lease_name, "some-lease");
+    assert_eq!(unchanged.spec.holder_identity, "fixed");
+    assert!(unchanged.spec.pod.is_none());
+}
