@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use kube::ResourceExt;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use serde_json::json;
 use support::{ControllerProcess, TestNamespace};
@@ -31,10 +31,18 @@ async fn create_lease(ns: &TestNamespace, name: &str, duration: i64) -> Lease {
         "spec": {"leaseDurationSeconds": duration}
     }))
     .unwrap();
-    ns.api::<Lease>().create(&PostParams::default(), &lease).await.expect("create Lease")
+    ns.api::<Lease>()
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("create Lease")
 }
 
-async fn create_claim(ns: &TestNamespace, name: &str, lease: &str, pod: Option<(&str, &str)>) -> LeaseClaim {
+async fn create_claim(
+    ns: &TestNamespace,
+    name: &str,
+    lease: &str,
+    pod: Option<(&str, &str)>,
+) -> LeaseClaim {
     let mut spec = json!({"leaseName": lease, "holderIdentity": name});
     if let Some((pod, uid)) = pod {
         spec["pod"] = json!({"name": pod, "uid": uid});
@@ -44,15 +52,26 @@ async fn create_claim(ns: &TestNamespace, name: &str, lease: &str, pod: Option<(
         "metadata": {"name": name}, "spec": spec
     }))
     .unwrap();
-    ns.api::<LeaseClaim>().create(&PostParams::default(), &claim).await.expect("create LeaseClaim")
+    ns.api::<LeaseClaim>()
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create LeaseClaim")
 }
 
 async fn delete_claim(ns: &TestNamespace, name: &str) {
-    ns.api::<LeaseClaim>().delete(name, &DeleteParams::default()).await.expect("delete LeaseClaim");
+    ns.api::<LeaseClaim>()
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete LeaseClaim");
 }
 
 /// Waits until the Lease satisfies `pred`, returning it.
-async fn wait_lease(ns: &TestNamespace, name: &str, what: &str, pred: impl Fn(&Lease) -> bool) -> Lease {
+async fn wait_lease(
+    ns: &TestNamespace,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&Lease) -> bool,
+) -> Lease {
     let api = ns.api::<Lease>();
     let deadline = Instant::now() + WAIT;
     let mut stream = watcher::watch_object(api, name).boxed();
@@ -68,15 +87,27 @@ async fn wait_lease(ns: &TestNamespace, name: &str, what: &str, pred: impl Fn(&L
 }
 
 fn holder_claim(lease: &Lease) -> Option<String> {
-    lease.status.as_ref()?.holder.as_ref().map(|h| h.claim.clone())
+    lease
+        .status
+        .as_ref()?
+        .holder
+        .as_ref()
+        .map(|h| h.claim.clone())
 }
 
 fn token(lease: &Lease) -> i64 {
-    lease.status.as_ref().and_then(|s| s.fencing_token).expect("a token")
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.fencing_token)
+        .expect("a token")
 }
 
 async fn wait_holder(ns: &TestNamespace, lease: &str, claim: &str) -> Lease {
-    wait_lease(ns, lease, &format!("holder {claim}"), |l| holder_claim(l).as_deref() == Some(claim)).await
+    wait_lease(ns, lease, &format!("holder {claim}"), |l| {
+        holder_claim(l).as_deref() == Some(claim)
+    })
+    .await
 }
 
 async fn wait_claim_phase(ns: &TestNamespace, name: &str, phase: ClaimPhase) -> LeaseClaim {
@@ -87,7 +118,11 @@ async fn wait_claim_phase(ns: &TestNamespace, name: &str, phase: ClaimPhase) -> 
         if claim.status.as_ref().and_then(|s| s.phase) == Some(phase) {
             return claim;
         }
-        assert!(Instant::now() < deadline, "claim {name} never reached {phase:?}: {:?}", claim.status);
+        assert!(
+            Instant::now() < deadline,
+            "claim {name} never reached {phase:?}: {:?}",
+            claim.status
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -97,14 +132,15 @@ async fn wait_claim_phase(ns: &TestNamespace, name: &str, phase: ClaimPhase) -> 
 struct History {
     /// token -> claim UIDs it was published for (Lease holder or claim mirror)
     owners: Arc<Mutex<BTreeMap<i64, std::collections::BTreeSet<String>>>>,
-    lease_tokens: Arc<Mutex<Vec<(i64, i64)>>>,
+    lease_tokens: Arc<Mutex<Vec<(String, i64, i64)>>>,
     _tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl History {
     fn start(ns: &TestNamespace) -> Self {
-        let owners: Arc<Mutex<BTreeMap<i64, std::collections::BTreeSet<String>>>> = Default::default();
-        let lease_tokens: Arc<Mutex<Vec<(i64, i64)>>> = Default::default();
+        let owners: Arc<Mutex<BTreeMap<i64, std::collections::BTreeSet<String>>>> =
+            Default::default();
+        let lease_tokens: Arc<Mutex<Vec<(String, i64, i64)>>> = Default::default();
         let (o1, t1) = (owners.clone(), lease_tokens.clone());
         let leases = ns.api::<Lease>();
         let a = tokio::spawn(async move {
@@ -114,9 +150,13 @@ impl History {
                     && let Some(st) = &l.status
                     && let (Some(h), Some(t)) = (&st.holder, st.fencing_token)
                 {
-                    o1.lock().unwrap().entry(t).or_default().insert(h.claim_uid.clone());
+                    o1.lock()
+                        .unwrap()
+                        .entry(t)
+                        .or_default()
+                        .insert(h.claim_uid.clone());
                     let rv: i64 = l.resource_version().unwrap().parse().unwrap();
-                    t1.lock().unwrap().push((rv, t));
+                    t1.lock().unwrap().push((l.name_any(), rv, t));
                 }
             }
         });
@@ -128,22 +168,38 @@ impl History {
                 if let watcher::Event::Apply(c) | watcher::Event::InitApply(c) = ev
                     && let Some(t) = c.status.as_ref().and_then(|s| s.fencing_token)
                 {
-                    o2.lock().unwrap().entry(t).or_default().insert(c.uid().unwrap());
+                    o2.lock()
+                        .unwrap()
+                        .entry(t)
+                        .or_default()
+                        .insert(c.uid().unwrap());
                 }
             }
         });
-        Self { owners, lease_tokens, _tasks: vec![a, b] }
+        Self {
+            owners,
+            lease_tokens,
+            _tasks: vec![a, b],
+        }
     }
 
-    /// Every token belongs to exactly one claim, and tokens never go down as the Lease's versions go up.
+    /// Every token belongs to exactly one claim, and a Lease's token never goes down as its versions go up.
     fn assert_consistent(&self) {
         for (token, uids) in self.owners.lock().unwrap().iter() {
-            assert_eq!(uids.len(), 1, "token {token} was published for several claims: {uids:?}");
+            assert_eq!(
+                uids.len(),
+                1,
+                "token {token} was published for several claims: {uids:?}"
+            );
         }
         let mut seen = self.lease_tokens.lock().unwrap().clone();
         seen.sort();
         for pair in seen.windows(2) {
-            assert!(pair[0].1 <= pair[1].1, "token went down between lease versions: {pair:?}");
+            let same_lease = pair[0].0 == pair[1].0;
+            assert!(
+                !same_lease || pair[0].2 <= pair[1].2,
+                "token went down between lease versions: {pair:?}"
+            );
         }
     }
 }
@@ -165,8 +221,16 @@ async fn first_claim_is_granted_with_a_token_above_the_resource_version() {
     assert_eq!(status.grants, Some(1));
     let written_rv: i64 = lease.resource_version().unwrap().parse().unwrap();
     let t = status.fencing_token.unwrap();
-    assert!(t > created_rv && t <= written_rv, "token {t} not in ({created_rv}, {written_rv}]");
-    assert!(status.conditions.iter().any(|c| c.type_ == "Held" && c.status == "True"));
+    assert!(
+        t > created_rv && t <= written_rv,
+        "token {t} not in ({created_rv}, {written_rv}]"
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Held" && c.status == "True")
+    );
 
     let claim = wait_claim_phase(&ns, "worker-0", ClaimPhase::Granted).await;
     assert_eq!(claim.status.unwrap().fencing_token, Some(t));
@@ -185,10 +249,15 @@ async fn waiters_are_granted_in_fifo_order_with_increasing_tokens() {
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
     let lease = wait_lease(&ns, "queue", "three waiters", |l| {
-        l.status.as_ref().is_some_and(|s| s.waiting_count == Some(3))
+        l.status
+            .as_ref()
+            .is_some_and(|s| s.waiting_count == Some(3))
     })
     .await;
-    assert_eq!(lease.status.unwrap().waiting, vec!["zz-first", "mm-second", "aa-third"]);
+    assert_eq!(
+        lease.status.unwrap().waiting,
+        vec!["zz-first", "mm-second", "aa-third"]
+    );
     let c = wait_claim_phase(&ns, "aa-third", ClaimPhase::Pending).await;
     assert_eq!(c.status.unwrap().position, Some(3));
 
@@ -206,7 +275,11 @@ async fn waiters_are_granted_in_fifo_order_with_increasing_tokens() {
         l.status.as_ref().and_then(|s| s.phase) == Some(LeasePhase::Free)
     })
     .await;
-    assert_eq!(lease.status.unwrap().fencing_token, Some(last), "a free lease keeps its last token");
+    assert_eq!(
+        lease.status.unwrap().fencing_token,
+        Some(last),
+        "a free lease keeps its last token"
+    );
 }
 
 #[tokio::test]
@@ -221,7 +294,12 @@ async fn tokens_strictly_increase_over_100_handovers() {
     for i in 1..=100 {
         let (prev, next) = (format!("c-{}", i - 1), format!("c-{i}"));
         create_claim(&ns, &next, "hot", None).await;
-        wait_lease(&ns, "hot", "a waiter", |l| l.status.as_ref().is_some_and(|s| s.waiting_count == Some(1))).await;
+        wait_lease(&ns, "hot", "a waiter", |l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| s.waiting_count == Some(1))
+        })
+        .await;
         let released = Instant::now();
         delete_claim(&ns, &prev).await;
         let lease = wait_holder(&ns, "hot", &next).await;
@@ -252,23 +330,47 @@ async fn tokens_keep_increasing_when_the_lease_is_deleted_and_recreated() {
     create_claim(&ns, "a", "phoenix", None).await;
     let first = token(&wait_holder(&ns, "phoenix", "a").await);
 
-    ns.api::<Lease>().delete("phoenix", &DeleteParams::default()).await.unwrap();
+    ns.api::<Lease>()
+        .delete("phoenix", &DeleteParams::default())
+        .await
+        .unwrap();
     let a = wait_claim_phase(&ns, "a", ClaimPhase::Revoked).await;
-    assert_eq!(a.status.unwrap().fencing_token, Some(first), "a lost claim keeps its token");
+    assert_eq!(
+        a.status.unwrap().fencing_token,
+        Some(first),
+        "a lost claim keeps its token"
+    );
     create_claim(&ns, "b", "phoenix", None).await;
     let b = wait_claim_phase(&ns, "b", ClaimPhase::Pending).await;
     assert!(
-        b.status.unwrap().conditions.iter().any(|c| c.type_ == "LeaseNotFound" && c.status == "True"),
+        b.status
+            .unwrap()
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "LeaseNotFound" && c.status == "True"),
         "a claim for a missing Lease says LeaseNotFound"
     );
 
     create_lease(&ns, "phoenix", 15).await;
     let lease = wait_holder(&ns, "phoenix", "b").await;
     let second = token(&lease);
-    assert!(second > first, "token after re-creation {second} must exceed {first}");
-    assert_eq!(lease.status.unwrap().grants, Some(1), "grants counts this Lease object's grants");
+    assert!(
+        second > first,
+        "token after re-creation {second} must exceed {first}"
+    );
+    assert_eq!(
+        lease.status.unwrap().grants,
+        Some(1),
+        "grants counts this Lease object's grants"
+    );
     let b = wait_claim_phase(&ns, "b", ClaimPhase::Granted).await;
-    assert!(b.status.unwrap().conditions.iter().all(|c| c.type_ != "LeaseNotFound"));
+    assert!(
+        b.status
+            .unwrap()
+            .conditions
+            .iter()
+            .all(|c| c.type_ != "LeaseNotFound")
+    );
 }
 
 async fn renew(ns: &TestNamespace, claim: &str) {
@@ -302,7 +404,10 @@ async fn a_renewing_holder_keeps_the_lease_and_a_silent_one_expires() {
     let stopped = Instant::now();
     let lease = wait_holder(&ns, "short", "next").await;
     let waited = stopped.elapsed();
-    assert!(waited >= Duration::from_millis(1400), "expired too early: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(1400),
+        "expired too early: {waited:?}"
+    );
     assert!(token(&lease) > t);
     let old = wait_claim_phase(&ns, "renewer", ClaimPhase::Expired).await;
     assert_eq!(old.status.unwrap().fencing_token, Some(t));
@@ -318,22 +423,50 @@ async fn deleting_the_holders_pod_revokes_without_waiting_for_expiry() {
         "spec": {"automountServiceAccountToken": false, "containers": [{"name": "main", "image": "registry.invalid/none:0"}]}
     }))
     .unwrap();
-    let pod = ns.api::<Pod>().create(&PostParams::default(), &pod).await.unwrap();
+    let pod = ns
+        .api::<Pod>()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
     create_lease(&ns, "guarded", 600).await;
-    create_claim(&ns, "worker-0", "guarded", Some(("worker-0", &pod.uid().unwrap()))).await;
+    create_claim(
+        &ns,
+        "worker-0",
+        "guarded",
+        Some(("worker-0", &pod.uid().unwrap())),
+    )
+    .await;
     let t = token(&wait_holder(&ns, "guarded", "worker-0").await);
     create_claim(&ns, "standby", "guarded", None).await;
-    wait_lease(&ns, "guarded", "a waiter", |l| l.status.as_ref().is_some_and(|s| s.waiting_count == Some(1))).await;
+    wait_lease(&ns, "guarded", "a waiter", |l| {
+        l.status
+            .as_ref()
+            .is_some_and(|s| s.waiting_count == Some(1))
+    })
+    .await;
 
     let deleted = Instant::now();
-    ns.api::<Pod>().delete("worker-0", &DeleteParams::default().grace_period(0)).await.unwrap();
+    ns.api::<Pod>()
+        .delete("worker-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
     let lease = wait_holder(&ns, "guarded", "standby").await;
-    assert!(deleted.elapsed() < Duration::from_secs(10), "revocation waited for {:?}", deleted.elapsed());
+    assert!(
+        deleted.elapsed() < Duration::from_secs(10),
+        "revocation waited for {:?}",
+        deleted.elapsed()
+    );
     assert!(token(&lease) > t);
     let old = wait_claim_phase(&ns, "worker-0", ClaimPhase::Revoked).await;
     let status = old.status.unwrap();
-    let message = &status.conditions.iter().find(|c| c.type_ == "Granted").unwrap().message;
-    assert!(message.contains("worker-0"), "the reason names the pod: {message}");
+    let granted = status.conditions.iter().find(|c| c.type_ == "Granted");
+    let message = &granted
+        .unwrap_or_else(|| panic!("no Granted condition: {status:?}"))
+        .message;
+    assert!(
+        message.contains("worker-0"),
+        "the reason names the pod: {message}"
+    );
 }
 
 /// Churns claims on one Lease: each round adds a waiter and releases the holder.
@@ -384,17 +517,26 @@ async fn two_controllers_at_once_never_issue_a_token_twice() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     history.assert_consistent();
     let grants = a.metric("palisade_grants_total").await + b.metric("palisade_grants_total").await;
-    let conflicts = a.metric("palisade_write_conflicts_total").await + b.metric("palisade_write_conflicts_total").await;
+    let conflicts = a.metric("palisade_write_conflicts_total").await
+        + b.metric("palisade_write_conflicts_total").await;
     println!("split brain: {grants} grants, {conflicts} write conflicts");
     // 2 leases x 26 claims: every grant published exactly once although both controllers tried.
     assert_eq!(grants, 52.0, "grants counted across both controllers");
-    assert_eq!(a.metric("palisade_write_errors_total").await + b.metric("palisade_write_errors_total").await, 0.0);
+    assert_eq!(
+        a.metric("palisade_write_errors_total").await
+            + b.metric("palisade_write_errors_total").await,
+        0.0
+    );
 }
 
 #[tokio::test]
 async fn a_standby_takes_over_when_the_leader_stops() {
     let ns = setup("election").await;
-    let args = ["--leader-elect=true", "--election-namespace", ns.name.as_str()];
+    let args = [
+        "--leader-elect=true",
+        "--election-namespace",
+        ns.name.as_str(),
+    ];
     let mut leader = ControllerProcess::start(&ns.name, &args).await;
     create_lease(&ns, "ha", 15).await;
     create_claim(&ns, "one", "ha", None).await;
@@ -404,7 +546,10 @@ async fn a_standby_takes_over_when_the_leader_stops() {
 
     // SIGTERM: the leader releases the election lease, the standby takes over.
     let pid = leader.child.id().unwrap() as i32;
-    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
     let status = leader.child.wait().await.unwrap();
     assert!(status.success(), "graceful shutdown exits 0: {status:?}");
     create_claim(&ns, "two", "ha", None).await;
@@ -420,36 +565,92 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
     let claims = ns.api::<LeaseClaim>();
     let strict = PatchParams::apply("palisade-tests").validation_strict();
     let cases: Vec<(&str, serde_json::Value, &str)> = vec![
-        ("zero duration", json!({"kind": "Lease", "metadata": {"name": "l1"}, "spec": {"leaseDurationSeconds": 0}}), "spec.leaseDurationSeconds"),
-        ("negative duration", json!({"kind": "Lease", "metadata": {"name": "l2"}, "spec": {"leaseDurationSeconds": -5}}), "spec.leaseDurationSeconds"),
-        ("huge duration", json!({"kind": "Lease", "metadata": {"name": "l3"}, "spec": {"leaseDurationSeconds": 86401}}), "spec.leaseDurationSeconds"),
-        ("string duration", json!({"kind": "Lease", "metadata": {"name": "l4"}, "spec": {"leaseDurationSeconds": "15s"}}), "spec.leaseDurationSeconds"),
-        ("unknown field", json!({"kind": "Lease", "metadata": {"name": "l5"}, "spec": {"leaseDuration": 15}}), "leaseDuration"),
-        ("name not a DNS label", json!({"kind": "Lease", "metadata": {"name": "a.b"}, "spec": {}}), "metadata.name"),
-        ("missing leaseName", json!({"kind": "LeaseClaim", "metadata": {"name": "c1"}, "spec": {"holderIdentity": "x"}}), "spec.leaseName"),
-        ("missing holderIdentity", json!({"kind": "LeaseClaim", "metadata": {"name": "c2"}, "spec": {"leaseName": "x"}}), "spec.holderIdentity"),
-        ("bad leaseName", json!({"kind": "LeaseClaim", "metadata": {"name": "c3"}, "spec": {"leaseName": "Not_A_Name", "holderIdentity": "x"}}), "spec.leaseName"),
-        ("unknown claim field", json!({"kind": "LeaseClaim", "metadata": {"name": "c4"}, "spec": {"leaseName": "x", "holderIdentity": "x", "ttl": 5}}), "ttl"),
+        (
+            "zero duration",
+            json!({"kind": "Lease", "metadata": {"name": "l1"}, "spec": {"leaseDurationSeconds": 0}}),
+            "spec.leaseDurationSeconds",
+        ),
+        (
+            "negative duration",
+            json!({"kind": "Lease", "metadata": {"name": "l2"}, "spec": {"leaseDurationSeconds": -5}}),
+            "spec.leaseDurationSeconds",
+        ),
+        (
+            "huge duration",
+            json!({"kind": "Lease", "metadata": {"name": "l3"}, "spec": {"leaseDurationSeconds": 86401}}),
+            "spec.leaseDurationSeconds",
+        ),
+        (
+            "string duration",
+            json!({"kind": "Lease", "metadata": {"name": "l4"}, "spec": {"leaseDurationSeconds": "15s"}}),
+            "spec.leaseDurationSeconds",
+        ),
+        (
+            "unknown field",
+            json!({"kind": "Lease", "metadata": {"name": "l5"}, "spec": {"leaseDuration": 15}}),
+            "leaseDuration",
+        ),
+        (
+            "name not a DNS label",
+            json!({"kind": "Lease", "metadata": {"name": "a.b"}, "spec": {}}),
+            "metadata.name",
+        ),
+        (
+            "missing leaseName",
+            json!({"kind": "LeaseClaim", "metadata": {"name": "c1"}, "spec": {"holderIdentity": "x"}}),
+            "spec.leaseName",
+        ),
+        (
+            "missing holderIdentity",
+            json!({"kind": "LeaseClaim", "metadata": {"name": "c2"}, "spec": {"leaseName": "x"}}),
+            "spec.holderIdentity",
+        ),
+        (
+            "bad leaseName",
+            json!({"kind": "LeaseClaim", "metadata": {"name": "c3"}, "spec": {"leaseName": "Not_A_Name", "holderIdentity": "x"}}),
+            "spec.leaseName",
+        ),
+        (
+            "unknown claim field",
+            json!({"kind": "LeaseClaim", "metadata": {"name": "c4"}, "spec": {"leaseName": "x", "holderIdentity": "x", "ttl": 5}}),
+            "ttl",
+        ),
     ];
     for (case, mut body, field) in cases {
         body["apiVersion"] = json!("palisade.dev/v1alpha1");
         let name = body["metadata"]["name"].as_str().unwrap().to_string();
         let result = if body["kind"] == "Lease" {
-            leases.patch(&name, &strict, &Patch::Apply(&body)).await.map(|_| ())
+            leases
+                .patch(&name, &strict, &Patch::Apply(&body))
+                .await
+                .map(|_| ())
         } else {
-            claims.patch(&name, &strict, &Patch::Apply(&body)).await.map(|_| ())
+            claims
+                .patch(&name, &strict, &Patch::Apply(&body))
+                .await
+                .map(|_| ())
         };
         let err = result.expect_err(case);
         let message = err.to_string();
-        assert!(message.contains(field), "{case}: the error names {field}: {message}");
-        assert!(leases.get_opt(&name).await.unwrap().is_none() && claims.get_opt(&name).await.unwrap().is_none(), "{case}: nothing was created");
+        assert!(
+            message.contains(field),
+            "{case}: the error names {field}: {message}"
+        );
+        assert!(
+            leases.get_opt(&name).await.unwrap().is_none()
+                && claims.get_opt(&name).await.unwrap().is_none(),
+            "{case}: nothing was created"
+        );
     }
 
     // Immutable fields of an existing claim.
     create_claim(&ns, "fixed", "some-lease", None).await;
     for (field, patch) in [
         ("spec.leaseName", json!({"spec": {"leaseName": "other"}})),
-        ("spec.holderIdentity", json!({"spec": {"holderIdentity": "someone-else"}})),
+        (
+            "spec.holderIdentity",
+            json!({"spec": {"holderIdentity": "someone-else"}}),
+        ),
         ("spec.pod", json!({"spec": {"pod": {"name": "p"}}})),
     ] {
         let err = claims

@@ -172,7 +172,11 @@ pub async fn install_crds() {
 
 /// A free TCP port on 127.0.0.1 (for a controller's admin server).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A `palisade controller` process for one namespace; SIGKILLed when dropped.
@@ -213,7 +217,10 @@ impl ControllerProcess {
             {
                 return;
             }
-            assert!(std::time::Instant::now() < deadline, "controller not ready within 30s");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "controller not ready within 30s"
+            );
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
@@ -226,7 +233,10 @@ impl ControllerProcess {
             .await?;
         let mut out = String::new();
         s.read_to_string(&mut out).await?;
-        Ok(out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+        Ok(out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default())
     }
 
     /// The value of a metric without labels (or the sum over its label sets).
