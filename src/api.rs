@@ -2,6 +2,9 @@
 //! `palisade.dev/v1alpha1`. The CRDs in `crds/` are generated from these types
 //! (`palisade crds`); see DESIGN.md for the meaning of every field.
 
+// kube-derive's repeated `printcolumn(type_ = ...)` arguments trip this lint.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;

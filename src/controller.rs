@@ -40,6 +40,8 @@ pub struct ControllerConfig {
     pub instance: String,
 }
 
+// Each input is moved once from the watch stream into the index; boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
 enum Input {
     Lease(Result<Event<Lease>, watcher::Error>),
     Claim(Result<Event<LeaseClaim>, watcher::Error>),

@@ -41,7 +41,9 @@ fn claim(name: &str, uid: &str, created_secs: i64, pod: Option<&str>) -> LeaseCl
         "spec": spec
     }))
     .unwrap();
-    c.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_700_000_000 + created_secs).unwrap()));
+    c.metadata.creation_timestamp = Some(Time(
+        Timestamp::from_second(1_700_000_000 + created_secs).unwrap(),
+    ));
     c
 }
 
@@ -73,7 +75,11 @@ fn first_waiter_in_fifo_order_is_granted_with_a_token_above_the_resource_version
     assert_eq!(status.grants, Some(1));
     assert_eq!(status.waiting, vec!["a-late"]);
     assert_eq!(status.phase, Some(LeasePhase::Held));
-    let granted = d.claim_updates.iter().find(|u| u.name == "z-early").unwrap();
+    let granted = d
+        .claim_updates
+        .iter()
+        .find(|u| u.name == "z-early")
+        .unwrap();
     assert_eq!(granted.status.phase, Some(ClaimPhase::Granted));
     assert_eq!(granted.status.fencing_token, Some(101));
     let waiting = d.claim_updates.iter().find(|u| u.name == "a-late").unwrap();
@@ -96,8 +102,14 @@ fn a_renewal_changes_nothing_but_the_deadline() {
     c.status = Some(d.claim_updates[0].status.clone());
     index.apply_claim(c.clone(), now);
     let settled = decide(&index.view(&k).unwrap(), now, Timestamp::now());
-    assert!(settled.lease_status.is_none() && settled.claim_updates.is_empty(), "{settled:?}");
-    assert_eq!(index.view(&k).unwrap().holder_deadline, Some(now + Duration::from_secs(2)));
+    assert!(
+        settled.lease_status.is_none() && settled.claim_updates.is_empty(),
+        "{settled:?}"
+    );
+    assert_eq!(
+        index.view(&k).unwrap().holder_deadline,
+        Some(now + Duration::from_secs(2))
+    );
 
     let later = now + Duration::from_millis(1500);
     c.spec.renew_time = Some(MicroTime(Timestamp::now()));
@@ -106,7 +118,10 @@ fn a_renewal_changes_nothing_but_the_deadline() {
     assert_eq!(view.holder_deadline, Some(later + Duration::from_secs(2)));
     // Past the old deadline but within the new one: nothing to write at all.
     let d = decide(&view, now + Duration::from_millis(2500), Timestamp::now());
-    assert!(d.lease_status.is_none() && d.claim_updates.is_empty() && d.ended.is_none(), "{d:?}");
+    assert!(
+        d.lease_status.is_none() && d.claim_updates.is_empty() && d.ended.is_none(),
+        "{d:?}"
+    );
     // Past the new deadline: expired.
     let d = decide(&view, later + Duration::from_secs(2), Timestamp::now());
     assert_eq!(d.ended.unwrap().how, Ending::Expired);
@@ -121,7 +136,11 @@ fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_writ
     index.apply_claim(claim("a", "u1", 0, None), now);
     index.apply_claim(claim("b", "u2", 1, None), now);
     let k = key();
-    let d = decide(&index.view(&k).unwrap(), now + Duration::from_secs(2), Timestamp::now());
+    let d = decide(
+        &index.view(&k).unwrap(),
+        now + Duration::from_secs(2),
+        Timestamp::now(),
+    );
     assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
     let status = d.lease_status.unwrap();
     assert_eq!(status.holder.unwrap().claim, "b");
@@ -162,7 +181,12 @@ fn claims_of_a_missing_lease_wait_with_lease_not_found() {
     assert!(d.lease_status.is_none());
     let a = &d.claim_updates[0];
     assert_eq!(a.status.phase, Some(ClaimPhase::Pending));
-    assert!(a.status.conditions.iter().any(|c| c.type_ == "LeaseNotFound" && c.status == "True"));
+    assert!(
+        a.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "LeaseNotFound" && c.status == "True")
+    );
 }
 
 #[test]
@@ -179,7 +203,9 @@ fn a_stale_delete_event_does_not_remove_a_recreated_lease() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    AddClaim { with_pod: bool },
+    AddClaim {
+        with_pod: bool,
+    },
     DeleteClaim(usize),
     DeletePod(usize),
     Renew(usize),
@@ -220,6 +246,7 @@ struct World {
 }
 
 #[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
 enum Change {
     Lease(Option<Lease>, Option<Lease>),
     Claim(LeaseClaim, bool),
