@@ -55,6 +55,8 @@ struct Outcome {
     lease: Option<Lease>,
     /// The Lease no longer exists (read after a conflict).
     lease_gone: bool,
+    /// Claims as written by this pass.
+    claims: Vec<LeaseClaim>,
     retry_after: Option<Duration>,
     handed_over: bool,
 }
@@ -307,6 +309,9 @@ impl Loop {
         {
             self.index.delete_lease(&lease);
         }
+        for claim in outcome.claims {
+            self.index.apply_claim(claim, now);
+        }
         if outcome.handed_over {
             self.metrics.leases_held.set(self.index.held_count() as i64);
         }
@@ -354,6 +359,7 @@ impl Writer {
             key: key.clone(),
             lease: None,
             lease_gone: false,
+            claims: Vec::new(),
             retry_after: None,
             handed_over: false,
         };
@@ -411,16 +417,20 @@ impl Writer {
         }
         let claims: Api<LeaseClaim> = Api::namespaced(self.client.clone(), &key.namespace);
         for update in &decision.claim_updates {
-            if let Err(e) = write_claim_status(&claims, update).await {
-                if is_not_found(&e) || is_conflict(&e) {
-                    continue; // deleted or re-created meanwhile: its own watch event re-decides
-                }
+            match write_claim_status(&claims, update).await {
+                // Keep the index at least as new as our own writes, so the next
+                // decision does not work from the mirror as it was before them.
+                Ok(written) => outcome.claims.push(written),
+                // Deleted, or re-created (the UID test failed): its own watch event re-decides.
+                Err(e) if is_not_found(&e) || is_conflict(&e) || is_invalid(&e) => {}
+                Err(e) => {
                 self.metrics
                     .write_errors
                     .get_or_create(&WriteLabels { kind: "claim" })
                     .inc();
                 tracing::warn!(lease = %key, claim = %update.name, error = %e, "claim status write failed");
                 outcome.retry_after = Some(Duration::from_millis(500));
+                }
             }
         }
         outcome.handed_over = wrote_lease;
@@ -509,7 +519,7 @@ impl Writer {
 async fn write_claim_status(
     claims: &Api<LeaseClaim>,
     update: &ClaimUpdate,
-) -> Result<(), kube::Error> {
+) -> Result<LeaseClaim, kube::Error> {
     // A JSON patch that tests the UID, so a claim re-created under the same name is left alone.
     let patch = serde_json::json!([
         {"op": "test", "path": "/metadata/uid", "value": update.uid},
@@ -523,7 +533,6 @@ async fn write_claim_status(
             &Patch::<()>::Json(patch),
         )
         .await
-        .map(|_| ())
 }
 
 fn post_params() -> PostParams {
@@ -535,6 +544,11 @@ fn post_params() -> PostParams {
 
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// 422: what a failed JSON-patch `test` (another claim UID under the same name) returns.
+fn is_invalid(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 422)
 }
 
 fn is_not_found(e: &kube::Error) -> bool {

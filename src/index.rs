@@ -51,6 +51,7 @@ pub struct ClaimEntry {
     pub renew_time: Option<Timestamp>,
     pub deleting: bool,
     pub status: LeaseClaimStatus,
+    pub resource_version: String,
     /// When the controller last observed a change of `spec.renewTime` (or first saw the claim).
     pub renew_observed_at: Instant,
 }
@@ -209,6 +210,15 @@ impl Index {
         let entry = self.leases.entry(key.clone()).or_default();
         let previous = entry.claims.get(&name);
         let uid = claim.metadata.uid.clone().unwrap_or_default();
+        // The controller applies its own writes before their watch events arrive:
+        // an event older than what we hold must not roll the claim back.
+        let incoming_rv = claim.metadata.resource_version.as_deref().unwrap_or("");
+        if let Some(p) = previous
+            && p.uid == uid
+            && resource_version_newer(&p.resource_version, incoming_rv) == Some(true)
+        {
+            return touched;
+        }
         let renew_time = claim.spec.renew_time.as_ref().map(|t| t.0);
         let renew_observed_at = match previous {
             Some(p) if p.uid == uid && p.renew_time == renew_time => p.renew_observed_at,
@@ -224,6 +234,7 @@ impl Index {
             renew_time,
             deleting: claim.metadata.deletion_timestamp.is_some(),
             status: claim.status.clone().unwrap_or_default(),
+            resource_version: claim.metadata.resource_version.clone().unwrap_or_default(),
             renew_observed_at,
         };
         if previous == Some(&new) {

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The fencing story with real processes (`make demo`):
+#   two workers contend for one Lease with `palisade lock` and write to a fenced
+#   store; the holder is paused (SIGSTOP) past its lease; the other is granted a
+#   higher token and writes; the paused one resumes and its write is rejected.
+#
+# Needs: KUBECONFIG (the local control plane), PALISADE (the binary), KUBECTL.
+# Exits 0 only when the stale write was rejected and the store kept the new token.
+set -euo pipefail
+
+: "${KUBECONFIG:?set KUBECONFIG}" "${PALISADE:?set PALISADE to the palisade binary}" "${KUBECTL:=kubectl}"
+export KUBECONFIG
+NS=${DEMO_NAMESPACE:-palisade-demo}
+WORK=${DEMO_DIR:-target/demo}
+LEASE=ledger
+DURATION=3s
+
+rm -rf "$WORK"
+mkdir -p "$WORK"
+STORE=$WORK/store
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -CONT -- "-$p" 2>/dev/null || true; kill -- "-$p" 2>/dev/null || true; done
+  "$KUBECTL" delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+say() { printf '\n\033[1m%s\033[0m\n' "$*"; }
+step() { printf '  %s\n' "$*"; }
+wait_for() { # seconds description command...
+  local deadline=$((SECONDS + $1)) what=$2
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { echo "demo: timed out waiting for $what" >&2; exit 1; }
+    sleep 0.1
+  done
+}
+lease_field() { "$KUBECTL" -n "$NS" get leases.palisade.dev "$LEASE" -o "jsonpath={$1}" 2>/dev/null; }
+journal_has() { grep -q "$1" "$STORE/journal.jsonl" 2>/dev/null; }
+
+say "1. Set-up: CRDs, a namespace, the controller"
+"$PALISADE" crds | "$KUBECTL" apply --server-side --field-manager palisade-demo -f - >/dev/null
+"$KUBECTL" wait --for condition=Established crd/leases.palisade.dev crd/leaseclaims.palisade.dev --timeout 30s >/dev/null
+"$KUBECTL" delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
+"$KUBECTL" create namespace "$NS" >/dev/null
+setsid "$PALISADE" controller --namespace "$NS" --leader-elect=false --admin-addr 127.0.0.1:0 \
+  >"$WORK/controller.log" 2>&1 &
+pids+=($!)
+step "controller running (log: $WORK/controller.log)"
+
+# A worker: holds the lease, writes once at once, "works" for 2 s, then writes again.
+# It finishes its write even when told to stop, as many real programs do.
+cat >"$WORK/worker.sh" <<'EOF'
+#!/usr/bin/env bash
+trap 'echo "$PALISADE_HOLDER: asked to stop; finishing the write in progress first"' TERM
+write() {
+  if out=$("$PALISADE" fence --store "$STORE" --key "$PALISADE_LEASE" --token "$PALISADE_FENCING_TOKEN" --payload "$1" 2>&1); then
+    echo "$PALISADE_HOLDER: write '$1' with token $PALISADE_FENCING_TOKEN -> ACCEPTED"
+  else
+    echo "$PALISADE_HOLDER: write '$1' with token $PALISADE_FENCING_TOKEN -> REJECTED ($out)"
+  fi
+}
+echo "$PALISADE_HOLDER: I hold lease $PALISADE_LEASE with fencing token $PALISADE_FENCING_TOKEN"
+write "$PALISADE_HOLDER first write"
+sleep 2
+write "$PALISADE_HOLDER second write"
+EOF
+chmod +x "$WORK/worker.sh"
+export STORE PALISADE
+
+say "2. worker-a takes the lease ($DURATION) and writes"
+setsid "$PALISADE" lock -n "$NS" --duration "$DURATION" --identity worker-a --grace 10s "$LEASE" -- "$WORK/worker.sh" \
+  >"$WORK/worker-a.log" 2>&1 &
+A=$!
+pids+=("$A")
+wait_for 30 "worker-a's first write" journal_has "worker-a first write"
+TOKEN_A=$(lease_field .status.fencingToken)
+sed 's/^/  | /' "$WORK/worker-a.log"
+
+say "3. worker-a stalls: SIGSTOP (a long GC pause), for longer than its $DURATION lease"
+kill -STOP -- "-$A"
+step "worker-a and its renewals are frozen; it still believes it holds token $TOKEN_A"
+
+say "4. worker-b asks for the same lease"
+setsid "$PALISADE" lock -n "$NS" --duration "$DURATION" --identity worker-b "$LEASE" -- "$WORK/worker.sh" \
+  >"$WORK/worker-b.log" 2>&1 &
+pids+=($!)
+wait_for 30 "worker-b's grant" bash -c "[[ \$($KUBECTL -n $NS get leases.palisade.dev $LEASE -o jsonpath='{.status.holder.identity}') == worker-b ]]"
+TOKEN_B=$(lease_field .status.fencingToken)
+step "the controller saw no renewal from worker-a for $DURATION: grant expired"
+step "worker-b is granted the lease with token $TOKEN_B (higher than $TOKEN_A)"
+wait_for 30 "worker-b's first write" journal_has "worker-b first write"
+sed 's/^/  | /' "$WORK/worker-b.log"
+"$KUBECTL" -n "$NS" get leases.palisade.dev "$LEASE" | sed 's/^/  /'
+
+say "5. worker-a wakes up (SIGCONT) and carries on writing with token $TOKEN_A"
+kill -CONT -- "-$A"
+set +e
+wait "$A"
+A_EXIT=$?
+set -e
+sed 's/^/  | /' "$WORK/worker-a.log" | tail -n +3
+step "palisade lock for worker-a exited with $A_EXIT (75 = the lease was lost while the command ran)"
+
+say "6. What the fenced store accepted"
+sed 's/^/  | /' "$STORE/journal.jsonl"
+HIGHEST=$("$PALISADE" fence --store "$STORE" --show | tr -dc '0-9\n' | tail -n 1)
+
+if grep -q "worker-a second write.*REJECTED" "$WORK/worker-a.log" && ! journal_has "worker-a second write" \
+  && [[ $HIGHEST == "$TOKEN_B" ]] && ((TOKEN_B > TOKEN_A)); then
+  echo
+  echo "verdict: SAFE - worker-a's stale write (token $TOKEN_A) was rejected; the store's highest token is worker-b's $TOKEN_B."
+else
+  echo
+  echo "verdict: UNSAFE - the stale write was not rejected as expected (highest $HIGHEST, a=$TOKEN_A, b=$TOKEN_B)" >&2
+  exit 1
+fi
