@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
@@ -43,8 +45,8 @@ pub struct ControllerConfig {
 // Each input is moved once from the watch stream into the index; boxing buys nothing.
 #[allow(clippy::large_enum_variant)]
 enum Input {
-    Lease(Result<Event<Lease>, watcher::Error>),
-    Claim(Result<Event<LeaseClaim>, watcher::Error>),
+    Lease(Result<Event<DeserializeGuard<Lease>>, watcher::Error>),
+    Claim(Result<Event<DeserializeGuard<LeaseClaim>>, watcher::Error>),
     Pod(Result<Event<Pod>, watcher::Error>),
 }
 
@@ -70,7 +72,11 @@ pub async fn run(
     mut leading: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
-    let (leases, claims, pods): (Api<Lease>, Api<LeaseClaim>, Api<Pod>) = match &config.namespace {
+    // DeserializeGuard: an object we cannot read is reported and skipped instead
+    // of failing (and endlessly restarting) the whole watch (DESIGN rule 8).
+    type Leases = Api<DeserializeGuard<Lease>>;
+    type Claims = Api<DeserializeGuard<LeaseClaim>>;
+    let (leases, claims, pods): (Leases, Claims, Api<Pod>) = match &config.namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
@@ -170,7 +176,7 @@ struct Loop {
     client: Client,
     config: ControllerConfig,
     metrics: Arc<Metrics>,
-    events: mpsc::UnboundedSender<(Lease, KubeEvent)>,
+    events: mpsc::UnboundedSender<(ObjectReference, KubeEvent)>,
     index: Index,
     /// Leases, claims, pods: initial list delivered.
     synced: [bool; 3],
@@ -196,38 +202,93 @@ impl Loop {
         }
     }
 
+    /// Unwraps a guarded watch event; an unreadable object is reported (log, metric,
+    /// Warning event on it) and dropped, and the last readable version stays in the index.
+    fn screen<K>(&self, ev: Event<DeserializeGuard<K>>) -> Option<Event<K>>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let take = |guard: DeserializeGuard<K>| match guard.0 {
+            Ok(object) => Some(object),
+            Err(invalid) => {
+                self.report_invalid::<K>(invalid);
+                None
+            }
+        };
+        match ev {
+            Event::Apply(g) => take(g).map(Event::Apply),
+            Event::Delete(g) => take(g).map(Event::Delete),
+            Event::InitApply(g) => take(g).map(Event::InitApply),
+            Event::Init => Some(Event::Init),
+            Event::InitDone => Some(Event::InitDone),
+        }
+    }
+
+    fn report_invalid<K: Resource<DynamicType = ()>>(&self, invalid: InvalidObject) {
+        let meta = invalid.metadata;
+        tracing::warn!(
+            kind = %K::kind(&()),
+            namespace = meta.namespace.as_deref().unwrap_or_default(),
+            name = meta.name.as_deref().unwrap_or_default(),
+            error = %invalid.error,
+            "skipping an object that cannot be read"
+        );
+        self.metrics.invalid_objects.inc();
+        let reference = ObjectReference {
+            api_version: Some(K::api_version(&()).into_owned()),
+            kind: Some(K::kind(&()).into_owned()),
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            ..Default::default()
+        };
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: "InvalidObject".into(),
+            note: Some(format!(
+                "palisade cannot read this object and ignores it: {}",
+                invalid.error
+            )),
+            action: "Read".into(),
+            secondary: None,
+        };
+        let _ = self.events.send((reference, event));
+    }
+
     fn handle_input(&mut self, input: Input, ready: &Readiness) {
         let now = Instant::now();
         let touched = match input {
-            Input::Lease(Ok(ev)) => match ev {
-                Event::Apply(l) => self.index.apply_lease(l, now).into_iter().collect(),
-                Event::Delete(l) => self.index.delete_lease(&l).into_iter().collect(),
-                Event::Init => {
+            Input::Lease(Ok(ev)) => match self.screen(ev) {
+                None => Vec::new(),
+                Some(Event::Apply(l)) => self.index.apply_lease(l, now).into_iter().collect(),
+                Some(Event::Delete(l)) => self.index.delete_lease(&l).into_iter().collect(),
+                Some(Event::Init) => {
                     self.relist.leases.clear();
                     Vec::new()
                 }
-                Event::InitApply(l) => {
+                Some(Event::InitApply(l)) => {
                     self.relist.leases.push(l);
                     Vec::new()
                 }
-                Event::InitDone => {
+                Some(Event::InitDone) => {
                     self.synced[0] = true;
                     self.index
                         .reset_leases(std::mem::take(&mut self.relist.leases), now)
                 }
             },
-            Input::Claim(Ok(ev)) => match ev {
-                Event::Apply(c) => self.index.apply_claim(c, now),
-                Event::Delete(c) => self.index.delete_claim(&c),
-                Event::Init => {
+            Input::Claim(Ok(ev)) => match self.screen(ev) {
+                None => Vec::new(),
+                Some(Event::Apply(c)) => self.index.apply_claim(c, now),
+                Some(Event::Delete(c)) => self.index.delete_claim(&c),
+                Some(Event::Init) => {
                     self.relist.claims.clear();
                     Vec::new()
                 }
-                Event::InitApply(c) => {
+                Some(Event::InitApply(c)) => {
                     self.relist.claims.push(c);
                     Vec::new()
                 }
-                Event::InitDone => {
+                Some(Event::InitDone) => {
                     self.synced[1] = true;
                     self.index
                         .reset_claims(std::mem::take(&mut self.relist.claims), now)
@@ -343,7 +404,7 @@ impl Loop {
 struct Writer {
     client: Client,
     metrics: Arc<Metrics>,
-    events: mpsc::UnboundedSender<(Lease, KubeEvent)>,
+    events: mpsc::UnboundedSender<(ObjectReference, KubeEvent)>,
 }
 
 impl Writer {
@@ -424,12 +485,12 @@ impl Writer {
                 // Deleted, or re-created (the UID test failed): its own watch event re-decides.
                 Err(e) if is_not_found(&e) || is_conflict(&e) || is_invalid(&e) => {}
                 Err(e) => {
-                self.metrics
-                    .write_errors
-                    .get_or_create(&WriteLabels { kind: "claim" })
-                    .inc();
-                tracing::warn!(lease = %key, claim = %update.name, error = %e, "claim status write failed");
-                outcome.retry_after = Some(Duration::from_millis(500));
+                    self.metrics
+                        .write_errors
+                        .get_or_create(&WriteLabels { kind: "claim" })
+                        .inc();
+                    tracing::warn!(lease = %key, claim = %update.name, error = %e, "claim status write failed");
+                    outcome.retry_after = Some(Duration::from_millis(500));
                 }
             }
         }
@@ -497,7 +558,7 @@ impl Writer {
             action: reason.to_string(),
             secondary: None,
         };
-        let _ = self.events.send((lease.clone(), event));
+        let _ = self.events.send((lease.object_ref(&()), event));
     }
 
     /// After a failed write: read the Lease again and decide once more.
@@ -559,8 +620,8 @@ fn is_not_found(e: &kube::Error) -> bool {
 fn spawn_event_publisher(
     client: Client,
     instance: &str,
-) -> mpsc::UnboundedSender<(Lease, KubeEvent)> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Lease, KubeEvent)>();
+) -> mpsc::UnboundedSender<(ObjectReference, KubeEvent)> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(ObjectReference, KubeEvent)>();
     let recorder = Recorder::new(
         client,
         Reporter {
@@ -569,8 +630,8 @@ fn spawn_event_publisher(
         },
     );
     tokio::spawn(async move {
-        while let Some((lease, event)) = rx.recv().await {
-            if let Err(e) = recorder.publish(&event, &lease.object_ref(&())).await {
+        while let Some((reference, event)) = rx.recv().await {
+            if let Err(e) = recorder.publish(&event, &reference).await {
                 tracing::debug!(error = %e, "publishing event failed");
             }
         }

@@ -51,6 +51,7 @@ pub struct Metrics {
     pub leases_held: Gauge,
     pub leases: Gauge,
     pub is_leader: Gauge,
+    pub invalid_objects: Counter,
 }
 
 impl Default for Metrics {
@@ -69,6 +70,7 @@ impl Default for Metrics {
         let leases_held = Gauge::default();
         let leases = Gauge::default();
         let is_leader = Gauge::default();
+        let invalid_objects = Counter::default();
         registry.register(
             "grants",
             "Grants made (each with a new fencing token)",
@@ -116,6 +118,11 @@ impl Default for Metrics {
             "1 while this replica is the active controller",
             is_leader.clone(),
         );
+        registry.register(
+            "invalid_objects",
+            "Watched objects that could not be read and were skipped",
+            invalid_objects.clone(),
+        );
         Self {
             registry,
             grants,
@@ -128,6 +135,7 @@ impl Default for Metrics {
             leases_held,
             leases,
             is_leader,
+            invalid_objects,
         }
     }
 }

@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use serde_json::json;
@@ -663,4 +663,46 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
     assert_eq!(unchanged.spec.lease_name, "some-lease");
     assert_eq!(unchanged.spec.holder_identity, "fixed");
     assert!(unchanged.spec.pod.is_none());
+}
+
+#[tokio::test]
+async fn an_unreadable_claim_is_reported_and_does_not_wedge_the_controller() {
+    let ns = setup("unreadable").await;
+    // Valid for the API server (RFC 3339 allows any number of fraction digits), but
+    // more than the nanoseconds a Kubernetes client can read.
+    let unreadable: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
+        "metadata": {"name": "garbled"},
+        "spec": {"leaseName": "sturdy", "holderIdentity": "garbled", "renewTime": "2026-11-29T10:00:00.1234567891Z"}
+    }))
+    .unwrap();
+    let resource = kube::discovery::ApiResource::erase::<LeaseClaim>(&());
+    Api::<kube::api::DynamicObject>::namespaced_with(ns.client.clone(), &ns.name, &resource)
+        .create(&PostParams::default(), &unreadable)
+        .await
+        .expect("the API server accepts the claim");
+    create_lease(&ns, "sturdy", 15).await;
+    let controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    create_claim(&ns, "fine", "sturdy", None).await;
+    wait_holder(&ns, "sturdy", "fine").await;
+    assert_eq!(
+        controller.metric("palisade_invalid_objects_total").await,
+        1.0
+    );
+    let events = ns.api::<k8s_openapi::api::core::v1::Event>();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let list = events.list(&Default::default()).await.unwrap();
+        if list.items.iter().any(|e| {
+            e.reason.as_deref() == Some("InvalidObject")
+                && e.involved_object.name.as_deref() == Some("garbled")
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no InvalidObject event on the unreadable claim"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
