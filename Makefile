@@ -5,7 +5,9 @@
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
 #   make cluster-down   stop it and remove its state
 #   make check          cargo fmt --check and clippy -D warnings
-#   make crds           regenerate crds/ from the Rust types
+#   make crds           regenerate crds/ (and the chart's copy) from the Rust types
+#   make chart-lint     helm lint --strict of charts/palisade
+#   make image          build the container image (needs a Docker engine)
 #
 # Control-plane binaries are built from Go modules under tests/controlplane/ and
 # cached outside target/ (CACHE_DIR), keyed by version, so `cargo clean` keeps them.
@@ -40,7 +42,7 @@ CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-mana
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
-	controlplane-bins demo clean-cache
+	controlplane-bins demo clean-cache chart-lint image
 
 all: build
 
@@ -88,8 +90,18 @@ cluster-status:
 
 # --- Rust ------------------------------------------------------------------------
 
+# The chart ships a byte-identical copy (a test fails on drift).
 crds:
 	cargo run --quiet --locked -- crds > crds/palisade.dev.yaml
+	cp crds/palisade.dev.yaml charts/palisade/crds/palisade.dev.yaml
+
+chart-lint: controlplane-bins
+	PATH="$(PALISADE_BIN_DIR):$$PATH" helm lint --strict charts/palisade
+
+# The container image (needs a Docker engine; none on the development machines).
+IMAGE ?= ghcr.io/palisade-dev/palisade:$(shell awk '$$1 == "appVersion:" {gsub(/"/, "", $$2); print $$2}' charts/palisade/Chart.yaml)
+image:
+	docker build -t $(IMAGE) .
 
 check:
 	cargo fmt --all --check
@@ -99,6 +111,8 @@ check:
 test: cluster
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
 
+# The fencing story with real processes; see tests/demo/demo.sh.
 demo: cluster
-	@echo "demo: the local control plane is ready; export KUBECONFIG=$(KUBECONFIG_TEST)"
-	PATH="$(PALISADE_BIN_DIR):$$PATH" kubectl --kubeconfig $(KUBECONFIG_TEST) version
+	cargo build --locked --quiet
+	KUBECONFIG=$(KUBECONFIG_TEST) PALISADE=$(CURDIR)/target/debug/palisade KUBECTL=$(PALISADE_BIN_DIR)/kubectl \
+		tests/demo/demo.sh
