@@ -32,6 +32,10 @@ pub enum Command {
     Controller(ControllerArgs),
     /// Admit a write to a file-backed fenced store (the enforcement side of a fencing token).
     Fence(crate::fence::FenceArgs),
+    /// Run a command while holding a Lease, with its fencing token in the environment.
+    Lock(crate::lock::LockArgs),
+    /// Show Leases: holder, fencing token, phase and waiting claims.
+    Status(crate::client::status::StatusArgs),
 }
 
 #[derive(Args, Debug)]
@@ -69,6 +73,8 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Controller(args) => runtime().block_on(run_controller(args)),
         Command::Fence(args) => crate::fence::run(args),
+        Command::Lock(args) => crate::lock::run(args),
+        Command::Status(args) => crate::client::status::run(args),
     }
 }
 

@@ -6,10 +6,12 @@
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod controller;
 pub mod election;
 pub mod fence;
 pub mod grant;
 pub mod index;
+pub mod lock;
 pub mod telemetry;
 pub mod token;

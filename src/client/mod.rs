@@ -1,0 +1,845 @@
+//! The client side of a palisade Lease, for applications: ask for the lease, wait
+//! for the grant, hold it while working, give it back. Needs no controller in
+//! this process, only API access to `leases` and `leaseclaims`.
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) -> Result<(), palisade::client::Error> {
+//! use palisade::client::{AcquireOptions, LeaseClient};
+//! let leases = LeaseClient::new(client, "payments");
+//! let grant = leases.acquire("billing-cron", AcquireOptions::default()).await?;
+//! let token = grant.token(); // pass it along with every write to the protected resource
+//! tokio::select! {
+//!     reason = grant.lost() => eprintln!("lost the lease: {reason}"),
+//!     _ = async { /* the work, fenced with `token` */ } => {}
+//! }
+//! grant.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! How it keeps the contract (DESIGN.md, "Client side"):
+//!
+//! - The authority is `Lease.status` (rule 1): a claim holds the lease exactly
+//!   when `status.holder.claimUID` is its UID, and the token is
+//!   `status.fencingToken`. The claim's status is only read for *why* a grant ended.
+//! - Waiting for the grant and noticing its loss use watches, never polling (rule 5).
+//! - Renewal is one merge patch of the claim's `spec.renewTime` (rule 4) every
+//!   third of `leaseDurationSeconds`. The controller expires a holder a full
+//!   duration after it *observed* a renewal, which is necessarily after the
+//!   renewal was sent; this process gives up two thirds of a duration after it
+//!   *sent* its last successful renewal, on its own monotonic clock. So it stops
+//!   believing it holds the lease before the controller can hand it to someone else.
+//!   Until the first renewal (sent as soon as the grant is seen) the deadline
+//!   counts from the moment the grant was observed, which assumes that the watch
+//!   delivered the grant within a third of the duration.
+//! - A claim is never left behind by this process: acquiring arms a guard that
+//!   deletes the claim if the acquire fails, times out or is cancelled (its future
+//!   dropped, even while the create request is in flight), and a [`Grant`] deletes
+//!   its claim on [`Grant::release`] or drop. Deletes that had to be spawned from
+//!   `Drop` are tracked; call [`LeaseClient::flush`] before the process exits to let
+//!   them finish. (A process that is killed outright leaves its claim: a pending
+//!   one waits in the queue, and once granted it expires after one lease duration.)
+
+pub mod status;
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::{ClaimPhase, Lease, LeaseClaim, LeaseClaimSpec, LeaseSpec, PodRef};
+
+/// Field manager of the writes made by this library.
+pub const CLIENT_MANAGER: &str = "palisade-client";
+
+/// The longest claim name prefix the API server keeps for `generateName`
+/// (it appends 5 random characters to at most 58).
+const MAX_GENERATE_NAME_PREFIX: usize = 58;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("lease {lease} was not granted within {timeout:?}")]
+    Timeout { lease: String, timeout: Duration },
+    #[error("claim {claim} on lease {lease} ended before it was granted: {reason}")]
+    NotGranted {
+        lease: String,
+        claim: String,
+        reason: LostReason,
+    },
+    #[error("the watch on lease {lease} ended unexpectedly")]
+    WatchEnded { lease: String },
+}
+
+/// Why a grant ended, as far as this process can tell. The first signal to arrive wins:
+/// the controller writes the Lease before it mirrors the outcome into the claim, so a
+/// revocation is often seen as [`LostReason::Superseded`] first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// The controller revoked the grant (claim phase `Revoked`): the claim's pod is
+    /// gone or terminal, the Lease was deleted, or a later grant superseded it.
+    Revoked,
+    /// The controller observed no renewal within the lease duration (claim phase `Expired`).
+    Expired,
+    /// `Lease.status` names another holder, or none.
+    Superseded,
+    /// The Lease was deleted.
+    LeaseDeleted,
+    /// The claim was deleted, by someone other than this [`Grant`].
+    ClaimDeleted,
+    /// No renewal succeeded in time, so this process gave up on its own clock,
+    /// before the controller could expire the grant.
+    LocalDeadline,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Revoked => "revoked by the controller",
+            LostReason::Expired => "expired: the controller observed no renewal in time",
+            LostReason::Superseded => "the Lease no longer names this claim as its holder",
+            LostReason::LeaseDeleted => "the Lease was deleted",
+            LostReason::ClaimDeleted => "the claim was deleted",
+            LostReason::LocalDeadline => "no renewal succeeded before the local renewal deadline",
+        })
+    }
+}
+
+/// Which pod a claim belongs to. A claim bound to a pod loses its grant as soon as
+/// that pod is gone or terminal, and is garbage-collected with it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PodBinding {
+    /// This pod, when both `POD_NAME` and `POD_UID` are set (downward API); else none.
+    #[default]
+    FromEnv,
+    /// Not bound to a pod.
+    None,
+    /// Bound to the named pod.
+    Pod { name: String, uid: String },
+}
+
+impl PodBinding {
+    fn resolve(&self) -> Option<(String, String)> {
+        match self {
+            PodBinding::FromEnv => {
+                let name = non_empty_env("POD_NAME")?;
+                let uid = non_empty_env("POD_UID")?;
+                Some((name, uid))
+            }
+            PodBinding::None => None,
+            PodBinding::Pod { name, uid } => Some((name.clone(), uid.clone())),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AcquireOptions {
+    /// `spec.holderIdentity`; default: env `POD_NAME`, else the host name.
+    pub identity: Option<String>,
+    /// The pod the claim belongs to; default: [`PodBinding::FromEnv`].
+    pub pod: PodBinding,
+    /// Give up when not granted within this long ([`Error::Timeout`]); the claim is
+    /// deleted before `acquire` returns. Default: wait for as long as it takes.
+    pub timeout: Option<Duration>,
+}
+
+/// The holder identity used when none is given: the pod name, else the host name.
+pub fn default_identity() -> String {
+    non_empty_env("POD_NAME")
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+        })
+        .or_else(|| non_empty_env("HOSTNAME"))
+        .unwrap_or_else(|| "palisade-client".to_string())
+}
+
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Leases and claims of one namespace.
+#[derive(Clone)]
+pub struct LeaseClient {
+    namespace: String,
+    leases: Api<Lease>,
+    claims: Api<LeaseClaim>,
+    /// Claim creations and the deletions spawned from `Drop`, so that `flush` can wait for them.
+    cleanup: TaskTracker,
+}
+
+impl LeaseClient {
+    pub fn new(client: Client, namespace: &str) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            leases: Api::namespaced(client.clone(), namespace),
+            claims: Api::namespaced(client, namespace),
+            cleanup: TaskTracker::new(),
+        }
+    }
+
+    /// A client from `KUBECONFIG` (or the in-cluster config), in `namespace` or else
+    /// the configuration's default namespace.
+    pub async fn try_default(namespace: Option<&str>) -> Result<Self, kube::Error> {
+        let client = Client::try_default().await?;
+        let namespace = namespace
+            .map(str::to_string)
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        Ok(Self::new(client, &namespace))
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn leases(&self) -> &Api<Lease> {
+        &self.leases
+    }
+
+    pub fn claims(&self) -> &Api<LeaseClaim> {
+        &self.claims
+    }
+
+    /// Creates the Lease with this duration unless it exists (an existing Lease is left as it is).
+    /// Returns whether it was created.
+    pub async fn ensure_lease(&self, name: &str, duration_secs: i64) -> Result<bool, Error> {
+        let lease = Lease::new(
+            name,
+            LeaseSpec {
+                lease_duration_seconds: duration_secs,
+            },
+        );
+        match self.leases.create(&post_params(), &lease).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates a claim on `lease` and waits (watching, not polling) until the Lease
+    /// names it as holder. Dropping the returned future deletes the claim.
+    pub async fn acquire(&self, lease: &str, options: AcquireOptions) -> Result<Grant, Error> {
+        let deadline = options.timeout.map(|t| Instant::now() + t);
+        let timed_out = || Error::Timeout {
+            lease: lease.to_string(),
+            timeout: options.timeout.unwrap_or_default(),
+        };
+        let identity = options.identity.clone().unwrap_or_else(default_identity);
+        let claim = new_claim(lease, &identity, options.pod.resolve());
+        let created = within(deadline, self.create_claim(claim))
+            .await
+            .ok_or_else(timed_out)??;
+        let guard = ClaimGuard {
+            claims: self.claims.clone(),
+            name: created.name_any(),
+            uid: created.uid().unwrap_or_default(),
+            cleanup: self.cleanup.clone(),
+            armed: true,
+        };
+
+        // Watch both before deciding anything: the first event of each is the current state.
+        let mut lease_events = watch_one(self.leases.clone(), lease);
+        let mut claim_events = watch_one(self.claims.clone(), &guard.name);
+        let waited = within(
+            deadline,
+            wait_for_grant(lease, &guard, &mut lease_events, &mut claim_events),
+        )
+        .await;
+        let granted = match waited {
+            Some(Ok(granted)) => granted,
+            Some(Err(e)) => {
+                guard.delete_or_warn().await;
+                return Err(e);
+            }
+            None => {
+                // Delete before returning, so that a caller that exits at once leaves nothing behind.
+                guard.delete_or_warn().await;
+                return Err(timed_out());
+            }
+        };
+        let observed_at = Instant::now();
+        let status = granted.status.clone().unwrap_or_default();
+
+        let (lost_tx, lost_rx) = watch::channel(None);
+        let stop = CancellationToken::new();
+        let (claim, claim_uid) = (guard.name.clone(), guard.uid.clone());
+        let keeper = Keeper {
+            duration: lease_duration(&granted),
+            guard,
+            lost: lost_tx,
+            stop: stop.clone(),
+        };
+        Ok(Grant {
+            namespace: self.namespace.clone(),
+            lease: lease.to_string(),
+            identity,
+            claim,
+            claim_uid,
+            token: status.fencing_token.unwrap_or_default(),
+            lost: lost_rx,
+            stop,
+            keeper: Some(tokio::spawn(keeper.run(
+                observed_at,
+                lease_events,
+                claim_events,
+            ))),
+            cleanup: self.cleanup.clone(),
+        })
+    }
+
+    /// Creates the claim in a task of its own: if this future is dropped while the
+    /// request is in flight, that task deletes the claim the API server made anyway.
+    async fn create_claim(&self, claim: LeaseClaim) -> Result<LeaseClaim, kube::Error> {
+        let (created_tx, created_rx) = oneshot::channel();
+        let claims = self.claims.clone();
+        self.cleanup.spawn(async move {
+            let created = claims.create(&post_params(), &claim).await;
+            if let Err(Ok(orphan)) = created_tx.send(created) {
+                let name = orphan.name_any();
+                let uid = orphan.uid().unwrap_or_default();
+                log_delete_failure(&name, delete_claim(&claims, &name, &uid).await);
+            }
+        });
+        // The task only fails to send when its runtime shuts down.
+        created_rx.await.unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                "the runtime shut down while creating the claim".into(),
+            ))
+        })
+    }
+
+    /// Waits (at most `limit`) for the claim deletions that a dropped [`Grant`] or a
+    /// cancelled acquire spawned. Call it before the process exits. Returns whether
+    /// they all finished.
+    pub async fn flush(&self, limit: Duration) -> bool {
+        self.cleanup.close();
+        let done = tokio::time::timeout(limit, self.cleanup.wait())
+            .await
+            .is_ok();
+        self.cleanup.reopen();
+        done
+    }
+}
+
+/// A held Lease. Renewed in the background until released, dropped or lost.
+pub struct Grant {
+    namespace: String,
+    lease: String,
+    identity: String,
+    claim: String,
+    claim_uid: String,
+    token: i64,
+    lost: watch::Receiver<Option<LostReason>>,
+    /// Tells the keeper to stop renewing and delete the claim.
+    stop: CancellationToken,
+    keeper: Option<JoinHandle<Result<(), kube::Error>>>,
+    cleanup: TaskTracker,
+}
+
+impl fmt::Debug for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grant")
+            .field("namespace", &self.namespace)
+            .field("lease", &self.lease)
+            .field("claim", &self.claim)
+            .field("identity", &self.identity)
+            .field("token", &self.token)
+            .field("lost", &*self.lost.borrow())
+            .finish()
+    }
+}
+
+impl Grant {
+    /// The fencing token of this grant: send it with every write to the protected resource.
+    pub fn token(&self) -> i64 {
+        self.token
+    }
+
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub fn claim_name(&self) -> &str {
+        &self.claim
+    }
+
+    pub fn claim_uid(&self) -> &str {
+        &self.claim_uid
+    }
+
+    /// Why the grant was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        *self.lost.borrow()
+    }
+
+    /// Completes when the grant is lost. Does not borrow the grant, so it can be
+    /// awaited next to work that uses it.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let mut lost = self.lost.clone();
+        async move {
+            match lost.wait_for(Option::is_some).await {
+                Ok(reason) => reason.expect("waited for Some"),
+                // The keeper is gone without saying why: only when its runtime shut down.
+                Err(_) => LostReason::LocalDeadline,
+            }
+        }
+    }
+
+    /// Stops renewing and deletes the claim, which frees the Lease for the next waiter.
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.stop.cancel();
+        match self.keeper.take() {
+            Some(keeper) => match keeper.await {
+                Ok(deleted) => deleted.map_err(Error::from),
+                // The keeper panicked or its runtime is shutting down; the controller expires the claim.
+                Err(_) => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        // The keeper deletes the claim when it sees this (see `release`); tracked, for `flush`.
+        self.stop.cancel();
+        if let (Some(keeper), Ok(runtime)) =
+            (self.keeper.take(), tokio::runtime::Handle::try_current())
+        {
+            self.cleanup.spawn_on(keeper, &runtime);
+        }
+    }
+}
+
+/// Deletes a claim when dropped while armed: from then on no code path of this
+/// process leaks it, cancellation included.
+struct ClaimGuard {
+    claims: Api<LeaseClaim>,
+    name: String,
+    uid: String,
+    cleanup: TaskTracker,
+    armed: bool,
+}
+
+impl ClaimGuard {
+    async fn delete(mut self) -> Result<(), kube::Error> {
+        self.armed = false;
+        delete_claim(&self.claims, &self.name, &self.uid).await
+    }
+
+    async fn delete_or_warn(self) {
+        let name = self.name.clone();
+        log_delete_failure(&name, self.delete().await);
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (claims, name, uid) = (self.claims.clone(), self.name.clone(), self.uid.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                self.cleanup.spawn_on(
+                    async move { log_delete_failure(&name, delete_claim(&claims, &name, &uid).await) },
+                    &runtime,
+                );
+            }
+            Err(_) => tracing::warn!(
+                claim = %self.name,
+                "no async runtime to delete the claim; it stays until its lease expires"
+            ),
+        }
+    }
+}
+
+/// Deletes the claim with this UID (not a namesake created since); gone already is fine.
+async fn delete_claim(claims: &Api<LeaseClaim>, name: &str, uid: &str) -> Result<(), kube::Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let attempt = || async {
+        match claims.delete(name, &params).await {
+            Ok(_) => Ok(()),
+            // 404: gone; 409: the UID precondition failed, so this claim is gone too.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    };
+    attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(100))
+                .with_max_delay(Duration::from_secs(2))
+                .with_max_times(6)
+                .with_jitter(),
+        )
+        .when(is_transient)
+        .await
+}
+
+fn log_delete_failure(claim: &str, result: Result<(), kube::Error>) {
+    if let Err(e) = result {
+        tracing::warn!(%claim, error = %e, "could not delete the claim; it stays until its lease expires");
+    }
+}
+
+fn is_transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
+        _ => false,
+    }
+}
+
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(CLIENT_MANAGER.to_string()),
+        ..PostParams::default()
+    }
+}
+
+/// A claim named `{lease}-{identity}-{5 random characters}` (by `generateName`).
+fn new_claim(lease: &str, identity: &str, pod: Option<(String, String)>) -> LeaseClaim {
+    let slug = name_slug(identity);
+    let mut prefix = if slug.is_empty() {
+        format!("{lease}-")
+    } else {
+        format!("{lease}-{slug}-")
+    };
+    prefix.truncate(MAX_GENERATE_NAME_PREFIX);
+    LeaseClaim {
+        metadata: ObjectMeta {
+            generate_name: Some(prefix),
+            owner_references: pod.as_ref().map(|(name, uid)| {
+                vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    name: name.clone(),
+                    uid: uid.clone(),
+                    ..OwnerReference::default()
+                }]
+            }),
+            ..ObjectMeta::default()
+        },
+        spec: LeaseClaimSpec {
+            lease_name: lease.to_string(),
+            holder_identity: identity.to_string(),
+            pod: pod.map(|(name, uid)| PodRef {
+                name,
+                uid: Some(uid),
+            }),
+            renew_time: None,
+        },
+        status: None,
+    }
+}
+
+/// `identity` as a piece of an object name: lowercase letters, digits and single dashes.
+fn name_slug(identity: &str) -> String {
+    let mut slug = String::with_capacity(identity.len());
+    for c in identity.chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            slug.push(c);
+        } else if !slug.is_empty() && !slug.ends_with('-') {
+            slug.push('-');
+        }
+    }
+    slug.trim_end_matches('-').to_string()
+}
+
+type Events<K> = BoxStream<'static, Result<Option<K>, watcher::Error>>;
+
+/// The object (None: absent) each time it changes; watch errors are retried with backoff.
+fn watch_one<K>(api: Api<K>, name: &str) -> Events<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + fmt::Debug + Send + 'static,
+{
+    watcher::watch_object(api, name).default_backoff().boxed()
+}
+
+async fn within<T>(deadline: Option<Instant>, fut: impl Future<Output = T>) -> Option<T> {
+    match deadline {
+        Some(deadline) => timeout_at(deadline, fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
+fn holds(lease: &Lease, claim_uid: &str) -> bool {
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.holder.as_ref())
+        .is_some_and(|h| h.claim_uid == claim_uid)
+}
+
+fn lease_duration(lease: &Lease) -> Duration {
+    Duration::from_secs(lease.spec.lease_duration_seconds.clamp(1, 86_400) as u64)
+}
+
+/// What the claim itself says about a grant that ended (None: nothing ended).
+fn claim_ending(claim: Option<&LeaseClaim>) -> Option<LostReason> {
+    let Some(claim) = claim else {
+        return Some(LostReason::ClaimDeleted);
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Some(LostReason::ClaimDeleted);
+    }
+    match claim.status.as_ref().and_then(|s| s.phase)? {
+        ClaimPhase::Pending | ClaimPhase::Granted => None,
+        ClaimPhase::Expired => Some(LostReason::Expired),
+        ClaimPhase::Revoked => Some(LostReason::Revoked),
+        ClaimPhase::Released => Some(LostReason::ClaimDeleted),
+    }
+}
+
+/// Until the Lease names the claim: returns that Lease. A claim that ends first
+/// (its pod is gone, someone deleted it) is an error; a missing Lease is waited for.
+async fn wait_for_grant(
+    lease: &str,
+    guard: &ClaimGuard,
+    lease_events: &mut Events<Lease>,
+    claim_events: &mut Events<LeaseClaim>,
+) -> Result<Lease, Error> {
+    loop {
+        tokio::select! {
+            Some(event) = lease_events.next() => match event {
+                Ok(Some(l)) if holds(&l, &guard.uid) => return Ok(l),
+                Ok(_) => {}
+                // Warned: a watch that keeps failing (e.g. forbidden) would otherwise wait silently.
+                Err(e) => tracing::warn!(%lease, error = %e, "lease watch error; retrying"),
+            },
+            Some(event) = claim_events.next() => match event {
+                Ok(claim) => {
+                    if let Some(reason) = claim_ending(claim.as_ref()) {
+                        return Err(Error::NotGranted {
+                            lease: lease.to_string(),
+                            claim: guard.name.clone(),
+                            reason,
+                        });
+                    }
+                }
+                Err(e) => tracing::warn!(claim = %guard.name, error = %e, "claim watch error; retrying"),
+            },
+            else => return Err(Error::WatchEnded { lease: lease.to_string() }),
+        }
+    }
+}
+
+/// The background task of a [`Grant`]: renews, watches for the loss, and deletes
+/// the claim when the grant is released or dropped.
+struct Keeper {
+    duration: Duration,
+    guard: ClaimGuard,
+    lost: watch::Sender<Option<LostReason>>,
+    stop: CancellationToken,
+}
+
+impl Keeper {
+    async fn run(
+        mut self,
+        observed_at: Instant,
+        lease_events: Events<Lease>,
+        claim_events: Events<LeaseClaim>,
+    ) -> Result<(), kube::Error> {
+        // The watches end with `hold`: nothing more to learn once the grant is over.
+        if let Some(reason) = self.hold(observed_at, lease_events, claim_events).await {
+            tracing::info!(claim = %self.guard.name, %reason, "grant lost");
+            self.lost.send_replace(Some(reason));
+            // The claim stays (its status says what happened) until the owner lets go.
+            self.stop.cancelled().await;
+        }
+        self.guard.delete().await
+    }
+
+    /// Renews until the grant is lost (returns why) or the owner stops it (returns None).
+    async fn hold(
+        &mut self,
+        observed_at: Instant,
+        mut lease_events: Events<Lease>,
+        mut claim_events: Events<LeaseClaim>,
+    ) -> Option<LostReason> {
+        // The send time of the last successful renewal; see the module docs for the first one.
+        let mut last_renewal = observed_at;
+        let mut next_renewal = observed_at;
+        let mut renewing: Option<BoxFuture<'static, Result<Instant, kube::Error>>> = None;
+        loop {
+            let deadline = last_renewal + self.duration * 2 / 3;
+            tokio::select! {
+                // Checked first: after a pause (GC, SIGSTOP) an overdue deadline wins over
+                // any renewal that completes in the same instant.
+                biased;
+                _ = self.stop.cancelled() => return None,
+                _ = sleep_until(deadline) => return Some(LostReason::LocalDeadline),
+                Some(event) = lease_events.next() => match event {
+                    Ok(None) => return Some(LostReason::LeaseDeleted),
+                    Ok(Some(lease)) if !holds(&lease, &self.guard.uid) => {
+                        return Some(LostReason::Superseded);
+                    }
+                    // The duration may be edited while held; the controller uses the new one at once.
+                    Ok(Some(lease)) => self.duration = lease_duration(&lease),
+                    Err(e) => tracing::debug!(claim = %self.guard.name, error = %e, "lease watch error; retrying"),
+                },
+                Some(event) = claim_events.next() => match event {
+                    Ok(claim) => {
+                        if let Some(reason) = claim_ending(claim.as_ref()) {
+                            return Some(reason);
+                        }
+                    }
+                    Err(e) => tracing::debug!(claim = %self.guard.name, error = %e, "claim watch error; retrying"),
+                },
+                renewed = async { renewing.as_mut().expect("guarded by is_some").await }, if renewing.is_some() => {
+                    renewing = None;
+                    match renewed {
+                        Ok(sent_at) => {
+                            last_renewal = sent_at;
+                            next_renewal = sent_at + self.duration / 3;
+                        }
+                        Err(e) => {
+                            tracing::warn!(claim = %self.guard.name, error = %e, "renewal refused: the claim is gone");
+                            return Some(LostReason::ClaimDeleted);
+                        }
+                    }
+                }
+                _ = sleep_until(next_renewal), if renewing.is_none() => {
+                    renewing = Some(self.renewal().boxed());
+                }
+            }
+        }
+    }
+
+    /// One renewal, retried on any failure except "this claim is gone": 404, or 409/422
+    /// when the name now belongs to another object (the UID in the patch cannot change). Returns the send time of the attempt
+    /// that succeeded: the retries never extend the deadline, only a success does.
+    /// Each attempt is bounded, so one hung request cannot use up the whole deadline.
+    fn renewal(&self) -> impl Future<Output = Result<Instant, kube::Error>> + Send + 'static {
+        let claims = self.guard.claims.clone();
+        let name = self.guard.name.clone();
+        let uid = self.guard.uid.clone();
+        let attempt_limit = self.duration / 6;
+        let attempt = move || {
+            let (claims, name, uid) = (claims.clone(), name.clone(), uid.clone());
+            async move {
+                let sent_at = Instant::now();
+                // The UID makes the patch fail (422: immutable) on another object of the same name.
+                let patch = serde_json::json!({
+                    "metadata": {"uid": uid},
+                    "spec": {"renewTime": MicroTime(Timestamp::now())},
+                });
+                let params = PatchParams {
+                    field_manager: Some(CLIENT_MANAGER.to_string()),
+                    ..PatchParams::default()
+                };
+                match tokio::time::timeout(
+                    attempt_limit,
+                    claims.patch(&name, &params, &Patch::Merge(&patch)),
+                )
+                .await
+                {
+                    Ok(Ok(_)) => Ok(sent_at),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(kube::Error::Service("renewal timed out".into())),
+                }
+            }
+        };
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay((self.duration / 6).max(Duration::from_millis(50)))
+            .without_max_times()
+            .with_jitter();
+        attempt
+            .retry(backoff)
+            .when(|e| !matches!(e, kube::Error::Api(s) if [404, 409, 422].contains(&s.code)))
+            .notify(|e, after| tracing::debug!(error = %e, ?after, "renewal failed; retrying"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_names_are_lease_identity_and_a_random_suffix() {
+        let claim = new_claim("billing", "Worker_0.example", None);
+        assert_eq!(
+            claim.metadata.generate_name.as_deref(),
+            Some("billing-worker-0-example-")
+        );
+        assert_eq!(claim.spec.holder_identity, "Worker_0.example");
+        assert!(claim.spec.pod.is_none() && claim.metadata.owner_references.is_none());
+
+        let long = "x".repeat(300);
+        let claim = new_claim("billing", &long, None);
+        assert_eq!(
+            claim.metadata.generate_name.unwrap().len(),
+            MAX_GENERATE_NAME_PREFIX
+        );
+        let claim = new_claim("billing", "!!!", None);
+        assert_eq!(claim.metadata.generate_name.as_deref(), Some("billing-"));
+    }
+
+    #[test]
+    fn a_pod_bound_claim_names_the_pod_and_is_owned_by_it() {
+        let claim = new_claim("l", "w", Some(("w-0".into(), "uid-1".into())));
+        let pod = claim.spec.pod.unwrap();
+        assert_eq!(
+            (pod.name.as_str(), pod.uid.as_deref()),
+            ("w-0", Some("uid-1"))
+        );
+        let owner = &claim.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Pod", "w-0", "uid-1")
+        );
+    }
+
+    #[test]
+    fn only_final_claim_phases_end_a_grant() {
+        let mut claim = LeaseClaim::new("c", LeaseClaimSpec::default());
+        assert_eq!(claim_ending(Some(&claim)), None);
+        for (phase, reason) in [
+            (ClaimPhase::Pending, None),
+            (ClaimPhase::Granted, None),
+            (ClaimPhase::Expired, Some(LostReason::Expired)),
+            (ClaimPhase::Revoked, Some(LostReason::Revoked)),
+            (ClaimPhase::Released, Some(LostReason::ClaimDeleted)),
+        ] {
+            claim.status = Some(crate::api::LeaseClaimStatus {
+                phase: Some(phase),
+                ..Default::default()
+            });
+            assert_eq!(claim_ending(Some(&claim)), reason, "{phase:?}");
+        }
+        assert_eq!(claim_ending(None), Some(LostReason::ClaimDeleted));
+    }
+}

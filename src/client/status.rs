@@ -1,0 +1,226 @@
+//! `palisade status [LEASE]`: the Leases of a namespace as a table and, for one
+//! Lease, the claims waiting for it in grant order.
+
+use std::process::ExitCode;
+
+use kube::ResourceExt;
+use kube::api::ListParams;
+
+use super::LeaseClient;
+use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
+
+/// Show Leases: holder, fencing token, phase and how many claims wait.
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// Namespace [default: $POD_NAMESPACE, else the kubeconfig's namespace].
+    #[arg(short = 'n', long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Show only this Lease, followed by the queue of claims waiting for it.
+    pub lease: Option<String>,
+}
+
+pub fn run(args: StatusArgs) -> ExitCode {
+    crate::lock::init_logging();
+    match crate::lock::runtime().block_on(status(args)) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("palisade status: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn status(args: StatusArgs) -> Result<String, String> {
+    let client = LeaseClient::try_default(args.namespace.as_deref())
+        .await
+        .map_err(|e| {
+            format!("no Kubernetes client configuration (KUBECONFIG or in-cluster): {e}")
+        })?;
+    let ns = client.namespace().to_string();
+    let Some(name) = args.lease else {
+        let leases = client
+            .leases()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| format!("listing leases in namespace {ns}: {e}"))?;
+        if leases.items.is_empty() {
+            return Ok(format!("No leases found in namespace {ns}.\n"));
+        }
+        let mut leases = leases.items;
+        leases.sort_by_key(|l| l.name_any());
+        return Ok(lease_table(&leases));
+    };
+    let lease = client
+        .leases()
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("reading lease {name} in namespace {ns}: {e}"))?
+        .ok_or_else(|| format!("lease {name} not found in namespace {ns}"))?;
+    // spec.leaseName is a selectable field of LeaseClaim.
+    let claims = client
+        .claims()
+        .list(&ListParams::default().fields(&format!("spec.leaseName={name}")))
+        .await
+        .map_err(|e| format!("listing claims of lease {name} in namespace {ns}: {e}"))?;
+    Ok(format!(
+        "{}\n{}",
+        lease_table(std::slice::from_ref(&lease)),
+        queue_table(&claims.items)
+    ))
+}
+
+/// NAME HOLDER TOKEN PHASE WAITING, one row per Lease.
+pub fn lease_table(leases: &[Lease]) -> String {
+    let mut rows = vec![row(["NAME", "HOLDER", "TOKEN", "PHASE", "WAITING"])];
+    for lease in leases {
+        let status = lease.status.clone().unwrap_or_default();
+        rows.push(vec![
+            lease.name_any(),
+            status
+                .holder
+                .map(|h| h.identity)
+                .unwrap_or_else(|| NONE.into()),
+            status
+                .fencing_token
+                .map(|t| t.to_string())
+                .unwrap_or_else(|| NONE.into()),
+            match status.phase {
+                Some(LeasePhase::Held) => "Held".into(),
+                Some(LeasePhase::Free) => "Free".into(),
+                None => NONE.into(),
+            },
+            status.waiting_count.unwrap_or(0).to_string(),
+        ]);
+    }
+    table(&rows)
+}
+
+/// The claims still waiting, in the order the controller grants them (DESIGN rule 5:
+/// creationTimestamp, then name).
+pub fn queue_table(claims: &[LeaseClaim]) -> String {
+    let mut waiting: Vec<&LeaseClaim> = claims
+        .iter()
+        .filter(|c| {
+            c.metadata.deletion_timestamp.is_none()
+                && matches!(
+                    c.status.as_ref().and_then(|s| s.phase),
+                    None | Some(ClaimPhase::Pending)
+                )
+        })
+        .collect();
+    if waiting.is_empty() {
+        return "No claims waiting.\n".to_string();
+    }
+    waiting.sort_by_key(|c| {
+        (
+            c.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            c.name_any(),
+        )
+    });
+    let mut rows = vec![row(["POSITION", "CLAIM", "HOLDER"])];
+    for (i, claim) in waiting.iter().enumerate() {
+        rows.push(vec![
+            (i + 1).to_string(),
+            claim.name_any(),
+            claim.spec.holder_identity.clone(),
+        ]);
+    }
+    table(&rows)
+}
+
+const NONE: &str = "<none>";
+
+fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
+    cells.iter().map(|c| c.to_string()).collect()
+}
+
+/// Left-aligned columns separated by three spaces, like kubectl's.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:width$}"))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Holder, LeaseClaimSpec, LeaseClaimStatus, LeaseSpec, LeaseStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn leases_are_listed_with_holder_token_phase_and_waiting() {
+        let mut held = Lease::new("billing", LeaseSpec::default());
+        held.status = Some(LeaseStatus {
+            phase: Some(LeasePhase::Held),
+            holder: Some(Holder {
+                claim: "billing-w0-abcde".into(),
+                claim_uid: "u".into(),
+                identity: "worker-0".into(),
+            }),
+            fencing_token: Some(1839),
+            waiting_count: Some(2),
+            ..Default::default()
+        });
+        let fresh = Lease::new("new", LeaseSpec::default());
+        assert_eq!(
+            lease_table(&[held, fresh]),
+            "NAME      HOLDER     TOKEN    PHASE    WAITING\n\
+             billing   worker-0   1839     Held     2\n\
+             new       <none>     <none>   <none>   0\n"
+        );
+    }
+
+    #[test]
+    fn the_queue_is_in_creation_order_and_skips_claims_that_are_not_waiting() {
+        let claim = |name: &str, second: i64, phase: Option<ClaimPhase>| {
+            let mut c = LeaseClaim::new(
+                name,
+                LeaseClaimSpec {
+                    lease_name: "l".into(),
+                    holder_identity: format!("id-{name}"),
+                    ..Default::default()
+                },
+            );
+            c.metadata.creation_timestamp = Some(Time(
+                Timestamp::from_second(1_700_000_000 + second).unwrap(),
+            ));
+            c.status = phase.map(|p| LeaseClaimStatus {
+                phase: Some(p),
+                ..Default::default()
+            });
+            c
+        };
+        let claims = [
+            claim("zz", 1, Some(ClaimPhase::Pending)),
+            claim("holder", 0, Some(ClaimPhase::Granted)),
+            claim("aa", 2, None),
+            claim("old", 0, Some(ClaimPhase::Expired)),
+            claim("bb", 2, Some(ClaimPhase::Pending)),
+        ];
+        assert_eq!(
+            queue_table(&claims),
+            "POSITION   CLAIM   HOLDER\n\
+             1          zz      id-zz\n\
+             2          aa      id-aa\n\
+             3          bb      id-bb\n"
+        );
+        assert_eq!(queue_table(&claims[1..2]), "No claims waiting.\n");
+    }
+}

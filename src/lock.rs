@@ -1,0 +1,388 @@
+//! `palisade lock LEASE -- CMD ARGS...`: run a command while holding a Lease, like
+//! `etcdctl lock` and `consul lock`, but fenced: the command gets the grant's
+//! fencing token to pass to the resource it protects.
+
+use std::ffi::OsString;
+use std::process::{ExitCode, ExitStatus};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use crate::api::MAX_LEASE_DURATION_SECONDS;
+use crate::client::{AcquireOptions, Error, Grant, LeaseClient, PodBinding};
+
+/// The lease was lost while CMD ran (EX_TEMPFAIL: try again).
+pub const EXIT_LOST: u8 = 75;
+/// The lease was not granted within `--timeout`.
+pub const EXIT_TIMEOUT: u8 = 76;
+/// Bad usage or input (also what clap exits with on a usage error).
+pub const EXIT_USAGE: u8 = 2;
+/// A Kubernetes API or other error.
+pub const EXIT_ERROR: u8 = 1;
+/// CMD exists but could not be started (shell convention).
+pub const EXIT_CANNOT_RUN: u8 = 126;
+/// CMD was not found (shell convention).
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// How long, at most, to wait for claim deletions before exiting.
+const FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
+const AFTER_HELP: &str = "\
+CMD runs in its own process group with these variables in its environment:
+  PALISADE_FENCING_TOKEN  the grant's fencing token: send it with every write it protects
+  PALISADE_LEASE          the Lease name
+  PALISADE_HOLDER         the holder identity
+  PALISADE_CLAIM          the LeaseClaim name
+  PALISADE_NAMESPACE      the namespace
+
+The lease is renewed while CMD runs. If it is lost (revoked, expired, deleted, or
+not renewed in time), CMD's process group gets SIGTERM, then SIGKILL after --grace.
+SIGINT, SIGTERM and SIGHUP to this process are forwarded to CMD as SIGTERM (SIGKILL
+after --grace). The claim is deleted (the lease released) on every way out.
+
+Exit codes:
+  CMD's exit status  CMD ran to completion (128+N if it was killed by signal N)
+  75                 the lease was lost while CMD ran; CMD was stopped
+  76                 the lease was not granted within --timeout
+  2                  bad usage or input (e.g. a malformed duration, an invalid lease name)
+  1                  Kubernetes API or other error
+  126, 127           CMD could not be started, or was not found
+  129, 130, 143      SIGHUP, SIGINT or SIGTERM arrived before CMD started
+Since CMD's own status is passed through, a CMD that exits 75 or 76 itself cannot be
+told apart by the code alone; the reason is also printed on stderr.";
+
+/// Run a command while holding a Lease.
+#[derive(clap::Args, Debug)]
+#[command(after_help = AFTER_HELP)]
+pub struct LockArgs {
+    /// Namespace of the Lease [default: $POD_NAMESPACE, else the kubeconfig's namespace].
+    #[arg(short = 'n', long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// leaseDurationSeconds of the Lease, when this command creates it (whole seconds,
+    /// 1s to 24h, e.g. 15s or 2m). An existing Lease keeps its own duration.
+    #[arg(long, default_value = "15s", value_parser = parse_lease_duration)]
+    pub duration: Duration,
+
+    /// Holder identity [default: $POD_NAME, else the host name].
+    #[arg(long)]
+    pub identity: Option<String>,
+
+    /// How long CMD may take to exit after SIGTERM before it gets SIGKILL (e.g. 500ms, 10s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub grace: Duration,
+
+    /// Give up (exit 76) when the lease is not granted within this long [default: wait].
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+
+    /// Name of the Lease (created if missing).
+    pub lease: String,
+
+    /// The command to run, and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+pub fn run(args: LockArgs) -> ExitCode {
+    init_logging();
+    ExitCode::from(runtime().block_on(lock(args)))
+}
+
+/// A single-threaded runtime is plenty for a client command.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("starting the tokio runtime")
+}
+
+/// Library warnings (a renewal that keeps failing, a claim that could not be deleted) on stderr.
+pub(crate) fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn lock(args: LockArgs) -> u8 {
+    // Installed first: from here on these signals are ours to handle (release, forward).
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("palisade lock: cannot install signal handlers: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let leases = match LeaseClient::try_default(args.namespace.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "palisade lock: no Kubernetes client configuration (KUBECONFIG or in-cluster): {e}"
+            );
+            return EXIT_ERROR;
+        }
+    };
+    let code = acquire_and_run(&leases, &args, &mut signals).await;
+    // A claim whose acquire was interrupted is deleted by a spawned task: let it finish.
+    if !leases.flush(FLUSH_LIMIT).await {
+        eprintln!("palisade lock: gave up waiting for the claim to be deleted");
+    }
+    code
+}
+
+async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Signals) -> u8 {
+    let lease = args.lease.as_str();
+    let ns = leases.namespace();
+    if let Err(e) = leases
+        .ensure_lease(lease, args.duration.as_secs() as i64)
+        .await
+    {
+        eprintln!("palisade lock: cannot create lease {lease} in namespace {ns}: {e}");
+        return match e {
+            // The API server refused the input itself, e.g. a lease name that is not a DNS label.
+            Error::Api(kube::Error::Api(s)) if s.code == 400 || s.code == 422 => EXIT_USAGE,
+            _ => EXIT_ERROR,
+        };
+    }
+    let options = AcquireOptions {
+        identity: args.identity.clone(),
+        pod: PodBinding::FromEnv,
+        timeout: args.timeout,
+    };
+    // Dropping the acquire (on a signal) deletes its claim; `lock` waits for that.
+    let grant = tokio::select! {
+        acquired = leases.acquire(lease, options) => match acquired {
+            Ok(grant) => grant,
+            Err(e @ Error::Timeout { .. }) => {
+                eprintln!("palisade lock: {e}");
+                return EXIT_TIMEOUT;
+            }
+            Err(e) => {
+                eprintln!("palisade lock: cannot acquire lease {lease} in namespace {ns}: {e}");
+                return EXIT_ERROR;
+            }
+        },
+        signal = signals.recv() => {
+            eprintln!("palisade lock: interrupted by signal {signal} while waiting for lease {lease}");
+            return 128 + signal as u8;
+        }
+    };
+    tracing::info!(
+        lease,
+        claim = grant.claim_name(),
+        token = grant.token(),
+        "acquired"
+    );
+
+    let mut child = match spawn(&args.command, &grant) {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("palisade lock: cannot run {:?}: {e}", args.command[0]);
+            release(grant).await;
+            return match e.kind() {
+                std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                _ => EXIT_CANNOT_RUN,
+            };
+        }
+    };
+    let lost = grant.lost();
+    let code = tokio::select! {
+        // A loss noticed together with CMD's exit is reported as a loss.
+        biased;
+        reason = lost => {
+            eprintln!(
+                "palisade lock: lost lease {lease} (fencing token {}): {reason}; stopping the command",
+                grant.token()
+            );
+            stop(&mut child, args.grace).await;
+            EXIT_LOST
+        }
+        signal = signals.recv() => {
+            eprintln!("palisade lock: signal {signal}: stopping the command, then releasing lease {lease}");
+            exit_code(stop(&mut child, args.grace).await)
+        }
+        status = child.wait() => match status {
+            Ok(status) => exit_code(Some(status)),
+            Err(e) => {
+                eprintln!("palisade lock: waiting for the command failed: {e}");
+                EXIT_ERROR
+            }
+        },
+    };
+    release(grant).await;
+    code
+}
+
+async fn release(grant: Grant) {
+    let claim = grant.claim_name().to_string();
+    if let Err(e) = grant.release().await {
+        eprintln!("palisade lock: could not delete claim {claim} (it expires on its own): {e}");
+    }
+}
+
+fn spawn(command: &[OsString], grant: &Grant) -> std::io::Result<Child> {
+    Command::new(&command[0])
+        .args(&command[1..])
+        .env("PALISADE_FENCING_TOKEN", grant.token().to_string())
+        .env("PALISADE_LEASE", grant.lease())
+        .env("PALISADE_HOLDER", grant.identity())
+        .env("PALISADE_CLAIM", grant.claim_name())
+        .env("PALISADE_NAMESPACE", grant.namespace())
+        // Its own group, so that stopping it stops everything it started (a shell's children too).
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+}
+
+/// SIGTERM to CMD's process group, SIGKILL after `grace`; returns CMD's status.
+async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    signal_group(child, libc::SIGTERM);
+    if let Ok(Ok(status)) = tokio::time::timeout(grace, child.wait()).await {
+        return Some(status);
+    }
+    signal_group(child, libc::SIGKILL);
+    child.wait().await.ok()
+}
+
+fn signal_group(child: &Child, signal: libc::c_int) {
+    // `id` is None once the child was reaped: never signal a group whose id may be reused.
+    if let Some(pid) = child.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
+        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid names the group.
+        unsafe {
+            libc::kill(-pid, signal);
+        }
+    }
+}
+
+/// The shell's convention: the exit code, or 128 + the signal that killed it.
+fn exit_code(status: Option<ExitStatus>) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Some(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => code as u8,
+            (None, Some(signal)) => 128u8.wrapping_add(signal as u8),
+            (None, None) => EXIT_ERROR,
+        },
+        None => EXIT_ERROR,
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP to this process.
+struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next signal's number.
+    async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.interrupt.recv() => libc::SIGINT,
+            _ = self.terminate.recv() => libc::SIGTERM,
+            _ = self.hangup.recv() => libc::SIGHUP,
+        }
+    }
+}
+
+/// A duration such as `500ms`, `15s`, `2m` or `1h`: a whole number and a unit.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let usage = "expected a whole number and a unit: ms, s, m or h (e.g. 500ms, 15s, 2m)";
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    if number.is_empty() {
+        return Err(format!("invalid duration {text:?}: {usage}"));
+    }
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}: {number} is too large"))?;
+    let millis_per_unit = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "" => return Err(format!("invalid duration {text:?}: missing unit; {usage}")),
+        _ => {
+            return Err(format!(
+                "invalid duration {text:?}: unknown unit {unit:?}; {usage}"
+            ));
+        }
+    };
+    n.checked_mul(millis_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("invalid duration {text:?}: too large"))
+}
+
+/// A lease duration: whole seconds from 1s to 24h, as `leaseDurationSeconds` allows.
+pub fn parse_lease_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    let max = Duration::from_secs(MAX_LEASE_DURATION_SECONDS as u64);
+    if d.subsec_nanos() != 0 || d < Duration::from_secs(1) || d > max {
+        return Err(format!(
+            "invalid lease duration {text:?}: must be whole seconds from 1s to 24h (leaseDurationSeconds is in seconds)"
+        ));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        for bad in [
+            "",
+            "15",
+            "s",
+            "1.5s",
+            "-1s",
+            "15 s",
+            "15sec",
+            "5x",
+            "99999999999999999999s",
+        ] {
+            let err = parse_duration(bad).expect_err(bad);
+            assert!(err.contains("invalid duration"), "{bad}: {err}");
+        }
+        assert!(parse_duration("15").unwrap_err().contains("missing unit"));
+    }
+
+    #[test]
+    fn lease_durations_are_whole_seconds_within_the_crd_range() {
+        assert_eq!(parse_lease_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_lease_duration("24h"), Ok(Duration::from_secs(86_400)));
+        for bad in ["500ms", "1500ms", "0s", "25h"] {
+            let err = parse_lease_duration(bad).expect_err(bad);
+            assert!(err.contains("whole seconds from 1s to 24h"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(exit_code(Some(ExitStatus::from_raw(7 << 8))), 7);
+        assert_eq!(exit_code(Some(ExitStatus::from_raw(libc::SIGTERM))), 143);
+        assert_eq!(exit_code(Some(ExitStatus::from_raw(libc::SIGKILL))), 137);
+        assert_eq!(exit_code(None), EXIT_ERROR);
+    }
+}

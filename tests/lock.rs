@@ -1,0 +1,557 @@
+//! `palisade lock` and `palisade status` as processes, against the real API server
+//! and a real controller: mutual exclusion, the command's environment, losing the
+//! lease, timeouts, signals, exit codes.
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams};
+use kube::runtime::watcher;
+use palisade::api::{Lease, LeaseClaim, LeasePhase};
+use palisade::client::{AcquireOptions, Grant, LeaseClient, PodBinding};
+use support::{ControllerProcess, TestNamespace};
+use tokio::process::Command;
+use tokio::time::timeout;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn setup(prefix: &str) -> (TestNamespace, ControllerProcess) {
+    support::install_crds().await;
+    let ns = TestNamespace::new(prefix).await;
+    let controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    (ns, controller)
+}
+
+/// `palisade` with the test cluster's kubeconfig and no pod identity from the runner's environment.
+fn palisade() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_palisade"));
+    cmd.env("KUBECONFIG", support::kubeconfig_path())
+        .env_remove("POD_NAME")
+        .env_remove("POD_UID")
+        .env_remove("POD_NAMESPACE")
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// `palisade lock -n NS ARGS... LEASE -- sh -c SCRIPT`
+fn lock(ns: &str, args: &[&str], lease: &str, script: &str) -> Command {
+    let mut cmd = palisade();
+    cmd.args(["lock", "-n", ns])
+        .args(args)
+        .args([lease, "--", "sh", "-c", script]);
+    cmd
+}
+
+async fn output(cmd: &mut Command) -> Output {
+    timeout(WAIT, cmd.output())
+        .await
+        .expect("palisade finished in time")
+        .expect("palisade ran")
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Waits (bounded) until a file the command writes is there and not empty.
+async fn wait_file(path: &Path) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} not written within {WAIT:?}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn process_exists(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn send_signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill {pid}");
+}
+
+async fn claim_names(ns: &TestNamespace) -> Vec<String> {
+    let mut names: Vec<String> = ns
+        .api::<LeaseClaim>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    names.sort();
+    names
+}
+
+async fn wait_lease(ns: &TestNamespace, name: &str, what: &str, pred: impl Fn(&Lease) -> bool) {
+    let mut events = watcher::watch_object(ns.api::<Lease>(), name).boxed();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match timeout(remaining, events.next()).await {
+            Ok(Some(Ok(Some(lease)))) if pred(&lease) => return,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("watch on lease {name} ended"),
+            Err(_) => panic!("lease {name}: timed out after {WAIT:?} waiting for {what}"),
+        }
+    }
+}
+
+/// Holds `lease` from the test process itself (library client, not bound to a pod).
+async fn hold(ns: &TestNamespace, lease: &str, identity: &str) -> Grant {
+    let leases = LeaseClient::new(ns.client.clone(), &ns.name);
+    leases.ensure_lease(lease, 600).await.unwrap();
+    let options = AcquireOptions {
+        identity: Some(identity.into()),
+        pod: PodBinding::None,
+        timeout: None,
+    };
+    timeout(WAIT, leases.acquire(lease, options))
+        .await
+        .expect("granted in time")
+        .expect("granted")
+}
+
+#[tokio::test]
+async fn two_lock_processes_never_run_their_commands_at_once() {
+    let (ns, _controller) = setup("lock-mutex").await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        r#"echo "start $(date +%s%N) $PALISADE_FENCING_TOKEN $PALISADE_HOLDER" >> {log}; sleep 0.05; echo "end $(date +%s%N) $PALISADE_FENCING_TOKEN $PALISADE_HOLDER" >> {log}"#,
+        log = log.display()
+    );
+    const ROUNDS: usize = 10;
+    // Two workers on the same Lease, each running `palisade lock` ROUNDS times in a row.
+    let worker = |id: usize| {
+        let (ns, script) = (ns.name.clone(), script.clone());
+        async move {
+            for round in 0..ROUNDS {
+                let identity = format!("worker-{id}");
+                let out =
+                    output(&mut lock(&ns, &["--identity", &identity], "mutex", &script)).await;
+                assert!(
+                    out.status.success(),
+                    "worker {id} round {round}: {}",
+                    describe(&out)
+                );
+            }
+        }
+    };
+    let started = Instant::now();
+    tokio::join!(worker(0), worker(1));
+    println!("{} lock rounds in {:?}", 2 * ROUNDS, started.elapsed());
+
+    // The log, in the order it was written, must be start/end pairs of one token each,
+    // in time order, with tokens increasing from one interval to the next.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<(&str, u128, i64, &str)> = text
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            assert_eq!(f.len(), 4, "malformed line {l:?}");
+            (f[0], f[1].parse().unwrap(), f[2].parse().unwrap(), f[3])
+        })
+        .collect();
+    assert_eq!(lines.len(), 4 * ROUNDS, "{text}");
+    let mut previous: Option<(u128, i64)> = None;
+    let mut handovers = 0;
+    for (i, pair) in lines.chunks(2).enumerate() {
+        let [(start, t0, token, holder), (end, t1, end_token, end_holder)] = pair else {
+            unreachable!()
+        };
+        assert_eq!(
+            (*start, *end),
+            ("start", "end"),
+            "overlapping commands:\n{text}"
+        );
+        assert_eq!((token, holder), (end_token, end_holder), "{text}");
+        if i > 0 && lines[2 * i - 1].3 != *holder {
+            handovers += 1;
+        }
+        assert!(t0 <= t1, "{text}");
+        if let Some((last_end, last_token)) = previous {
+            assert!(
+                last_end <= *t0,
+                "interval began before the previous ended:\n{text}"
+            );
+            assert!(*token > last_token, "token did not increase:\n{text}");
+        }
+        previous = Some((*t1, *token));
+    }
+    // Both were queued at once most of the time (FIFO alternates them), so without the
+    // lock their commands would have overlapped.
+    println!("{handovers} handovers between the two workers");
+    assert!(
+        handovers >= ROUNDS / 2,
+        "the workers hardly contended:\n{text}"
+    );
+    assert!(claim_names(&ns).await.is_empty(), "every claim released");
+}
+
+#[tokio::test]
+async fn the_command_sees_the_grant_in_its_environment_and_its_status_is_passed_through() {
+    let (ns, _controller) = setup("lock-env").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // Also admits a write with `palisade fence`, which reads the token and lease from the environment.
+    let script = format!(
+        r#"env | grep ^PALISADE_ | sort > {d}/env.tmp
+"$PALISADE_BIN" fence --store {d}/fence --payload hello > {d}/fence.out 2>&1 || echo "fence failed" >> {d}/fence.out
+mv {d}/env.tmp {d}/env
+i=0; while [ ! -e {d}/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
+exit 7"#
+    );
+    let child = lock(&ns.name, &["--identity", "env-test"], "envlease", &script)
+        .env("PALISADE_BIN", env!("CARGO_BIN_EXE_palisade"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let env = wait_file(&dir.path().join("env")).await;
+    let var = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("{name} not in the environment:\n{env}"))
+            .to_string()
+    };
+    let lease = ns.api::<Lease>().get("envlease").await.unwrap();
+    let status = lease.status.unwrap();
+    let holder = status.holder.unwrap();
+    assert_eq!(
+        var("PALISADE_FENCING_TOKEN"),
+        status.fencing_token.unwrap().to_string()
+    );
+    assert_eq!(var("PALISADE_LEASE"), "envlease");
+    assert_eq!(var("PALISADE_HOLDER"), "env-test");
+    assert_eq!(holder.identity, "env-test");
+    assert_eq!(var("PALISADE_CLAIM"), holder.claim);
+    assert_eq!(var("PALISADE_NAMESPACE"), ns.name);
+    let fence = std::fs::read_to_string(dir.path().join("fence.out")).unwrap();
+    assert!(
+        fence.contains(&format!(
+            "admitted: fencing token {}",
+            var("PALISADE_FENCING_TOKEN")
+        )),
+        "{fence}"
+    );
+    assert_eq!(
+        lease.spec.lease_duration_seconds, 15,
+        "created with the default duration"
+    );
+
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let out = timeout(WAIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", describe(&out));
+    assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+    wait_lease(&ns, "envlease", "Free", |l| {
+        l.status.as_ref().and_then(|s| s.phase) == Some(LeasePhase::Free)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_the_claim_stops_the_command_and_exits_75() {
+    let (ns, _controller) = setup("lock-revoked").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let child = lock(&ns.name, &["--grace", "5s"], "revoked", &script)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
+    let claims = claim_names(&ns).await;
+    assert_eq!(claims.len(), 1);
+
+    let deleted = Instant::now();
+    ns.api::<LeaseClaim>()
+        .delete(&claims[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    let out = timeout(WAIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    // SIGTERM did it: well within the 5 s grace before SIGKILL.
+    assert!(
+        deleted.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        deleted.elapsed()
+    );
+    assert!(!process_exists(pid), "the command (pid {pid}) still runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("lost lease revoked"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_paused_lock_process_gives_up_at_its_local_deadline_and_kills_the_command() {
+    let (ns, _controller) = setup("lock-paused").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // The command ignores SIGTERM (inherited across exec): only SIGKILL after --grace stops it.
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; exec sleep 30",
+        pidfile.display()
+    );
+    let child = lock(
+        &ns.name,
+        &["--duration", "2s", "--grace", "1s"],
+        "paused",
+        &script,
+    )
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let lock_pid = child.id().unwrap();
+    let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
+
+    // A pause (GC, CPU starvation) longer than the lease: the command keeps running meanwhile.
+    send_signal(lock_pid, libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(process_exists(pid));
+    send_signal(lock_pid, libc::SIGCONT);
+    let resumed = Instant::now();
+    let out = timeout(WAIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    println!("{}", describe(&out));
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    let took = resumed.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "SIGKILL after the 1 s grace, took {took:?}"
+    );
+    assert!(!process_exists(pid), "the command (pid {pid}) still runs");
+    assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+}
+
+#[tokio::test]
+async fn a_timeout_while_another_holds_the_lease_exits_76_and_leaves_no_claim() {
+    let (ns, _controller) = setup("lock-timeout").await;
+    let holder = hold(&ns, "busy", "holder").await;
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+
+    let started = Instant::now();
+    let out = output(&mut lock(
+        &ns.name,
+        &["--timeout", "1s"],
+        "busy",
+        &format!("touch {}", marker.display()),
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(76), "{}", describe(&out));
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(!marker.exists(), "the command ran without the lease");
+    assert_eq!(
+        claim_names(&ns).await,
+        vec![holder.claim_name().to_string()],
+        "the timed-out claim is gone"
+    );
+    holder.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_to_the_lock_process_is_forwarded_and_the_lease_released() {
+    let (ns, _controller) = setup("lock-sigterm").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // The pid file is written once `sleep` runs, so the forwarded SIGTERM reaches it too
+    // (a sleep forked after the signal would keep the stderr pipe open for 30 s).
+    let script = format!(
+        r#"trap 'echo got-term > {d}/trapped; exit 3' TERM; sleep 30 & echo $$ > {d}/pid; wait"#
+    );
+    let child = lock(&ns.name, &[], "terminated", &script)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_file(&dir.path().join("pid")).await;
+    assert_eq!(claim_names(&ns).await.len(), 1);
+
+    send_signal(child.id().unwrap(), libc::SIGTERM);
+    let out = timeout(WAIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "CMD's status: {}",
+        describe(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("trapped")).unwrap(),
+        "got-term\n"
+    );
+    assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+}
+
+#[tokio::test]
+async fn a_signal_while_waiting_deletes_the_claim() {
+    let (ns, _controller) = setup("lock-sigint").await;
+    let holder = hold(&ns, "busy", "holder").await;
+    let child = lock(&ns.name, &[], "busy", "true")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_lease(&ns, "busy", "a waiter", |l| {
+        l.status.as_ref().and_then(|s| s.waiting_count) == Some(1)
+    })
+    .await;
+    send_signal(child.id().unwrap(), libc::SIGINT);
+    let out = timeout(WAIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
+    assert_eq!(
+        claim_names(&ns).await,
+        vec![holder.claim_name().to_string()]
+    );
+    holder.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_exits_2_and_help_documents_the_exit_codes() {
+    support::install_crds().await;
+    let ns = TestNamespace::new("lock-usage").await;
+    for (args, expected) in [
+        (vec!["--duration", "5x"], "invalid duration \"5x\""),
+        (vec!["--duration", "500ms"], "whole seconds"),
+        (vec!["--grace", "soon"], "invalid duration \"soon\""),
+        (vec!["--timeout", "10"], "missing unit"),
+    ] {
+        let out = output(&mut lock(&ns.name, &args, "l", "true")).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", describe(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(expected),
+            "{args:?}: {}",
+            describe(&out)
+        );
+    }
+    let out = output(palisade().args(["lock", "-n", &ns.name, "l"])).await;
+    assert_eq!(out.status.code(), Some(2), "no command: {}", describe(&out));
+    // Rejected by the API server: a Lease name must be a DNS label.
+    let out = output(&mut lock(&ns.name, &[], "Not_A_Label", "true")).await;
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(claim_names(&ns).await.is_empty());
+
+    let out = output(palisade().args(["lock", "--help"])).await;
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", describe(&out));
+    for needle in [
+        "Exit codes",
+        "75",
+        "76",
+        "PALISADE_FENCING_TOKEN",
+        "--grace",
+    ] {
+        assert!(help.contains(needle), "help lacks {needle:?}:\n{help}");
+    }
+
+    // As a kubectl plugin the binary is called kubectl-palisade; usage says so.
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("kubectl-palisade");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_palisade"), &plugin).unwrap();
+    let out = output(Command::new(&plugin).args(["lock", "--help"])).await;
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Usage: kubectl-palisade lock"),
+        "{}",
+        describe(&out)
+    );
+}
+
+#[tokio::test]
+async fn status_shows_holder_token_and_the_queue_in_grant_order() {
+    let (ns, _controller) = setup("lock-status").await;
+    let holder = hold(&ns, "board", "holder-a").await;
+    let leases = LeaseClient::new(ns.client.clone(), &ns.name);
+    let waiters: Vec<_> = ["w-1", "w-2"]
+        .into_iter()
+        .map(|identity| {
+            let leases = leases.clone();
+            tokio::spawn(async move {
+                let options = AcquireOptions {
+                    identity: Some(identity.into()),
+                    pod: PodBinding::None,
+                    timeout: None,
+                };
+                leases.acquire("board", options).await
+            })
+        })
+        .collect();
+    wait_lease(&ns, "board", "two waiters", |l| {
+        l.status.as_ref().and_then(|s| s.waiting_count) == Some(2)
+    })
+    .await;
+    let lease = ns.api::<Lease>().get("board").await.unwrap();
+    let status = lease.status.unwrap();
+
+    let out = output(palisade().args(["status", "-n", &ns.name])).await;
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        ["NAME", "HOLDER", "TOKEN", "PHASE", "WAITING"],
+        "{text}"
+    );
+    let token = holder.token().to_string();
+    assert_eq!(
+        lines[1],
+        ["board", "holder-a", &token, "Held", "2"],
+        "{text}"
+    );
+
+    let out = output(palisade().args(["status", "-n", &ns.name, "board"])).await;
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let queue: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("POSITION"))
+        .skip(1)
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(queue, status.waiting, "the controller's order:\n{text}");
+
+    let out = output(palisade().args(["status", "-n", &ns.name, "missing"])).await;
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    for waiter in waiters {
+        waiter.abort();
+    }
+    holder.release().await.unwrap();
+}
