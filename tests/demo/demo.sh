@@ -20,7 +20,9 @@ mkdir -p "$WORK"
 STORE=$WORK/store
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -CONT -- "-$p" 2>/dev/null || true; kill -- "-$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do
+    for g in "$p" $(pgrep -P "$p"); do kill -CONT -- "-$g" 2>/dev/null || true; kill -- "-$g" 2>/dev/null || true; done
+  done
   "$KUBECTL" delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -54,7 +56,8 @@ cat >"$WORK/worker.sh" <<'EOF'
 #!/usr/bin/env bash
 trap 'echo "$PALISADE_HOLDER: asked to stop; finishing the write in progress first"' TERM
 write() {
-  if out=$("$PALISADE" fence --store "$STORE" --key "$PALISADE_LEASE" --token "$PALISADE_FENCING_TOKEN" --payload "$1" 2>&1); then
+  # The write in progress is not interrupted by SIGTERM (ignored signals survive exec).
+  if out=$(trap '' TERM; "$PALISADE" fence --store "$STORE" --key "$PALISADE_LEASE" --token "$PALISADE_FENCING_TOKEN" --payload "$1" 2>&1); then
     echo "$PALISADE_HOLDER: write '$1' with token $PALISADE_FENCING_TOKEN -> ACCEPTED"
   else
     echo "$PALISADE_HOLDER: write '$1' with token $PALISADE_FENCING_TOKEN -> REJECTED ($out)"
@@ -78,7 +81,9 @@ TOKEN_A=$(lease_field .status.fencingToken)
 sed 's/^/  | /' "$WORK/worker-a.log"
 
 say "3. worker-a stalls: SIGSTOP (a long GC pause), for longer than its $DURATION lease"
-kill -STOP -- "-$A"
+# palisade lock (which renews) and the command (its own process group) both freeze.
+A_CMD=$(pgrep -P "$A" | head -n 1)
+kill -STOP -- "$A" "-$A_CMD"
 step "worker-a and its renewals are frozen; it still believes it holds token $TOKEN_A"
 
 say "4. worker-b asks for the same lease"
@@ -94,7 +99,8 @@ sed 's/^/  | /' "$WORK/worker-b.log"
 "$KUBECTL" -n "$NS" get leases.palisade.dev "$LEASE" | sed 's/^/  /'
 
 say "5. worker-a wakes up (SIGCONT) and carries on writing with token $TOKEN_A"
-kill -CONT -- "-$A"
+kill -CONT -- "-$A_CMD"
+kill -CONT "$A"
 set +e
 wait "$A"
 A_EXIT=$?
@@ -104,9 +110,9 @@ step "palisade lock for worker-a exited with $A_EXIT (75 = the lease was lost wh
 
 say "6. What the fenced store accepted"
 sed 's/^/  | /' "$STORE/journal.jsonl"
-HIGHEST=$("$PALISADE" fence --store "$STORE" --show | tr -dc '0-9\n' | tail -n 1)
+HIGHEST=$("$PALISADE" fence --store "$STORE" --show | grep -o "\"$LEASE\": *[0-9]*" | grep -o '[0-9]*$')
 
-if grep -q "worker-a second write.*REJECTED" "$WORK/worker-a.log" && ! journal_has "worker-a second write" \
+if grep -q "worker-a second write.*REJECTED (write rejected: stale" "$WORK/worker-a.log" && ! journal_has "worker-a second write" \
   && [[ $HIGHEST == "$TOKEN_B" ]] && ((TOKEN_B > TOKEN_A)); then
   echo
   echo "verdict: SAFE - worker-a's stale write (token $TOKEN_A) was rejected; the store's highest token is worker-b's $TOKEN_B."
