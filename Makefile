@@ -2,6 +2,7 @@
 #
 #   make test           unit + integration tests against a real kube-apiserver (starts it)
 #   make demo           the fencing story, end to end, on the local control plane
+#   make bench          handover latency figures (BENCH_ARGS="--rounds 200 --expiry-rounds 30")
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
 #   make cluster-down   stop it and remove its state
 #   make check          cargo fmt --check and clippy -D warnings
@@ -42,7 +43,7 @@ CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-mana
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
-	controlplane-bins demo clean-cache chart-lint image
+	controlplane-bins demo bench clean-cache chart-lint image
 
 all: build
 
@@ -110,6 +111,11 @@ check:
 # Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
 test: cluster
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
+
+# Handover latency figures (a program, not a test): target/bench/results.{json,md}.
+bench: cluster
+	cargo build --release --locked --quiet
+	cargo bench --locked --bench handover -- $(BENCH_ARGS)
 
 # The fencing story with real processes; see tests/demo/demo.sh.
 demo: cluster

@@ -58,6 +58,8 @@ stop_all() {
       kill -TERM "$pid" 2>/dev/null || true
       for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -KILL "$pid" 2>/dev/null || true
+      # Its ports must be free before anyone starts a new cluster.
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     fi
     rm -f "$STATE_DIR/$c.pid"
   done
