@@ -5,18 +5,14 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::runtime::watcher;
+use kube::api::{DeleteParams, PostParams};
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use palisade::client::{AcquireOptions, Error, Grant, LeaseClient, LostReason, PodBinding};
 use serde_json::json;
-use support::{ControllerProcess, TestNamespace};
+use support::{ControllerProcess, TestNamespace, WAIT, claim_names, wait_for};
 use tokio::time::timeout;
-
-const WAIT: Duration = Duration::from_secs(20);
 
 async fn setup(prefix: &str) -> (TestNamespace, ControllerProcess, LeaseClient) {
     support::install_crds().await;
@@ -42,24 +38,6 @@ async fn acquire(leases: &LeaseClient, lease: &str, identity: &str) -> Grant {
         .unwrap_or_else(|e| panic!("{identity}: acquiring lease {lease}: {e}"))
 }
 
-/// Waits (watching) until the object satisfies `pred`; None means absent.
-async fn wait_for<K>(api: kube::Api<K>, name: &str, what: &str, pred: impl Fn(Option<&K>) -> bool)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    let mut events = watcher::watch_object(api, name).boxed();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match timeout(remaining, events.next()).await {
-            Ok(Some(Ok(obj))) if pred(obj.as_ref()) => return,
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("watch on {name} ended"),
-            Err(_) => panic!("{name}: timed out after {WAIT:?} waiting for {what}"),
-        }
-    }
-}
-
 fn holder_uid(lease: &Lease) -> Option<String> {
     lease
         .status
@@ -71,20 +49,6 @@ fn holder_uid(lease: &Lease) -> Option<String> {
 
 fn lease_token(lease: &Lease) -> Option<i64> {
     lease.status.as_ref()?.fencing_token
-}
-
-async fn claim_names(ns: &TestNamespace) -> Vec<String> {
-    let mut names: Vec<String> = ns
-        .api::<LeaseClaim>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
-    names.sort();
-    names
 }
 
 #[tokio::test]

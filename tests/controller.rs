@@ -15,9 +15,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use serde_json::json;
-use support::{ControllerProcess, TestNamespace};
-
-const WAIT: Duration = Duration::from_secs(20);
+use support::{ControllerProcess, TestNamespace, WAIT, wait_lease};
 
 async fn setup(prefix: &str) -> TestNamespace {
     support::install_crds().await;
@@ -63,27 +61,6 @@ async fn delete_claim(ns: &TestNamespace, name: &str) {
         .delete(name, &DeleteParams::default())
         .await
         .expect("delete LeaseClaim");
-}
-
-/// Waits until the Lease satisfies `pred`, returning it.
-async fn wait_lease(
-    ns: &TestNamespace,
-    name: &str,
-    what: &str,
-    pred: impl Fn(&Lease) -> bool,
-) -> Lease {
-    let api = ns.api::<Lease>();
-    let deadline = Instant::now() + WAIT;
-    let mut stream = watcher::watch_object(api, name).boxed();
-    loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, stream.next()).await {
-            Ok(Some(Ok(Some(lease)))) if pred(&lease) => return lease,
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("watch on lease {name} ended"),
-            Err(_) => panic!("lease {name}: timed out after {WAIT:?} waiting for {what}"),
-        }
-    }
 }
 
 fn holder_claim(lease: &Lease) -> Option<String> {

@@ -8,17 +8,12 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams};
-use kube::runtime::watcher;
+use kube::api::DeleteParams;
 use palisade::api::{Lease, LeaseClaim, LeasePhase};
 use palisade::client::{AcquireOptions, Grant, LeaseClient, PodBinding};
-use support::{ControllerProcess, TestNamespace};
+use support::{ControllerProcess, TestNamespace, WAIT, claim_names, wait_lease};
 use tokio::process::Command;
 use tokio::time::timeout;
-
-const WAIT: Duration = Duration::from_secs(20);
 
 async fn setup(prefix: &str) -> (TestNamespace, ControllerProcess) {
     support::install_crds().await;
@@ -91,34 +86,6 @@ fn process_exists(pid: i32) -> bool {
 fn send_signal(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill {pid}");
-}
-
-async fn claim_names(ns: &TestNamespace) -> Vec<String> {
-    let mut names: Vec<String> = ns
-        .api::<LeaseClaim>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
-    names.sort();
-    names
-}
-
-async fn wait_lease(ns: &TestNamespace, name: &str, what: &str, pred: impl Fn(&Lease) -> bool) {
-    let mut events = watcher::watch_object(ns.api::<Lease>(), name).boxed();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match timeout(remaining, events.next()).await {
-            Ok(Some(Ok(Some(lease)))) if pred(&lease) => return,
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("watch on lease {name} ended"),
-            Err(_) => panic!("lease {name}: timed out after {WAIT:?} waiting for {what}"),
-        }
-    }
 }
 
 /// Holds `lease` from the test process itself (library client, not bound to a pod).

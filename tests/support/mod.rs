@@ -253,3 +253,59 @@ impl ControllerProcess {
         let _ = self.child.start_kill();
     }
 }
+
+/// How long a test waits for the cluster to reach an expected state.
+pub const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Waits (watching, not polling) until the named object satisfies `pred`
+/// (None: absent), returning it. Panics after [`WAIT`].
+pub async fn wait_for<K>(
+    api: Api<K>,
+    name: &str,
+    what: &str,
+    pred: impl Fn(Option<&K>) -> bool,
+) -> Option<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt;
+    let mut events = kube::runtime::watcher::watch_object(api, name).boxed();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(remaining, events.next()).await {
+            Ok(Some(Ok(obj))) if pred(obj.as_ref()) => return obj,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("watch on {name} ended"),
+            Err(_) => panic!("{name}: timed out after {WAIT:?} waiting for {what}"),
+        }
+    }
+}
+
+/// Waits until the Lease exists and satisfies `pred`, returning it.
+pub async fn wait_lease(
+    ns: &TestNamespace,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&palisade::api::Lease) -> bool,
+) -> palisade::api::Lease {
+    wait_for(ns.api(), name, what, |l| l.is_some_and(&pred))
+        .await
+        .expect("a Lease that satisfies the predicate exists")
+}
+
+/// The names of all LeaseClaims in the namespace, sorted.
+pub async fn claim_names(ns: &TestNamespace) -> Vec<String> {
+    use kube::ResourceExt;
+    let claims = ns.api::<palisade::api::LeaseClaim>();
+    let mut names: Vec<String> = claims
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect();
+    names.sort();
+    names
+}
