@@ -340,14 +340,14 @@ impl Loop {
             let key = self.queue.remove(position)?;
             self.queued.remove(&key);
             let dirty_since = self.dirty_since.remove(&key).unwrap_or_else(Instant::now);
-            let Some(view) = self.index.view(&key) else {
+            let Some(view) = self.index.view(&key, Instant::now()) else {
                 continue;
             };
             let decision = grant::decide(&view, Instant::now(), Timestamp::now());
             let lease = view.lease.cloned();
-            let holder_deadline = view.holder_deadline;
+            let wake_at = earliest(view.holder_deadline, view.pod_recheck);
             if decision.lease_status.is_none() && decision.claim_updates.is_empty() {
-                self.schedule(&key, holder_deadline);
+                self.schedule(&key, wake_at);
                 continue;
             }
             self.in_flight.insert(key.clone());
@@ -364,7 +364,11 @@ impl Loop {
         let now = Instant::now();
         self.in_flight.remove(&outcome.key);
         if let Some(lease) = outcome.lease {
-            self.index.apply_lease(lease, now);
+            // A delete event that arrived while the write was in flight wins: re-adding
+            // the object we wrote would leave a ghost Lease that nothing corrects.
+            if self.index.lease(&outcome.key).is_some() {
+                self.index.apply_lease(lease, now);
+            }
         } else if outcome.lease_gone
             && let Some(lease) = self.index.lease(&outcome.key).map(|l| (**l).clone())
         {
@@ -382,8 +386,8 @@ impl Loop {
             None => {
                 let deadline = self
                     .index
-                    .view(&outcome.key)
-                    .and_then(|v| v.holder_deadline);
+                    .view(&outcome.key, now)
+                    .and_then(|v| earliest(v.holder_deadline, v.pod_recheck));
                 self.schedule(&outcome.key, deadline);
             }
         }
@@ -594,6 +598,13 @@ async fn write_claim_status(
             &Patch::<()>::Json(patch),
         )
         .await
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 fn post_params() -> PostParams {

@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::api::{ClaimPhase, Holder, LeaseClaimStatus, LeasePhase, LeaseStatus};
-use crate::index::{ClaimView, LeaseView};
+use crate::index::{ClaimView, LeaseView, PodProblem};
 use crate::token::next_token;
 
 /// How many waiting claims `status.waiting` lists.
@@ -95,7 +95,7 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
         (Some(_), None) => Some(Ending::Released),
         (Some(_), Some(c)) if c.claim.deleting => Some(Ending::Released),
         (Some(h), Some(c)) => match &c.pod_problem {
-            Some(problem) => Some(Ending::Revoked(
+            Some(problem) if *problem != PodProblem::NotSeenYet => Some(Ending::Revoked(
                 problem.describe(
                     &c.claim
                         .pod
@@ -104,15 +104,15 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                         .unwrap_or_else(|| h.identity.clone()),
                 ),
             )),
-            None if view.holder_deadline.is_some_and(|d| now >= d) => Some(Ending::Expired),
-            None if c.claim.status.phase.is_some_and(ClaimPhase::is_final) => {
+            _ if view.holder_deadline.is_some_and(|d| now >= d) => Some(Ending::Expired),
+            _ if c.claim.status.phase.is_some_and(ClaimPhase::is_final) => {
                 Some(Ending::Revoked(format!(
                     "claim {} was already marked {:?}",
                     c.claim.name,
                     c.claim.status.phase.unwrap()
                 )))
             }
-            None => None,
+            _ => None,
         },
     };
     if let (Some(h), Some(how)) = (holder, &ending) {
@@ -313,6 +313,7 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
             );
         } else if is_pending(c)
             && let Some(problem) = &c.pod_problem
+            && *problem != PodProblem::NotSeenYet
         {
             let pod = c
                 .claim

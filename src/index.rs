@@ -52,13 +52,23 @@ pub struct ClaimEntry {
     pub deleting: bool,
     pub status: LeaseClaimStatus,
     pub resource_version: String,
+    /// When the index first saw this claim (this UID).
+    pub first_seen: Instant,
     /// When the controller last observed a change of `spec.renewTime` (or first saw the claim).
     pub renew_observed_at: Instant,
 }
 
-/// Why a claim's pod no longer backs it.
+/// How long a new claim may name a pod that the pod watch has not delivered yet
+/// (the claim and pod watches are separate streams, so a claim can arrive first)
+/// before the pod counts as gone.
+pub const POD_GRACE: Duration = Duration::from_secs(10);
+
+/// Why a claim's pod does not (or not yet) back it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodProblem {
+    /// Not in the pod watch yet, and the claim is younger than [`POD_GRACE`]:
+    /// the claim is neither granted nor revoked until it shows up.
+    NotSeenYet,
     Gone,
     Replaced,
     Terminal(String),
@@ -67,6 +77,7 @@ pub enum PodProblem {
 impl PodProblem {
     pub fn describe(&self, pod: &str) -> String {
         match self {
+            PodProblem::NotSeenYet => format!("pod {pod} has not been seen yet"),
             PodProblem::Gone => format!("pod {pod} was deleted"),
             PodProblem::Replaced => {
                 format!("pod {pod} was replaced by another pod with a different UID")
@@ -107,6 +118,8 @@ pub struct LeaseView<'a> {
     pub claims: Vec<ClaimView<'a>>,
     /// When the current holder's grant expires on the controller's clock.
     pub holder_deadline: Option<Instant>,
+    /// When a claim whose pod has not been seen yet stops waiting for it.
+    pub pod_recheck: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -220,6 +233,10 @@ impl Index {
             return touched;
         }
         let renew_time = claim.spec.renew_time.as_ref().map(|t| t.0);
+        let first_seen = match previous {
+            Some(p) if p.uid == uid => p.first_seen,
+            _ => now,
+        };
         let renew_observed_at = match previous {
             Some(p) if p.uid == uid && p.renew_time == renew_time => p.renew_observed_at,
             _ => now,
@@ -235,6 +252,7 @@ impl Index {
             deleting: claim.metadata.deletion_timestamp.is_some(),
             status: claim.status.clone().unwrap_or_default(),
             resource_version: claim.metadata.resource_version.clone().unwrap_or_default(),
+            first_seen,
             renew_observed_at,
         };
         if previous == Some(&new) {
@@ -401,31 +419,46 @@ impl Index {
     }
 
     /// What the grant decision sees for one Lease name.
-    pub fn view<'a>(&'a self, key: &'a LeaseKey) -> Option<LeaseView<'a>> {
+    pub fn view<'a>(&'a self, key: &'a LeaseKey, now: Instant) -> Option<LeaseView<'a>> {
         let entry = self.leases.get(key)?;
-        let claims = entry
+        let holder_uid = entry.holder_since.as_ref().map(|(uid, _)| uid.as_str());
+        let claims: Vec<ClaimView<'a>> = entry
             .claims
             .values()
-            .map(|claim| ClaimView {
-                claim,
-                pod_problem: self.pod_problem(&key.namespace, claim),
+            .map(|claim| {
+                let mut pod_problem = self.pod_problem(&key.namespace, claim, now);
+                // The holder's pod was seen when it was granted (or in the complete
+                // list after a restart): if it is missing now, it is gone.
+                if pod_problem == Some(PodProblem::NotSeenYet)
+                    && Some(claim.uid.as_str()) == holder_uid
+                {
+                    pod_problem = Some(PodProblem::Gone);
+                }
+                ClaimView { claim, pod_problem }
             })
             .collect();
+        let pod_recheck = claims
+            .iter()
+            .filter(|c| c.pod_problem == Some(PodProblem::NotSeenYet))
+            .map(|c| c.claim.first_seen + POD_GRACE)
+            .min();
         let holder_deadline = self.holder_deadline(entry);
         Some(LeaseView {
             key,
             lease: entry.lease.as_deref(),
             claims,
             holder_deadline,
+            pod_recheck,
         })
     }
 
-    fn pod_problem(&self, namespace: &str, claim: &ClaimEntry) -> Option<PodProblem> {
+    fn pod_problem(&self, namespace: &str, claim: &ClaimEntry, now: Instant) -> Option<PodProblem> {
         let pod_ref = claim.pod.as_ref()?;
         match self
             .pods
             .get(&(namespace.to_string(), pod_ref.name.clone()))
         {
+            None if now < claim.first_seen + POD_GRACE => Some(PodProblem::NotSeenYet),
             None => Some(PodProblem::Gone),
             Some(p) if p.deleting => Some(PodProblem::Gone),
             Some(p) if pod_ref.uid.as_ref().is_some_and(|uid| *uid != p.uid) => {

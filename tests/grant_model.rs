@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use palisade::grant::{Ending, decide};
-use palisade::index::{Index, LeaseKey};
+use palisade::index::{Index, LeaseKey, POD_GRACE};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -68,7 +68,7 @@ fn first_waiter_in_fifo_order_is_granted_with_a_token_above_the_resource_version
     index.apply_claim(claim("a-late", "u1", 5, None), now);
     index.apply_claim(claim("z-early", "u2", 1, None), now);
     let k = key();
-    let d = decide(&index.view(&k).unwrap(), now, Timestamp::now());
+    let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     let status = d.lease_status.unwrap();
     assert_eq!(status.holder.unwrap().claim, "z-early");
     assert_eq!(status.fencing_token, Some(101));
@@ -95,26 +95,26 @@ fn a_renewal_changes_nothing_but_the_deadline() {
     index.apply_claim(c.clone(), now);
     let k = key();
     // Settle: grant, and apply what the controller wrote.
-    let d = decide(&index.view(&k).unwrap(), now, Timestamp::now());
+    let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     let mut written = lease("L", 11, 2, None);
     written.status = d.lease_status;
     index.apply_lease(written, now);
     c.status = Some(d.claim_updates[0].status.clone());
     index.apply_claim(c.clone(), now);
-    let settled = decide(&index.view(&k).unwrap(), now, Timestamp::now());
+    let settled = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     assert!(
         settled.lease_status.is_none() && settled.claim_updates.is_empty(),
         "{settled:?}"
     );
     assert_eq!(
-        index.view(&k).unwrap().holder_deadline,
+        index.view(&k, now).unwrap().holder_deadline,
         Some(now + Duration::from_secs(2))
     );
 
     let later = now + Duration::from_millis(1500);
     c.spec.renew_time = Some(MicroTime(Timestamp::now()));
     index.apply_claim(c, later);
-    let view = index.view(&k).unwrap();
+    let view = index.view(&k, now).unwrap();
     assert_eq!(view.holder_deadline, Some(later + Duration::from_secs(2)));
     // Past the old deadline but within the new one: nothing to write at all.
     let d = decide(&view, now + Duration::from_millis(2500), Timestamp::now());
@@ -137,7 +137,7 @@ fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_writ
     index.apply_claim(claim("b", "u2", 1, None), now);
     let k = key();
     let d = decide(
-        &index.view(&k).unwrap(),
+        &index.view(&k, now).unwrap(),
         now + Duration::from_secs(2),
         Timestamp::now(),
     );
@@ -162,7 +162,7 @@ fn a_terminal_or_deleted_pod_revokes_its_claim() {
             index.apply_pod(&pod("pod-a", "p1", phase));
         }
         let k = key();
-        let d = decide(&index.view(&k).unwrap(), now, Timestamp::now());
+        let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
         match &d.ended.as_ref().unwrap().how {
             Ending::Revoked(why) => assert!(why.contains(reason), "{why}"),
             other => panic!("expected revocation, got {other:?}"),
@@ -172,12 +172,50 @@ fn a_terminal_or_deleted_pod_revokes_its_claim() {
 }
 
 #[test]
+fn a_claim_whose_pod_is_not_seen_yet_waits_instead_of_being_revoked() {
+    // The claim and pod watches are separate streams: the claim may arrive first.
+    let now = Instant::now();
+    let mut index = Index::default();
+    index.apply_lease(lease("L", 10, 15, None), now);
+    index.apply_claim(claim("a", "u1", 0, Some("pod-a")), now);
+    let k = key();
+    let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+    assert!(d.granted.is_none(), "not granted before its pod is seen");
+    assert!(
+        d.claim_updates
+            .iter()
+            .all(|u| u.status.phase != Some(ClaimPhase::Revoked)),
+        "not revoked either: {:?}",
+        d.claim_updates
+    );
+    assert_eq!(
+        index.view(&k, now).unwrap().pod_recheck,
+        Some(now + POD_GRACE)
+    );
+
+    // The pod arrives: granted.
+    index.apply_pod(&pod("pod-a", "p1", "Running"));
+    let later = now + Duration::from_millis(50);
+    let d = decide(&index.view(&k, later).unwrap(), later, Timestamp::now());
+    assert_eq!(d.granted.unwrap().claim, "a");
+
+    // A pod that never shows up counts as gone after the grace period.
+    let mut index = Index::default();
+    index.apply_lease(lease("L", 10, 15, None), now);
+    index.apply_claim(claim("b", "u2", 0, Some("pod-b")), now);
+    let after = now + POD_GRACE;
+    let d = decide(&index.view(&k, after).unwrap(), after, Timestamp::now());
+    assert!(d.granted.is_none());
+    assert_eq!(d.claim_updates[0].status.phase, Some(ClaimPhase::Revoked));
+}
+
+#[test]
 fn claims_of_a_missing_lease_wait_with_lease_not_found() {
     let now = Instant::now();
     let mut index = Index::default();
     index.apply_claim(claim("a", "u1", 0, None), now);
     let k = key();
-    let d = decide(&index.view(&k).unwrap(), now, Timestamp::now());
+    let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     assert!(d.lease_status.is_none());
     let a = &d.claim_updates[0];
     assert_eq!(a.status.phase, Some(ClaimPhase::Pending));
@@ -364,7 +402,7 @@ proptest! {
                 }
                 Op::Decide(n) => {
                     let k = key();
-                    let Some(view) = controllers[n].view(&k) else { continue };
+                    let Some(view) = controllers[n].view(&k, now) else { continue };
                     let decision = decide(&view, now, Timestamp::now());
                     let (Some(status), Some(base)) = (decision.lease_status, view.lease.cloned()) else { continue };
                     // Compare-and-swap against the model server.

@@ -21,7 +21,8 @@ STORE=$WORK/store
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do
-    for g in "$p" $(pgrep -P "$p"); do kill -CONT -- "-$g" 2>/dev/null || true; kill -- "-$g" 2>/dev/null || true; done
+    # SIGKILL: the workers ignore SIGTERM, and nothing may outlive the demo.
+    for g in "$p" $(pgrep -P "$p"); do kill -KILL -- "-$g" 2>/dev/null || true; done
   done
   "$KUBECTL" delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
 }
@@ -54,10 +55,11 @@ step "controller running (log: $WORK/controller.log)"
 # It finishes its write even when told to stop, as many real programs do.
 cat >"$WORK/worker.sh" <<'EOF'
 #!/usr/bin/env bash
-trap 'echo "$PALISADE_HOLDER: asked to stop; finishing the write in progress first"' TERM
+# SIGTERM is ignored, and so by the fence it runs (ignored signals survive exec):
+# the write in progress completes even though palisade lock asks it to stop.
+trap '' TERM
 write() {
-  # The write in progress is not interrupted by SIGTERM (ignored signals survive exec).
-  if out=$(trap '' TERM; "$PALISADE" fence --store "$STORE" --key "$PALISADE_LEASE" --token "$PALISADE_FENCING_TOKEN" --payload "$1" 2>&1); then
+  if out=$("$PALISADE" fence --store "$STORE" --key "$PALISADE_LEASE" --token "$PALISADE_FENCING_TOKEN" --payload "$1" 2>&1); then
     echo "$PALISADE_HOLDER: write '$1' with token $PALISADE_FENCING_TOKEN -> ACCEPTED"
   else
     echo "$PALISADE_HOLDER: write '$1' with token $PALISADE_FENCING_TOKEN -> REJECTED ($out)"
