@@ -110,11 +110,12 @@ check:
 
 # Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
 test: cluster
+	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
+	cargo test --locked --bench handover -- --rounds 3 --expiry-rounds 1 --out target/bench-smoke
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
 
 # Handover latency figures (a program, not a test): target/bench/results.{json,md}.
 bench: cluster
-	cargo build --release --locked --quiet
 	cargo bench --locked --bench handover -- $(BENCH_ARGS)
 
 # The fencing story with real processes; see tests/demo/demo.sh.

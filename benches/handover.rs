@@ -4,8 +4,8 @@
 //! object is deleted, or its lease duration runs out) to the moment the next
 //! holder's process observes its grant (its `acquire` returns). A program that
 //! prints figures, not a test: `cargo bench --bench handover -- [--rounds N]
-//! [--expiry-rounds N] [--out DIR]`. Needs a release build of the controller
-//! (`target/release/palisade`) and the cluster of `make cluster`.
+//! [--expiry-rounds N] [--out DIR]`. Needs the cluster of `make cluster`.
+//! `make test` runs a smoke version (a few rounds, debug build) so this cannot rot.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -68,7 +68,9 @@ async fn main() {
         )
         .await
         .unwrap();
-    let controller_bin = root.join("target/release/palisade");
+    // The binary of the same profile: release under `cargo bench`, debug under the
+    // smoke run of `make test` (`cargo test --bench handover`).
+    let controller_bin = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
     let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -293,7 +293,12 @@ async fn tokens_strictly_increase_over_100_handovers() {
         latencies.last().unwrap(),
         latencies.len()
     );
-    assert_eq!(controller.metric("palisade_grants_total").await, 101.0);
+    assert_eq!(
+        controller
+            .settled_metric("palisade_grants_total", 101.0)
+            .await,
+        101.0
+    );
     assert_eq!(controller.metric("palisade_write_errors_total").await, 0.0);
     tokio::time::sleep(Duration::from_millis(300)).await;
     history.assert_consistent();
@@ -388,7 +393,12 @@ async fn a_renewing_holder_keeps_the_lease_and_a_silent_one_expires() {
     assert!(token(&lease) > t);
     let old = wait_claim_phase(&ns, "renewer", ClaimPhase::Expired).await;
     assert_eq!(old.status.unwrap().fencing_token, Some(t));
-    assert_eq!(controller.metric("palisade_expirations_total").await, 1.0);
+    assert_eq!(
+        controller
+            .settled_metric("palisade_expirations_total", 1.0)
+            .await,
+        1.0
+    );
 }
 
 #[tokio::test]

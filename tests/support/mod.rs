@@ -249,6 +249,20 @@ impl ControllerProcess {
             .sum()
     }
 
+    /// The metric once it has reached `expected` (the controller counts a write after
+    /// its response, which may come after a watcher already saw the write), or
+    /// whatever it is after two seconds.
+    pub async fn settled_metric(&self, name: &str, expected: f64) -> f64 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            let value = self.metric(name).await;
+            if value == expected || std::time::Instant::now() > deadline {
+                return value;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.start_kill();
     }
