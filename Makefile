@@ -3,6 +3,7 @@
 #   make test           unit + integration tests against a real kube-apiserver (starts it)
 #   make demo           the fencing story, end to end, on the local control plane
 #   make bench          handover latency figures (BENCH_ARGS="--rounds 200 --expiry-rounds 30")
+#   make bench-peers    the same for client-go leader election (PEER_ARGS="--config tuned")
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
 #   make cluster-down   stop it and remove its state
 #   make check          cargo fmt --check and clippy -D warnings
@@ -43,7 +44,7 @@ CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-mana
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
-	controlplane-bins demo bench clean-cache chart-lint image
+	controlplane-bins demo bench bench-peers clean-cache chart-lint image
 
 all: build
 
@@ -117,6 +118,12 @@ test: cluster
 # Handover latency figures (a program, not a test): target/bench/results.{json,md}.
 bench: cluster
 	cargo bench --locked --bench handover -- $(BENCH_ARGS)
+
+# The peer for comparison: client-go's tools/leaderelection (bench/peers/clientgo).
+bench-peers: cluster
+	@mkdir -p target/bench
+	cd bench/peers/clientgo && CGO_ENABLED=0 go build -o $(CURDIR)/target/bench/clientgo-bench .
+	target/bench/clientgo-bench --kubeconfig $(KUBECONFIG_TEST) --out target/bench/clientgo.json $(PEER_ARGS)
 
 # The fencing story with real processes; see tests/demo/demo.sh.
 demo: cluster
