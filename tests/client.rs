@@ -7,10 +7,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use palisade::client::{AcquireOptions, Error, Grant, LeaseClient, LostReason, PodBinding};
-use serde_json::json;
 use support::{ControllerProcess, TestNamespace, WAIT, claim_names, wait_for};
 use tokio::time::timeout;
 
@@ -203,16 +202,7 @@ async fn lost_fires_when_the_lease_is_deleted() {
 #[tokio::test]
 async fn lost_fires_when_the_controller_revokes_because_the_pod_is_gone() {
     let (ns, _controller, leases) = setup("client-pod-gone").await;
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "worker-0"},
-        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "main", "image": "registry.invalid/none:0"}]}
-    }))
-    .unwrap();
-    let pod = ns
-        .api::<Pod>()
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
+    let pod = support::create_pod(&ns, "worker-0").await;
     leases.ensure_lease("guarded", 600).await.unwrap();
     let binding = PodBinding::Pod {
         name: "worker-0".into(),

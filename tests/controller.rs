@@ -15,7 +15,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use serde_json::json;
-use support::{ControllerProcess, TestNamespace, WAIT, wait_lease};
+use support::{
+    ControllerProcess, TestNamespace, WAIT, create_pod, holder_claim, token, wait_lease,
+};
 
 async fn setup(prefix: &str) -> TestNamespace {
     support::install_crds().await;
@@ -61,23 +63,6 @@ async fn delete_claim(ns: &TestNamespace, name: &str) {
         .delete(name, &DeleteParams::default())
         .await
         .expect("delete LeaseClaim");
-}
-
-fn holder_claim(lease: &Lease) -> Option<String> {
-    lease
-        .status
-        .as_ref()?
-        .holder
-        .as_ref()
-        .map(|h| h.claim.clone())
-}
-
-fn token(lease: &Lease) -> i64 {
-    lease
-        .status
-        .as_ref()
-        .and_then(|s| s.fencing_token)
-        .expect("a token")
 }
 
 async fn wait_holder(ns: &TestNamespace, lease: &str, claim: &str) -> Lease {
@@ -405,16 +390,7 @@ async fn a_renewing_holder_keeps_the_lease_and_a_silent_one_expires() {
 async fn deleting_the_holders_pod_revokes_without_waiting_for_expiry() {
     let ns = setup("revoke").await;
     let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "worker-0"},
-        "spec": {"automountServiceAccountToken": false, "containers": [{"name": "main", "image": "registry.invalid/none:0"}]}
-    }))
-    .unwrap();
-    let pod = ns
-        .api::<Pod>()
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
+    let pod = create_pod(&ns, "worker-0").await;
     create_lease(&ns, "guarded", 600).await;
     create_claim(
         &ns,

@@ -1170,16 +1170,7 @@ impl ChartController {
     }
 
     async fn get(&self, path: &str) -> std::io::Result<String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.admin_port)).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .await?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await?;
-        Ok(out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default())
+        support::admin_get(self.admin_port, path).await
     }
 
     fn log_text(&self) -> String {
@@ -1260,23 +1251,6 @@ async fn wait_lease(
     }
 }
 
-fn holder(lease: &Lease) -> Option<String> {
-    lease
-        .status
-        .as_ref()?
-        .holder
-        .as_ref()
-        .map(|h| h.claim.clone())
-}
-
-fn token(lease: &Lease) -> i64 {
-    lease
-        .status
-        .as_ref()
-        .and_then(|s| s.fencing_token)
-        .expect("a fencing token")
-}
-
 async fn wait_claim_phase(
     ns: &TestNamespace,
     name: &str,
@@ -1349,10 +1323,10 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
         .await
         .unwrap();
     let lease = wait_lease(&ns, "orders", "holder first", &controller, |l| {
-        holder(l).as_deref() == Some("first")
+        support::holder_claim(l).as_deref() == Some("first")
     })
     .await;
-    let first_token = token(&lease);
+    let first_token = support::token(&lease);
     wait_claim_phase(&ns, "first", ClaimPhase::Granted, &controller).await;
     claims
         .create(&pp, &claim("second", "orders", None))
@@ -1369,10 +1343,10 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
         .await
         .unwrap();
     let lease = wait_lease(&ns, "orders", "holder second", &controller, |l| {
-        holder(l).as_deref() == Some("second")
+        support::holder_claim(l).as_deref() == Some("second")
     })
     .await;
-    let second_token = token(&lease);
+    let second_token = support::token(&lease);
     assert!(
         second_token > first_token,
         "handover token {second_token} not above {first_token}"
@@ -1401,7 +1375,7 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
         .await
         .unwrap();
     wait_lease(&ns, "guarded", "holder worker-0", &controller, |l| {
-        holder(l).as_deref() == Some("worker-0")
+        support::holder_claim(l).as_deref() == Some("worker-0")
     })
     .await;
     ns.api::<Pod>()

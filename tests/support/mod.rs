@@ -225,18 +225,9 @@ impl ControllerProcess {
         }
     }
 
-    /// GET a path of the admin server (plain HTTP/1.0, no client library needed).
+    /// GET a path of this controller's admin server.
     pub async fn get(&self, path: &str) -> std::io::Result<String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.admin_port)).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .await?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await?;
-        Ok(out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default())
+        admin_get(self.admin_port, path).await
     }
 
     /// The value of a metric without labels (or the sum over its label sets).
@@ -322,4 +313,54 @@ pub async fn claim_names(ns: &TestNamespace) -> Vec<String> {
         .collect();
     names.sort();
     names
+}
+
+/// GET a path of a controller's admin server on 127.0.0.1 (plain HTTP/1.0, no
+/// client library needed); returns the body.
+pub async fn admin_get(port: u16, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    Ok(out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
+}
+
+/// The claim that holds the Lease, if any.
+pub fn holder_claim(lease: &palisade::api::Lease) -> Option<String> {
+    lease
+        .status
+        .as_ref()?
+        .holder
+        .as_ref()
+        .map(|h| h.claim.clone())
+}
+
+/// The Lease's fencing token; panics when it has none.
+pub fn token(lease: &palisade::api::Lease) -> i64 {
+    lease
+        .status
+        .as_ref()
+        .and_then(|s| s.fencing_token)
+        .expect("a fencing token")
+}
+
+/// A Pod object (no kubelet runs it) to bind claims and tokens to.
+pub async fn create_pod(ns: &TestNamespace, name: &str) -> k8s_openapi::api::core::v1::Pod {
+    let pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "main", "image": "registry.invalid/none:0"}]
+        }
+    }))
+    .unwrap();
+    ns.api()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating Pod {name}: {e}"))
 }
