@@ -4,6 +4,7 @@
 #   make demo           the fencing story, end to end, on the local control plane
 #   make bench          handover latency figures (BENCH_ARGS="--rounds 200 --expiry-rounds 30")
 #   make bench-peers    the same for client-go leader election (PEER_ARGS="--config tuned")
+#   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
 #   make cluster-down   stop it and remove its state
 #   make check          cargo fmt --check and clippy -D warnings
@@ -44,7 +45,7 @@ CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-mana
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
-	controlplane-bins demo bench bench-peers clean-cache chart-lint image
+	controlplane-bins demo bench bench-peers chaos clean-cache chart-lint image
 
 all: build
 
@@ -124,6 +125,14 @@ bench-peers: cluster
 	@mkdir -p target/bench
 	cd bench/peers/clientgo && CGO_ENABLED=0 go build -o $(CURDIR)/target/bench/clientgo-bench .
 	target/bench/clientgo-bench --kubeconfig $(KUBECONFIG_TEST) --out target/bench/clientgo.json $(PEER_ARGS)
+
+# The fault-injection suite on a control plane of its own (it crashes kube-apiserver
+# and etcd). `make test` runs it for 90 s with seed 1; this runs DURATION with a new
+# seed each time (printed, so a failing run can be repeated with SEED=).
+DURATION ?= 10m
+SEED ?= $(shell date +%s)
+chaos: controlplane-bins
+	cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED)
 
 # The fencing story with real processes; see tests/demo/demo.sh.
 demo: cluster

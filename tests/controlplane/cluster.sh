@@ -5,6 +5,9 @@
 #   cluster.sh up      start it, or reuse a healthy one; prints the KUBECONFIG line
 #   cluster.sh down    stop it and remove its state
 #   cluster.sh status  exit 0 when a healthy cluster is running
+#   cluster.sh restart etcd|kube-apiserver
+#                      SIGKILL one component and start it again on the same state
+#                      (the fault-injection suite's crash of a control-plane process)
 #
 # Binaries come from BIN_DIR (built by `make controlplane-bins`). State, logs and
 # the admin kubeconfig live in STATE_DIR (target/cluster by default).
@@ -136,6 +139,27 @@ etcd_healthy() {
   curl -sf --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" | grep -q '"health":"true"'
 }
 
+start_etcd() {
+  start etcd --name palisade-test --data-dir "$STATE_DIR/etcd" --unsafe-no-fsync \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "palisade-test=http://127.0.0.1:$ETCD_PEER_PORT" --listen-metrics-urls "" \
+    --log-level warn
+}
+
+start_apiserver() {
+  local pki=$STATE_DIR/pki
+  start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" --authorization-mode RBAC \
+    --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
+    --service-account-issuer "https://127.0.0.1:$APISERVER_PORT" \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --api-audiences "https://127.0.0.1:$APISERVER_PORT" \
+    --endpoint-reconciler-type none --v 1
+}
+
 up() {
   if healthy; then
     log "reusing the running cluster"
@@ -152,22 +176,10 @@ up() {
     write_kubeconfig "$STATE_DIR/kcm.kubeconfig" kcm
     local pki=$STATE_DIR/pki
 
-    start etcd --name palisade-test --data-dir "$STATE_DIR/etcd" --unsafe-no-fsync \
-      --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-      --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
-      --initial-cluster "palisade-test=http://127.0.0.1:$ETCD_PEER_PORT" --listen-metrics-urls "" \
-      --log-level warn
+    start_etcd
     wait_for etcd "health" etcd_healthy
 
-    start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-      --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-      --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-      --client-ca-file "$pki/ca.crt" --authorization-mode RBAC \
-      --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
-      --service-account-issuer "https://127.0.0.1:$APISERVER_PORT" \
-      --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-      --api-audiences "https://127.0.0.1:$APISERVER_PORT" \
-      --endpoint-reconciler-type none --v 1
+    start_apiserver
     wait_for kube-apiserver "/readyz" apiserver_ready
 
     start kube-controller-manager --kubeconfig "$STATE_DIR/kcm.kubeconfig" \
@@ -189,6 +201,20 @@ default_sa_exists() {
     "https://127.0.0.1:$APISERVER_PORT/api/v1/namespaces/default/serviceaccounts/default" >/dev/null 2>&1
 }
 
+# SIGKILL, not SIGTERM: a crash, with whatever was in flight lost.
+restart() { # component
+  local c=$1 pid
+  pid_alive "$c" || { log "$c is not running"; exit 1; }
+  pid=$(cat "$STATE_DIR/$c.pid")
+  kill -KILL "$pid"
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  case $c in
+    etcd) start_etcd && wait_for etcd "health" etcd_healthy ;;
+    kube-apiserver) start_apiserver && wait_for kube-apiserver "/readyz" apiserver_ready ;;
+  esac
+  log "restarted $c"
+}
+
 down() {
   stop_all
   rm -rf "$STATE_DIR"
@@ -204,8 +230,17 @@ case ${1:-} in
   up) up ;;
   down) down ;;
   status) healthy ;;
+  restart)
+    case ${2:-} in
+      etcd | kube-apiserver) restart "$2" ;;
+      *)
+        echo "usage: $0 restart etcd|kube-apiserver" >&2
+        exit 2
+        ;;
+    esac
+    ;;
   *)
-    echo "usage: $0 up|down|status" >&2
+    echo "usage: $0 up|down|status|restart etcd|kube-apiserver" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,655 @@
+//! The recorded history of a chaos run, and the checker that judges it.
+//!
+//! Workers append [`Event`]s to a file each (one JSON line per event, written with
+//! one `write` call, so a SIGKILL can at most tear the last line); the harness
+//! appends what it observed through its own watches and the faults it injected.
+//! The file-backed fence keeps its own journal, in the order it accepted writes.
+//! The checker reads all of it after the run; it never trusts a single source.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// A worker's `acquire` returned this grant.
+    Grant {
+        worker: String,
+        lease: String,
+        token: u64,
+        claim_uid: String,
+        t_ns: u64,
+    },
+    /// A worker tried to write to a fenced store with the token of its grant.
+    Write {
+        worker: String,
+        lease: String,
+        store: String,
+        token: u64,
+        seq: u64,
+        start_ns: u64,
+        end_ns: u64,
+        outcome: Outcome,
+        /// The object's resourceVersion after an accepted ConfigMap write.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rv: Option<u64>,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        detail: String,
+    },
+    /// The harness's watch saw this version of a Lease.
+    LeaseSeen {
+        lease: String,
+        rv: u64,
+        holder_uid: String,
+        token: u64,
+        t_ns: u64,
+    },
+    /// The harness's watch saw this version of a fenced ConfigMap.
+    ConfigMapSeen {
+        lease: String,
+        rv: u64,
+        token: u64,
+        t_ns: u64,
+    },
+    /// A fault the harness injected, from start to end.
+    Fault {
+        fault: String,
+        target: String,
+        start_ns: u64,
+        end_ns: u64,
+    },
+    /// All faults are over and everything is resumed, restored and running.
+    Healed { t_ns: u64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Accepted,
+    /// Rejected by the store because a higher token was accepted before.
+    Stale,
+    /// Failed otherwise (timeout, connection cut, server error): it may or may not
+    /// have been applied, so the checker uses only what the store itself shows.
+    Error,
+}
+
+/// Appends events to a history file, one line each.
+pub struct Recorder {
+    file: std::fs::File,
+}
+
+impl Recorder {
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Recorder { file })
+    }
+
+    pub fn record(&mut self, event: &Event) {
+        let mut line = serde_json::to_string(event).expect("events serialize");
+        line.push('\n');
+        // One write of the whole line: O_APPEND keeps lines of one file whole.
+        self.file
+            .write_all(line.as_bytes())
+            .expect("writing the history file");
+    }
+}
+
+/// Reads every `*.jsonl` history file in `dir`. A torn last line (a process killed
+/// mid-write) is skipped; any other unreadable line is an error.
+pub fn read_dir(dir: &Path) -> Result<Vec<Event>, String> {
+    let mut events = Vec::new();
+    let mut paths: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| format!("reading {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            match serde_json::from_str(line) {
+                Ok(event) => events.push(event),
+                Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
+                Err(e) => return Err(format!("{}:{}: {e}", path.display(), i + 1)),
+            }
+        }
+    }
+    Ok(events)
+}
+
+/// One write the file fence accepted, in the order of its journal.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JournalWrite {
+    pub lease: String,
+    pub token: u64,
+    pub worker: String,
+    pub seq: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Distinct (lease, token) grants seen by workers or the harness's watch.
+    pub grants: usize,
+    pub faults: BTreeMap<String, usize>,
+    /// Stale write attempts the stores rejected, per store.
+    pub stale_rejected: BTreeMap<String, usize>,
+    /// Writes accepted although a higher token had been accepted before they started.
+    pub stale_accepted: usize,
+    /// Writes whose outcome is unknown (timeouts, cut connections).
+    pub unknown_outcomes: usize,
+    pub accepted: BTreeMap<String, usize>,
+    /// Per Lease: how long after healing it was granted again.
+    pub recovery_ms: BTreeMap<String, u64>,
+    pub violations: Vec<String>,
+}
+
+impl Verdict {
+    pub fn stale_rejected_total(&self) -> usize {
+        self.stale_rejected.values().sum()
+    }
+
+    pub fn summary(&self) -> String {
+        let faults: usize = self.faults.values().sum();
+        let by_kind: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        format!(
+            "chaos: {} grants, {} faults ({}), {} stale writes rejected, {} accepted, {} violations",
+            self.grants,
+            faults,
+            by_kind.join(", "),
+            self.stale_rejected_total(),
+            self.stale_accepted,
+            self.violations.len()
+        )
+    }
+}
+
+/// What the checker needs besides the events.
+pub struct Expectations {
+    pub leases: Vec<String>,
+    /// After `Healed`, every Lease must be granted again within this long
+    /// (its duration plus the stated bound).
+    pub liveness_ns: u64,
+}
+
+/// Judges a history. Every rule that fails adds a violation naming what broke.
+pub fn check(events: &[Event], journal: &[JournalWrite], expect: &Expectations) -> Verdict {
+    let mut v = Verdict::default();
+    check_grants(events, &mut v);
+    check_store_order(events, journal, &mut v);
+    check_stale_accepted(events, &mut v);
+    check_stale_rejections(events, journal, &mut v);
+    check_tokens_issued(events, &mut v);
+    check_liveness(events, expect, &mut v);
+    for e in events {
+        match e {
+            Event::Fault { fault, .. } => *v.faults.entry(fault.clone()).or_default() += 1,
+            Event::Write { store, outcome, .. } => match outcome {
+                Outcome::Stale => *v.stale_rejected.entry(store.clone()).or_default() += 1,
+                Outcome::Accepted => *v.accepted.entry(store.clone()).or_default() += 1,
+                Outcome::Error => v.unknown_outcomes += 1,
+            },
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Tokens per Lease are issued once (one claim per token) and, along the Lease's
+/// versions, never decrease and strictly increase when the holder changes.
+fn check_grants(events: &[Event], v: &mut Verdict) {
+    let mut holders: HashMap<(&str, u64), &str> = HashMap::new();
+    let mut seen: BTreeMap<&str, Vec<(u64, &str, u64)>> = BTreeMap::new();
+    for e in events {
+        let (lease, token, uid) = match e {
+            Event::Grant {
+                lease,
+                token,
+                claim_uid,
+                ..
+            } => (lease, *token, claim_uid),
+            Event::LeaseSeen {
+                lease,
+                rv,
+                holder_uid,
+                token,
+                ..
+            } => {
+                seen.entry(lease)
+                    .or_default()
+                    .push((*rv, holder_uid, *token));
+                if holder_uid.is_empty() {
+                    continue;
+                }
+                (lease, *token, holder_uid)
+            }
+            _ => continue,
+        };
+        match holders.get(&(lease.as_str(), token)) {
+            Some(other) if *other != uid => v.violations.push(format!(
+                "lease {lease}: token {token} was issued twice, to claims {other} and {uid}"
+            )),
+            _ => {
+                holders.insert((lease, token), uid);
+            }
+        }
+    }
+    v.grants = holders.len();
+    for (lease, mut versions) in seen {
+        versions.sort_by_key(|(rv, _, _)| *rv);
+        versions.dedup();
+        let mut last: Option<(u64, &str, u64)> = None;
+        let mut last_holder: Option<(&str, u64)> = None;
+        for (rv, uid, token) in versions {
+            if let Some((prev_rv, _, prev_token)) = last
+                && token < prev_token
+            {
+                v.violations.push(format!(
+                    "lease {lease}: token went down from {prev_token} (rv {prev_rv}) to {token} (rv {rv})"
+                ));
+            }
+            if !uid.is_empty() {
+                if let Some((prev_uid, prev_token)) = last_holder
+                    && prev_uid != uid
+                    && token <= prev_token
+                {
+                    v.violations.push(format!(
+                        "lease {lease}: holder changed from {prev_uid} to {uid} at rv {rv} \
+                         without a higher token ({prev_token} -> {token})"
+                    ));
+                }
+                last_holder = Some((uid, token));
+            }
+            last = Some((rv, uid, token));
+        }
+    }
+}
+
+/// In the order each store committed writes, tokens per key never decrease: the
+/// file fence's journal, and the ConfigMap's versions (accepted responses and
+/// watch events together, ordered by resourceVersion).
+fn check_store_order(events: &[Event], journal: &[JournalWrite], v: &mut Verdict) {
+    let mut highest: HashMap<&str, &JournalWrite> = HashMap::new();
+    for (i, w) in journal.iter().enumerate() {
+        if let Some(prev) = highest.get(w.lease.as_str())
+            && w.token < prev.token
+        {
+            v.violations.push(format!(
+                "file store, key {}: journal entry {} accepted token {} (worker {} write {}) \
+                 after token {} (worker {} write {})",
+                w.lease, i, w.token, w.worker, w.seq, prev.token, prev.worker, prev.seq
+            ));
+        }
+        if highest
+            .get(w.lease.as_str())
+            .is_none_or(|p| w.token >= p.token)
+        {
+            highest.insert(&w.lease, w);
+        }
+    }
+    let mut versions: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for e in events {
+        match e {
+            Event::Write {
+                lease,
+                store,
+                token,
+                outcome: Outcome::Accepted,
+                rv: Some(rv),
+                ..
+            } if store == "configmap" => versions.entry(lease).or_default().push((*rv, *token)),
+            Event::ConfigMapSeen {
+                lease, rv, token, ..
+            } => versions.entry(lease).or_default().push((*rv, *token)),
+            _ => {}
+        }
+    }
+    for (lease, mut vs) in versions {
+        vs.sort();
+        vs.dedup();
+        for pair in vs.windows(2) {
+            let ((rv_a, a), (rv_b, b)) = (pair[0], pair[1]);
+            if rv_a == rv_b && a != b {
+                v.violations.push(format!(
+                    "configmap of {lease}: version {rv_a} seen with tokens {a} and {b}"
+                ));
+            } else if b < a {
+                v.violations.push(format!(
+                    "configmap of {lease}: token went down from {a} (rv {rv_a}) to {b} (rv {rv_b})"
+                ));
+            }
+        }
+    }
+}
+
+/// No store accepted a write that started after a higher token's write had
+/// already been accepted (real time on the shared monotonic clock): the stale
+/// writes that must be rejected whatever order the store chose for concurrent ones.
+fn check_stale_accepted(events: &[Event], v: &mut Verdict) {
+    // (store, key) -> accepted writes as (end, start, token, worker, seq)
+    type Timed<'a> = (u64, u64, u64, &'a str, u64);
+    let mut accepted: BTreeMap<(&str, &str), Vec<Timed>> = BTreeMap::new();
+    for e in events {
+        if let Event::Write {
+            worker,
+            lease,
+            store,
+            token,
+            seq,
+            start_ns,
+            end_ns,
+            outcome: Outcome::Accepted,
+            ..
+        } = e
+        {
+            accepted
+                .entry((store, lease))
+                .or_default()
+                .push((*end_ns, *start_ns, *token, worker, *seq));
+        }
+    }
+    for ((store, lease), mut writes) in accepted {
+        writes.sort();
+        // The highest token among writes that ended at or before each end time.
+        let mut best = Vec::with_capacity(writes.len());
+        let mut max: Option<(u64, &str, u64)> = None;
+        for &(_, _, token, worker, seq) in &writes {
+            if max.is_none_or(|(t, _, _)| token > t) {
+                max = Some((token, worker, seq));
+            }
+            best.push(max.expect("set just above"));
+        }
+        for &(_, start, token, worker, seq) in &writes {
+            let ended_before = writes.partition_point(|w| w.0 < start);
+            if ended_before == 0 {
+                continue;
+            }
+            let (high, by, by_seq) = best[ended_before - 1];
+            if token < high {
+                v.stale_accepted += 1;
+                v.violations.push(format!(
+                    "{store} store, key {lease}: accepted stale write {seq} of {worker} with token \
+                     {token}, after write {by_seq} of {by} with token {high} had been accepted"
+                ));
+            }
+        }
+    }
+}
+
+/// A write rejected as stale must have met a higher token that the store accepted.
+fn check_stale_rejections(events: &[Event], journal: &[JournalWrite], v: &mut Verdict) {
+    let mut accepted: Vec<(&str, &str, u64)> = journal
+        .iter()
+        .map(|w| ("file", w.lease.as_str(), w.token))
+        .collect();
+    for e in events {
+        match e {
+            Event::ConfigMapSeen { lease, token, .. } => {
+                accepted.push(("configmap", lease, *token))
+            }
+            Event::Write {
+                store,
+                lease,
+                token,
+                outcome: Outcome::Accepted,
+                ..
+            } if store == "configmap" => accepted.push(("configmap", lease, *token)),
+            _ => {}
+        }
+    }
+    let mut highest: HashMap<(&str, &str), u64> = HashMap::new();
+    for (store, lease, token) in accepted {
+        let entry = highest.entry((store, lease)).or_default();
+        *entry = (*entry).max(token);
+    }
+    for e in events {
+        if let Event::Write {
+            worker,
+            lease,
+            store,
+            token,
+            seq,
+            outcome: Outcome::Stale,
+            ..
+        } = e
+        {
+            let high = highest
+                .get(&(store.as_str(), lease.as_str()))
+                .copied()
+                .unwrap_or(0);
+            if high <= *token {
+                v.violations.push(format!(
+                    "{store} store, key {lease}: write {seq} of {worker} with token {token} was \
+                     rejected as stale, but no higher token was ever accepted (highest {high})"
+                ));
+            }
+        }
+    }
+}
+
+/// Every accepted write carries a token that was granted for its Lease.
+fn check_tokens_issued(events: &[Event], v: &mut Verdict) {
+    let mut issued: HashMap<&str, Vec<u64>> = HashMap::new();
+    for e in events {
+        match e {
+            Event::Grant { lease, token, .. } | Event::LeaseSeen { lease, token, .. } => {
+                issued.entry(lease).or_default().push(*token)
+            }
+            _ => {}
+        }
+    }
+    for e in events {
+        if let Event::Write {
+            worker,
+            lease,
+            store,
+            token,
+            seq,
+            outcome: Outcome::Accepted,
+            ..
+        } = e
+            && !issued
+                .get(lease.as_str())
+                .is_some_and(|t| t.contains(token))
+        {
+            v.violations.push(format!(
+                "{store} store, key {lease}: accepted write {seq} of {worker} carries token \
+                 {token}, which was never granted"
+            ));
+        }
+    }
+}
+
+/// After `Healed`, each Lease gets a new holder within the stated bound.
+fn check_liveness(events: &[Event], expect: &Expectations, v: &mut Verdict) {
+    let Some(healed) = events.iter().find_map(|e| match e {
+        Event::Healed { t_ns } => Some(*t_ns),
+        _ => None,
+    }) else {
+        v.violations
+            .push("the run never healed (no Healed event): liveness unchecked".into());
+        return;
+    };
+    for lease in &expect.leases {
+        let first = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Grant { lease: l, t_ns, .. } if l == lease && *t_ns > healed => Some(*t_ns),
+                _ => None,
+            })
+            .min();
+        match first {
+            Some(t) if t - healed <= expect.liveness_ns => {
+                v.recovery_ms
+                    .insert(lease.clone(), (t - healed) / 1_000_000);
+            }
+            Some(t) => v.violations.push(format!(
+                "lease {lease}: granted again only {} ms after the faults stopped (bound {} ms)",
+                (t - healed) / 1_000_000,
+                expect.liveness_ns / 1_000_000
+            )),
+            None => v.violations.push(format!(
+                "lease {lease}: not granted again after the faults stopped (bound {} ms)",
+                expect.liveness_ns / 1_000_000
+            )),
+        }
+    }
+}
+
+/// The checker must be able to fail: plant each kind of violation in an otherwise
+/// clean history and make sure it is reported. Run before every chaos run.
+pub fn self_check() -> Result<usize, String> {
+    let grant = |w: &str, token: u64, uid: &str, t_ns: u64| Event::Grant {
+        worker: w.into(),
+        lease: "l".into(),
+        token,
+        claim_uid: uid.into(),
+        t_ns,
+    };
+    let write = |w: &str, store: &str, token: u64, start_ns: u64, outcome: Outcome| Event::Write {
+        worker: w.into(),
+        lease: "l".into(),
+        store: store.into(),
+        token,
+        seq: start_ns,
+        start_ns,
+        end_ns: start_ns + 5,
+        outcome,
+        rv: (store == "configmap" && outcome == Outcome::Accepted).then_some(start_ns),
+        detail: String::new(),
+    };
+    let seen = |rv: u64, uid: &str, token: u64| Event::LeaseSeen {
+        lease: "l".into(),
+        rv,
+        holder_uid: uid.into(),
+        token,
+        t_ns: rv,
+    };
+    let jw = |token: u64, w: &str| JournalWrite {
+        lease: "l".into(),
+        token,
+        worker: w.into(),
+        seq: 0,
+    };
+    let expect = Expectations {
+        leases: vec!["l".into()],
+        liveness_ns: 100,
+    };
+    // A clean history: a holds 10 and writes, b takes over with 20 and writes, a's
+    // late write with 10 is rejected, and after healing at 200, c is granted 30.
+    let clean = vec![
+        grant("a", 10, "ua", 1),
+        seen(1, "ua", 10),
+        write("a", "file", 10, 10, Outcome::Accepted),
+        write("a", "configmap", 10, 20, Outcome::Accepted),
+        grant("b", 20, "ub", 30),
+        seen(30, "ub", 20),
+        write("b", "file", 20, 40, Outcome::Accepted),
+        write("b", "configmap", 20, 50, Outcome::Accepted),
+        write("a", "file", 10, 60, Outcome::Stale),
+        write("a", "configmap", 10, 70, Outcome::Stale),
+        Event::Healed { t_ns: 200 },
+        grant("c", 30, "uc", 250),
+    ];
+    let clean_journal = vec![jw(10, "a"), jw(20, "b")];
+    let verdict = check(&clean, &clean_journal, &expect);
+    if !verdict.violations.is_empty() {
+        return Err(format!(
+            "a clean history was flagged: {:?}",
+            verdict.violations
+        ));
+    }
+    let plant = |name: &str, events: Vec<Event>, journal: Vec<JournalWrite>, needle: &str| {
+        let verdict = check(&events, &journal, &expect);
+        if verdict.violations.iter().any(|m| m.contains(needle)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "planted violation \"{name}\" was not reported (got {:?})",
+                verdict.violations
+            ))
+        }
+    };
+    let with = |extra: Vec<Event>| {
+        let mut events = clean.clone();
+        events.extend(extra);
+        events
+    };
+    let cases: Vec<(&str, Vec<Event>, Vec<JournalWrite>, &str)> = vec![
+        (
+            "token issued twice",
+            with(vec![grant("d", 20, "ud", 35)]),
+            clean_journal.clone(),
+            "issued twice",
+        ),
+        (
+            "token goes down",
+            with(vec![seen(40, "ua", 10)]),
+            clean_journal.clone(),
+            "token went down",
+        ),
+        (
+            "holder changes without a higher token",
+            with(vec![seen(41, "ud", 20)]),
+            clean_journal.clone(),
+            "without a higher token",
+        ),
+        (
+            "file journal out of order",
+            clean.clone(),
+            vec![jw(10, "a"), jw(20, "b"), jw(10, "a")],
+            "journal entry 2",
+        ),
+        (
+            "configmap version with a lower token",
+            with(vec![Event::ConfigMapSeen {
+                lease: "l".into(),
+                rv: 80,
+                token: 10,
+                t_ns: 80,
+            }]),
+            clean_journal.clone(),
+            "configmap of l: token went down",
+        ),
+        (
+            "stale write accepted",
+            with(vec![write("a", "file", 10, 90, Outcome::Accepted)]),
+            clean_journal.clone(),
+            "accepted stale write",
+        ),
+        (
+            "rejection without a higher token",
+            with(vec![write("b", "file", 20, 95, Outcome::Stale)]),
+            clean_journal.clone(),
+            "no higher token was ever accepted",
+        ),
+        (
+            "write with a token never granted",
+            with(vec![write("z", "file", 25, 96, Outcome::Accepted)]),
+            clean_journal.clone(),
+            "never granted",
+        ),
+        (
+            "no grant after healing",
+            clean[..clean.len() - 1].to_vec(),
+            clean_journal.clone(),
+            "not granted again",
+        ),
+    ];
+    let n = cases.len();
+    for (name, events, journal, needle) in cases {
+        plant(name, events, journal, needle)?;
+    }
+    Ok(n)
+}

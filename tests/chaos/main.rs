@@ -1,0 +1,885 @@
+//! The fault-injection suite: `make chaos DURATION=10m SEED=7` (and a short run in
+//! `make test`). Proves, the way Jepsen does, that no stale write is accepted:
+//! worker processes contend for Leases and write to two fenced stores while a
+//! seeded scheduler pauses and kills holders, kills controllers, runs two at once,
+//! restarts kube-apiserver and etcd, and delays or cuts connections; then a checker
+//! judges the recorded history (see history.rs for the rules).
+//!
+//! It runs on a control plane of its own (other ports, `target/chaos-cluster`), so
+//! it can crash kube-apiserver and etcd without disturbing anything else, and tears
+//! it down at the end. The history stays in `target/chaos/seed-S-T/` for inspection.
+//!
+//! A test binary without libtest's harness: `cargo test` runs it with no arguments
+//! (the short run); the flags are `--duration 90s --seed 1 --workers 5 --leases 2`.
+//! The same binary, started as `chaos worker ...`, is a worker process.
+
+mod history;
+mod proxy;
+mod rng;
+mod worker;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, CustomResourceExt, ResourceExt};
+use palisade::api::{Lease, LeaseClaim};
+use palisade::client::LeaseClient;
+use serde_json::json;
+
+use history::{Event, Expectations, JournalWrite, Recorder};
+use proxy::{Mode, Proxy};
+use rng::{Rng, now_ns};
+
+const NAMESPACE: &str = "chaos";
+/// Lease duration of every Lease in the run.
+const LEASE_SECONDS: u64 = 2;
+/// After the faults stop, each Lease must be granted again within its duration plus
+/// this: watches that were cut reconnect with kube-runtime's backoff (0.8 s doubling),
+/// and a holder killed just before the end is only expired after its duration.
+const LIVENESS_BOUND: Duration = Duration::from_secs(10);
+
+// The suite's own control plane: ports apart from `make cluster`'s.
+const ETCD_PORT: u16 = 23791;
+const ETCD_PEER_PORT: u16 = 23801;
+const APISERVER_PORT: u16 = 16444;
+const KCM_PORT: u16 = 16258;
+
+struct Args {
+    duration: Duration,
+    seed: u64,
+    workers: usize,
+    leases: usize,
+    keep_cluster: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("duration {s:?}: expected a number with a unit, like 90s or 10m"))?;
+    match unit {
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("duration {s:?}: the unit must be s, m or h")),
+    }
+}
+
+/// Our flags, and libtest's (which `cargo test -- --test-threads 4` passes to every
+/// test binary) ignored. `Ok(None)`: a name filter that excludes this suite.
+fn parse_args(raw: &[String]) -> Result<Option<Args>, String> {
+    let mut args = Args {
+        duration: Duration::from_secs(90),
+        seed: 1,
+        workers: 5,
+        leases: 2,
+        keep_cluster: false,
+    };
+    let mut it = raw.iter();
+    let mut filters = Vec::new();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--duration" => args.duration = parse_duration(&value()?)?,
+            "--seed" => {
+                let v = value()?;
+                args.seed = v
+                    .parse()
+                    .map_err(|_| format!("--seed {v:?}: not a number"))?
+            }
+            "--workers" => {
+                let v = value()?;
+                args.workers = v
+                    .parse()
+                    .map_err(|_| format!("--workers {v:?}: not a number"))?
+            }
+            "--leases" => {
+                let v = value()?;
+                args.leases = v
+                    .parse()
+                    .map_err(|_| format!("--leases {v:?}: not a number"))?
+            }
+            "--keep-cluster" => args.keep_cluster = true,
+            "--test-threads" | "--skip" | "--format" | "--color" | "--logfile" | "-Z" => {
+                value()?;
+            }
+            a if a.starts_with('-') => {} // a libtest switch: nothing for us
+            filter => filters.push(filter.to_string()),
+        }
+    }
+    if !filters.is_empty() && !filters.iter().any(|f| "chaos".contains(f.as_str())) {
+        return Ok(None);
+    }
+    if args.workers < 2 || args.leases < 1 || args.workers < args.leases {
+        return Err("need at least 2 workers, 1 lease, and no more leases than workers".into());
+    }
+    if args.duration < Duration::from_secs(30) {
+        return Err("--duration: at least 30s (one round of every fault kind)".into());
+    }
+    Ok(Some(args))
+}
+
+fn main() -> ExitCode {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if raw.first().map(String::as_str) == Some("worker") {
+        let args = worker::WorkerArgs::from_args(&raw[1..]).expect("worker arguments");
+        runtime.block_on(worker::run(args));
+        return ExitCode::SUCCESS;
+    }
+    if raw.iter().any(|a| a == "--list") {
+        println!("chaos: test");
+        return ExitCode::SUCCESS;
+    }
+    let args = match parse_args(&raw) {
+        Ok(Some(args)) => args,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("chaos: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match history::self_check() {
+        Ok(n) => println!("chaos: checker self-check: {n} planted violations all reported"),
+        Err(e) => {
+            eprintln!("chaos: checker self-check failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let plane = ControlPlane::new();
+    let started = Instant::now();
+    let passed = runtime.block_on(run(&args, &plane));
+    if !args.keep_cluster {
+        plane.down();
+    }
+    // The closing line of a libtest binary, so the suite is counted with the others.
+    let (word, passed_n, failed_n) = if passed {
+        ("ok", 1, 0)
+    } else {
+        ("FAILED", 0, 1)
+    };
+    println!(
+        "test result: {word}. {passed_n} passed; {failed_n} failed; 0 ignored; 0 measured; \
+         0 filtered out; finished in {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// The suite's own etcd + kube-apiserver (+ controller-manager), via cluster.sh.
+struct ControlPlane {
+    root: PathBuf,
+    state: PathBuf,
+}
+
+impl ControlPlane {
+    fn new() -> Self {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let state = root.join("target/chaos-cluster");
+        ControlPlane { root, state }
+    }
+
+    fn script(&self, args: &[&str]) -> Result<(), String> {
+        let bin_dir = std::env::var("PALISADE_BIN_DIR")
+            .map_err(|_| "PALISADE_BIN_DIR is not set: run through `make chaos` or `make test`")?;
+        let status = Command::new(self.root.join("tests/controlplane/cluster.sh"))
+            .args(args)
+            .env("BIN_DIR", bin_dir)
+            .env("STATE_DIR", &self.state)
+            .env("ETCD_PORT", ETCD_PORT.to_string())
+            .env("ETCD_PEER_PORT", ETCD_PEER_PORT.to_string())
+            .env("APISERVER_PORT", APISERVER_PORT.to_string())
+            .env("KCM_PORT", KCM_PORT.to_string())
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| format!("cluster.sh: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("cluster.sh {} failed: {status}", args.join(" ")))
+        }
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.state.join("kubeconfig")
+    }
+
+    fn down(&self) {
+        if let Err(e) = self.script(&["down"]) {
+            eprintln!("chaos: {e}");
+        }
+    }
+}
+
+/// Every process the run started; all SIGKILLed when it ends.
+struct Processes {
+    palisade: PathBuf,
+    out: PathBuf,
+    controller_kubeconfig: PathBuf,
+    worker_kubeconfig: PathBuf,
+    controller: Option<std::process::Child>,
+    workers: Vec<(String, std::process::Child)>,
+    spawned_workers: usize,
+    worker_template: WorkerTemplate,
+}
+
+struct WorkerTemplate {
+    leases: Vec<String>,
+    store: PathBuf,
+    seed: u64,
+}
+
+impl Processes {
+    fn start_controller(&self, kubeconfig: &Path, log_name: &str) -> std::process::Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.out.join(log_name))
+            .expect("controller log");
+        Command::new(&self.palisade)
+            .args([
+                "controller",
+                "--namespace",
+                NAMESPACE,
+                "--leader-elect=false",
+            ])
+            .args(["--admin-addr", "127.0.0.1:0"])
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawning palisade controller")
+    }
+
+    fn spawn_worker(&mut self) {
+        let n = self.spawned_workers;
+        self.spawned_workers += 1;
+        let identity = format!("w{n}");
+        let args = worker::WorkerArgs {
+            kubeconfig: self.worker_kubeconfig.clone(),
+            namespace: NAMESPACE.into(),
+            leases: self.worker_template.leases.clone(),
+            identity: identity.clone(),
+            store: self.worker_template.store.clone(),
+            history: self.out.join(format!("worker-{identity}.jsonl")),
+            seed: self.worker_template.seed ^ ((n as u64 + 1) * 0x9E37_79B9),
+            writes_per_grant: 3,
+        };
+        let log = std::fs::File::create(self.out.join(format!("worker-{identity}.log")))
+            .expect("worker log");
+        let child = Command::new(std::env::current_exe().expect("current exe"))
+            .args(args.to_args())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawning a worker");
+        self.workers.push((identity, child));
+    }
+
+    fn worker_pid(&self, identity: &str) -> Option<i32> {
+        self.workers
+            .iter()
+            .find(|(id, _)| id == identity)
+            .map(|(_, c)| c.id() as i32)
+    }
+
+    fn kill_worker(&mut self, identity: &str) {
+        if let Some(i) = self.workers.iter().position(|(id, _)| id == identity) {
+            let (_, mut child) = self.workers.remove(i);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn kill_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        self.kill_controller();
+        for (_, child) in &mut self.workers {
+            // A paused worker dies of SIGKILL too.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) on a pid we spawned and have not reaped.
+    unsafe { libc::kill(pid, sig) };
+}
+
+async fn run(args: &Args, plane: &ControlPlane) -> bool {
+    let started = Instant::now();
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let out = plane
+        .root
+        .join(format!("target/chaos/seed-{}-{unix}", args.seed));
+    std::fs::create_dir_all(&out).expect("creating the history directory");
+    println!(
+        "chaos: seed {}, {} s of faults, {} workers, {} leases; history in {}",
+        args.seed,
+        args.duration.as_secs(),
+        args.workers,
+        args.leases,
+        out.display()
+    );
+    // A fresh control plane: nothing left over from an earlier run.
+    plane.down();
+    if let Err(e) = plane.script(&["up"]) {
+        eprintln!("chaos: starting the control plane: {e}");
+        return false;
+    }
+    let admin = worker::client_from(&plane.kubeconfig()).await;
+    let leases: Vec<String> = (0..args.leases).map(|i| format!("lease-{i}")).collect();
+    if let Err(e) = set_up(&admin, plane, &leases).await {
+        eprintln!("chaos: set-up: {e}");
+        return false;
+    }
+
+    // Separate proxies, so the controller's and the workers' links fail separately.
+    let controller_proxy = Proxy::start(APISERVER_PORT).await.expect("proxy");
+    let worker_proxy = Proxy::start(APISERVER_PORT).await.expect("proxy");
+    let admin_text = std::fs::read_to_string(plane.kubeconfig()).expect("kubeconfig");
+    let via = |proxy: &Proxy, name: &str| {
+        let path = out.join(name);
+        let text = admin_text.replace(
+            &format!("https://127.0.0.1:{APISERVER_PORT}"),
+            &format!("https://127.0.0.1:{}", proxy.port),
+        );
+        std::fs::write(&path, text).expect("writing a kubeconfig");
+        path
+    };
+    let store = out.join("file-store");
+    let mut procs = Processes {
+        palisade: PathBuf::from(env!("CARGO_BIN_EXE_palisade")),
+        out: out.clone(),
+        controller_kubeconfig: via(&controller_proxy, "controller.kubeconfig"),
+        worker_kubeconfig: via(&worker_proxy, "worker.kubeconfig"),
+        controller: None,
+        workers: Vec::new(),
+        spawned_workers: 0,
+        worker_template: WorkerTemplate {
+            leases: leases.clone(),
+            store: store.clone(),
+            seed: args.seed,
+        },
+    };
+    // The store exists before any worker opens it.
+    palisade::fence::FileStore::open(&store).expect("creating the file store");
+
+    let observers = tokio::spawn(observe(admin.clone(), out.clone()));
+    procs.controller =
+        Some(procs.start_controller(&procs.controller_kubeconfig.clone(), "controller.log"));
+    for _ in 0..args.workers {
+        procs.spawn_worker();
+    }
+    // Let the first grants and writes happen before any fault.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let mut faults = Recorder::create(&out.join("faults.jsonl")).expect("fault log");
+    let mut rng = Rng::new(args.seed);
+    let mut schedule = Vec::new();
+    let end = Instant::now() + args.duration;
+    let mut first = true;
+    while Instant::now() < end {
+        if schedule.is_empty() {
+            schedule = FAULTS.to_vec();
+            rng.shuffle(&mut schedule);
+            if first {
+                // The classic case comes first, so even a short run has stale writes.
+                let i = schedule
+                    .iter()
+                    .position(|f| *f == "pause_holder")
+                    .expect("listed");
+                let last = schedule.len() - 1;
+                schedule.swap(i, last);
+                first = false;
+            }
+        }
+        let fault = schedule.pop().expect("refilled above");
+        let ctx = FaultContext {
+            admin: &admin,
+            plane,
+            leases: &leases,
+            controller_proxy: &controller_proxy,
+            worker_proxy: &worker_proxy,
+        };
+        let start_ns = now_ns();
+        match inject(fault, &ctx, &mut procs, &mut rng).await {
+            Ok(Some(target)) => {
+                let end_ns = now_ns();
+                println!(
+                    "chaos: {:>6.1}s {fault} {target} ({} ms)",
+                    started.elapsed().as_secs_f64(),
+                    (end_ns - start_ns) / 1_000_000
+                );
+                faults.record(&Event::Fault {
+                    fault: fault.into(),
+                    target,
+                    start_ns,
+                    end_ns,
+                });
+            }
+            Ok(None) => println!("chaos: {fault} skipped (no holder right now)"),
+            Err(e) => {
+                eprintln!("chaos: injecting {fault}: {e}");
+                return false;
+            }
+        }
+        tokio::time::sleep(rng.millis(500, 2500)).await;
+    }
+
+    // Heal: everything resumed, restored and running, and nothing more injected.
+    controller_proxy.set(Mode::Pass);
+    worker_proxy.set(Mode::Pass);
+    for (_, child) in &procs.workers {
+        signal(child.id() as i32, libc::SIGCONT);
+    }
+    if procs.controller.is_none() {
+        procs.controller =
+            Some(procs.start_controller(&procs.controller_kubeconfig.clone(), "controller.log"));
+    }
+    let healed = now_ns();
+    faults.record(&Event::Healed { t_ns: healed });
+    // Workers keep cycling through the Leases; give each time to be granted again.
+    tokio::time::sleep(Duration::from_secs(LEASE_SECONDS) + LIVENESS_BOUND).await;
+    drop(procs);
+    observers.abort();
+    let _ = observers.await;
+
+    let events = match history::read_dir(&out) {
+        Ok(events) => events,
+        Err(e) => {
+            eprintln!("chaos: reading the history: {e}");
+            return false;
+        }
+    };
+    let journal = match read_journal(&store) {
+        Ok(journal) => journal,
+        Err(e) => {
+            eprintln!("chaos: reading the file fence's journal: {e}");
+            return false;
+        }
+    };
+    let verdict = history::check(
+        &events,
+        &journal,
+        &Expectations {
+            leases: leases.clone(),
+            liveness_ns: (Duration::from_secs(LEASE_SECONDS) + LIVENESS_BOUND).as_nanos() as u64,
+        },
+    );
+    for v in &verdict.violations {
+        println!("chaos: VIOLATION: {v}");
+    }
+    println!(
+        "chaos: accepted writes {:?}, stale rejected {:?}, unknown outcomes {}, \
+         recovery after healing (ms) {:?}, {} history events, {:.0} s in all",
+        verdict.accepted,
+        verdict.stale_rejected,
+        verdict.unknown_outcomes,
+        verdict.recovery_ms,
+        events.len(),
+        started.elapsed().as_secs_f64()
+    );
+    println!("{}", verdict.summary());
+    if !verdict.violations.is_empty() {
+        println!("chaos: FAILED; history kept in {}", out.display());
+        return false;
+    }
+    if verdict.stale_rejected_total() == 0 {
+        println!(
+            "chaos: FAILED: no stale write was attempted, so this run proves nothing \
+             (history in {})",
+            out.display()
+        );
+        return false;
+    }
+    println!(
+        "chaos: ok (seed {}, history in {})",
+        args.seed,
+        out.display()
+    );
+    true
+}
+
+fn read_journal(store: &Path) -> Result<Vec<JournalWrite>, String> {
+    let fence = palisade::fence::Fence::new(
+        palisade::fence::FileStore::open(store).map_err(|e| e.to_string())?,
+    );
+    fence
+        .journal()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|entry| {
+            serde_json::from_str::<JournalWrite>(&entry.payload)
+                .map_err(|e| format!("journal payload {:?}: {e}", entry.payload))
+        })
+        .collect()
+}
+
+/// CRDs, the object-fencing admission policy (rendered from our chart), the
+/// namespace, the Leases and one fenced ConfigMap per Lease.
+async fn set_up(admin: &Client, plane: &ControlPlane, leases: &[String]) -> Result<(), String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in [Lease::crd(), LeaseClaim::crd()] {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply("palisade-chaos").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .map_err(|e| format!("applying CRD {name}: {e}"))?;
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            kube::runtime::wait::await_condition(
+                crds.clone(),
+                &name,
+                kube::runtime::wait::conditions::is_crd_established(),
+            ),
+        )
+        .await
+        .map_err(|_| format!("CRD {name} not established within 30s"))?
+        .map_err(|e| e.to_string())?;
+    }
+    let bin_dir = PathBuf::from(std::env::var("PALISADE_BIN_DIR").unwrap_or_default());
+    let rendered = Command::new(bin_dir.join("helm"))
+        .args(["template", "chaos"])
+        .arg(plane.root.join("charts/palisade"))
+        .args(["--show-only", "templates/policy-object-fencing.yaml"])
+        .output()
+        .map_err(|e| format!("helm template: {e}"))?;
+    if !rendered.status.success() {
+        return Err(format!(
+            "helm template: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        ));
+    }
+    let mut apply = Command::new(bin_dir.join("kubectl"))
+        .args([
+            "apply",
+            "--server-side",
+            "--field-manager",
+            "palisade-chaos",
+            "-f",
+            "-",
+        ])
+        .env("KUBECONFIG", plane.kubeconfig())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("kubectl apply: {e}"))?;
+    {
+        use std::io::Write;
+        apply
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(&rendered.stdout)
+            .map_err(|e| format!("kubectl apply: {e}"))?;
+    }
+    if !apply.wait().map_err(|e| e.to_string())?.success() {
+        return Err("kubectl apply of the fencing policy failed".into());
+    }
+
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(format!("creating namespace {NAMESPACE}: {e}")),
+    }
+    let client = LeaseClient::new(admin.clone(), NAMESPACE);
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+    for lease in leases {
+        client
+            .ensure_lease(lease, LEASE_SECONDS as i64)
+            .await
+            .map_err(|e| format!("creating lease {lease}: {e}"))?;
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {
+                "name": worker::configmap_name(lease),
+                "labels": {"palisade.dev/fenced-by": lease},
+                "annotations": {"palisade.dev/fencing-token": "0"},
+            },
+        }))
+        .unwrap();
+        match configmaps.create(&PostParams::default(), &cm).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(format!("creating the fenced ConfigMap of {lease}: {e}")),
+        }
+    }
+    wait_policy_active(&configmaps).await
+}
+
+/// The API server loads a new admission policy asynchronously: wait until a stale
+/// write to a probe object is refused.
+async fn wait_policy_active(configmaps: &Api<ConfigMap>) -> Result<(), String> {
+    let probe: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": "policy-probe",
+            "labels": {"palisade.dev/fenced-by": "probe"},
+            "annotations": {"palisade.dev/fencing-token": "5"},
+        },
+    }))
+    .unwrap();
+    match configmaps.create(&PostParams::default(), &probe).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(format!("creating the policy probe: {e}")),
+    }
+    let stale = json!({"metadata": {"annotations": {"palisade.dev/fencing-token": "1"}}});
+    for _ in 0..300 {
+        match configmaps
+            .patch(
+                "policy-probe",
+                &PatchParams::default(),
+                &Patch::Merge(&stale),
+            )
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 403 => return Ok(()),
+            Err(e) => return Err(format!("probing the fencing policy: {e}")),
+            Ok(_) => {
+                // Accepted: not enforced yet. Put the token back up and try again.
+                let up = json!({"metadata": {"annotations": {"palisade.dev/fencing-token": "5"}}});
+                let _ = configmaps
+                    .patch("policy-probe", &PatchParams::default(), &Patch::Merge(&up))
+                    .await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    Err("the object-fencing policy was not enforced within 30s".into())
+}
+
+/// Records every version of the Leases and fenced ConfigMaps that the harness's
+/// own watches (straight to the API server, no proxy) deliver.
+async fn observe(admin: Client, out: PathBuf) {
+    let lease_api: Api<Lease> = Api::namespaced(admin.clone(), NAMESPACE);
+    let cm_api: Api<ConfigMap> = Api::namespaced(admin, NAMESPACE);
+    let mut lease_log = Recorder::create(&out.join("observed-leases.jsonl")).expect("log");
+    let mut cm_log = Recorder::create(&out.join("observed-configmaps.jsonl")).expect("log");
+    let leases = watcher::watcher(lease_api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let cms = watcher::watcher(
+        cm_api,
+        watcher::Config::default().labels("palisade.dev/fenced-by"),
+    )
+    .default_backoff()
+    .boxed();
+    let mut both = futures::stream::select(
+        leases.map(|e| e.map(|e| (Some(e), None))),
+        cms.map(|e| e.map(|e| (None, Some(e)))),
+    );
+    while let Some(event) = both.next().await {
+        let t_ns = now_ns();
+        match event {
+            Ok((Some(watcher::Event::Apply(l) | watcher::Event::InitApply(l)), _)) => {
+                let status = l.status.clone().unwrap_or_default();
+                lease_log.record(&Event::LeaseSeen {
+                    lease: l.name_any(),
+                    rv: rv_of(&l),
+                    holder_uid: status.holder.map(|h| h.claim_uid).unwrap_or_default(),
+                    token: status.fencing_token.unwrap_or(0) as u64,
+                    t_ns,
+                });
+            }
+            Ok((_, Some(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)))) => {
+                let Some(lease) = cm.labels().get("palisade.dev/fenced-by").cloned() else {
+                    continue;
+                };
+                let token = cm
+                    .annotations()
+                    .get("palisade.dev/fencing-token")
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0);
+                cm_log.record(&Event::ConfigMapSeen {
+                    lease,
+                    rv: rv_of(&cm),
+                    token,
+                    t_ns,
+                });
+            }
+            _ => {} // list boundaries, deletions, and errors the backoff retries
+        }
+    }
+}
+
+fn rv_of<K: ResourceExt>(object: &K) -> u64 {
+    object
+        .resource_version()
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
+}
+
+const FAULTS: [&str; 10] = [
+    "pause_holder",
+    "kill_holder",
+    "kill_controller",
+    "split_brain",
+    "restart_apiserver",
+    "restart_etcd",
+    "delay_controller_link",
+    "delay_worker_links",
+    "cut_controller_link",
+    "cut_worker_links",
+];
+
+struct FaultContext<'a> {
+    admin: &'a Client,
+    plane: &'a ControlPlane,
+    leases: &'a [String],
+    controller_proxy: &'a Proxy,
+    worker_proxy: &'a Proxy,
+}
+
+/// A current holder that is one of our live workers, picked at random.
+async fn pick_holder(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -> Option<String> {
+    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
+    let mut holders = Vec::new();
+    for lease in ctx.leases {
+        if let Ok(l) = api.get(lease).await
+            && let Some(h) = l.status.and_then(|s| s.holder)
+            && procs.worker_pid(&h.identity).is_some()
+        {
+            holders.push(h.identity);
+        }
+    }
+    if holders.is_empty() {
+        return None;
+    }
+    let i = rng.range(0, holders.len() as u64) as usize;
+    Some(holders.swap_remove(i))
+}
+
+/// Injects one fault and waits until it is over. Returns what it hit, or `None`
+/// when there was nothing to hit.
+async fn inject(
+    fault: &str,
+    ctx: &FaultContext<'_>,
+    procs: &mut Processes,
+    rng: &mut Rng,
+) -> Result<Option<String>, String> {
+    let lease = Duration::from_secs(LEASE_SECONDS);
+    let target = match fault {
+        "pause_holder" => {
+            let Some(holder) = pick_holder(ctx, procs, rng).await else {
+                return Ok(None);
+            };
+            let pid = procs
+                .worker_pid(&holder)
+                .expect("picked among live workers");
+            // Past its lease: 1.25 to 2.5 durations, a long GC pause.
+            let pause = rng.millis(
+                lease.as_millis() as u64 * 5 / 4,
+                lease.as_millis() as u64 * 5 / 2,
+            );
+            signal(pid, libc::SIGSTOP);
+            tokio::time::sleep(pause).await;
+            signal(pid, libc::SIGCONT);
+            format!("{holder} for {} ms", pause.as_millis())
+        }
+        "kill_holder" => {
+            let Some(holder) = pick_holder(ctx, procs, rng).await else {
+                return Ok(None);
+            };
+            procs.kill_worker(&holder);
+            procs.spawn_worker();
+            holder
+        }
+        "kill_controller" => {
+            procs.kill_controller();
+            let down = rng.millis(200, 3000);
+            tokio::time::sleep(down).await;
+            let kubeconfig = procs.controller_kubeconfig.clone();
+            procs.controller = Some(procs.start_controller(&kubeconfig, "controller.log"));
+            format!("down for {} ms", down.as_millis())
+        }
+        "split_brain" => {
+            // A second controller, election off, straight to the API server (so the
+            // two see the world with different delays), for 5 to 15 s.
+            let second = procs.start_controller(&ctx.plane.kubeconfig(), "controller-second.log");
+            let span = rng.millis(5000, 15000);
+            tokio::time::sleep(span).await;
+            let mut second = second;
+            let _ = second.kill();
+            let _ = second.wait();
+            format!("two controllers for {} ms", span.as_millis())
+        }
+        "restart_apiserver" | "restart_etcd" => {
+            let component = if fault == "restart_apiserver" {
+                "kube-apiserver"
+            } else {
+                "etcd"
+            };
+            let plane = ControlPlane {
+                root: ctx.plane.root.clone(),
+                state: ctx.plane.state.clone(),
+            };
+            let started = Instant::now();
+            tokio::task::spawn_blocking(move || plane.script(&["restart", component]))
+                .await
+                .map_err(|e| e.to_string())??;
+            format!("{component} back in {} ms", started.elapsed().as_millis())
+        }
+        "delay_controller_link" | "delay_worker_links" => {
+            let proxy = if fault == "delay_controller_link" {
+                ctx.controller_proxy
+            } else {
+                ctx.worker_proxy
+            };
+            let delay = rng.millis(100, 800);
+            let span = rng.millis(3000, 8000);
+            proxy.set(Mode::Delay(delay));
+            tokio::time::sleep(span).await;
+            proxy.set(Mode::Pass);
+            format!(
+                "{} ms per chunk for {} ms",
+                delay.as_millis(),
+                span.as_millis()
+            )
+        }
+        "cut_controller_link" | "cut_worker_links" => {
+            let proxy = if fault == "cut_controller_link" {
+                ctx.controller_proxy
+            } else {
+                ctx.worker_proxy
+            };
+            let span = rng.millis(1000, 5000);
+            proxy.set(Mode::Cut);
+            tokio::time::sleep(span).await;
+            proxy.set(Mode::Pass);
+            format!("for {} ms", span.as_millis())
+        }
+        other => return Err(format!("unknown fault {other}")),
+    };
+    Ok(Some(target))
+}
