@@ -91,15 +91,15 @@ pub async fn run(
     let wc = watcher::Config::default();
     let inputs = futures::stream::select_all(vec![
         watcher::watcher(leases, wc.clone())
-            .default_backoff()
+            .backoff(crate::watch::backoff())
             .map(Input::Lease)
             .boxed(),
         watcher::watcher(claims, wc.clone())
-            .default_backoff()
+            .backoff(crate::watch::backoff())
             .map(Input::Claim)
             .boxed(),
         watcher::watcher(pods, wc)
-            .default_backoff()
+            .backoff(crate::watch::backoff())
             .map(Input::Pod)
             .boxed(),
     ]);

@@ -15,3 +15,4 @@ pub mod index;
 pub mod lock;
 pub mod telemetry;
 pub mod token;
+pub mod watch;

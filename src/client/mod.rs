@@ -585,7 +585,9 @@ fn watch_one<K>(api: Api<K>, name: &str) -> Events<K>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + fmt::Debug + Send + 'static,
 {
-    watcher::watch_object(api, name).default_backoff().boxed()
+    watcher::watch_object(api, name)
+        .backoff(crate::watch::backoff())
+        .boxed()
 }
 
 async fn within<T>(deadline: Option<Instant>, fut: impl Future<Output = T>) -> Option<T> {
