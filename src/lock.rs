@@ -38,6 +38,7 @@ CMD runs in its own process group with these variables in its environment:
 
 The lease is renewed while CMD runs. If it is lost (revoked, expired, deleted, or
 not renewed in time), CMD's process group gets SIGTERM, then SIGKILL after --grace.
+If this process itself dies (even by SIGKILL), CMD gets SIGKILL at once.
 SIGINT, SIGTERM and SIGHUP to this process are forwarded to CMD as SIGTERM (SIGKILL
 after --grace). The claim is deleted (the lease released) on every way out.
 
@@ -225,8 +226,24 @@ async fn release(grant: Grant) {
 }
 
 fn spawn(command: &[OsString], grant: &Grant) -> std::io::Result<Child> {
-    Command::new(&command[0])
-        .args(&command[1..])
+    let mut cmd = Command::new(&command[0]);
+    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    // If this process dies without stopping CMD (SIGKILL, OOM kill), nobody renews
+    // the lease any more: CMD must not outlive it and keep writing as the holder.
+    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // This process may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(libc::c_int::from(EXIT_ERROR));
+            }
+            Ok(())
+        });
+    }
+    cmd.args(&command[1..])
         .env("PALISADE_FENCING_TOKEN", grant.token().to_string())
         .env("PALISADE_LEASE", grant.lease())
         .env("PALISADE_HOLDER", grant.identity())

@@ -83,6 +83,14 @@ fn process_exists(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
+/// Running, as opposed to gone or a zombie waiting to be reaped by whoever inherited it.
+fn process_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with(['Z', 'X'])))
+        .is_some_and(|dead| !dead)
+}
+
 fn send_signal(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill {pid}");
@@ -382,6 +390,36 @@ async fn sigterm_to_the_lock_process_is_forwarded_and_the_lease_released() {
         "got-term\n"
     );
     assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+}
+
+#[tokio::test]
+async fn sigkill_of_the_lock_process_kills_the_command() {
+    let (ns, _controller) = setup("lock-sigkill").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // `exec`: the command palisade lock started is the sleep itself.
+    let script = format!("echo $$ > {d}/pid; exec sleep 300");
+    let mut child = lock(&ns.name, &[], "killed", &script).spawn().unwrap();
+    let pid: i32 = wait_file(&dir.path().join("pid"))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        process_running(pid),
+        "the command runs while the lease is held"
+    );
+
+    send_signal(child.id().unwrap(), libc::SIGKILL);
+    child.wait().await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    while process_running(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the command (pid {pid}) outlived palisade lock by {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
