@@ -2,8 +2,8 @@
 #
 #   make test           unit + integration tests against a real kube-apiserver (starts it)
 #   make demo           the fencing story, end to end, on the local control plane
-#   make bench          handover latency figures (BENCH_ARGS="--rounds 200 --expiry-rounds 30")
-#   make bench-peers    the same for client-go leader election (PEER_ARGS="--config tuned")
+#   make bench          all benchmark figures in one run (~30 min): target/bench/results.{json,md,png}
+#   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
 #   make cluster-down   stop it and remove its state
@@ -45,7 +45,7 @@ CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-mana
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
-	controlplane-bins demo bench bench-peers chaos clean-cache chart-lint image
+	controlplane-bins demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
 
 all: build
 
@@ -113,18 +113,55 @@ check:
 # Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
 test: cluster
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
-	cargo test --locked --bench handover -- --rounds 3 --expiry-rounds 1 --out target/bench-smoke
+	@rm -rf target/bench-smoke
+	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
+		--steady 1 --warmup 0 --baseline 1 --out target/bench-smoke
+	cargo test --locked --bench report -- --dir target/bench-smoke --smoke
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
 
-# Handover latency figures (a program, not a test): target/bench/results.{json,md}.
+# Benchmark figures (programs that print figures, not tests), in one run on the local
+# control plane. Each part writes BENCH_DIR/<source>.json in the schema of
+# benches/common/schema.rs: palisade-handover (benches/handover.rs, BENCH_ARGS), clientgo
+# and rust-peers-* (the peers below), scale (benches/scale.rs, SCALE_ARGS); then
+# benches/report.rs merges them into results.json, results.md (printed) and
+# handover-latency.png. A part that fails is missing from the report ("not measured")
+# and fails the target once the report is written.
+BENCH_DIR := target/bench
+RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
 bench: cluster
-	cargo bench --locked --bench handover -- $(BENCH_ARGS)
+	@rm -f $(BENCH_DIR)/*.json $(BENCH_DIR)/results.md $(BENCH_DIR)/*.png
+	@mkdir -p $(BENCH_DIR)
+	cargo bench --locked --no-run --bench handover --bench report
+	@failed=""; SECONDS=0; \
+	cargo bench --locked --bench handover -- --out $(BENCH_DIR) $(BENCH_ARGS) || failed="$$failed handover"; \
+	echo "make bench: palisade handover done at $$SECONDS s"; \
+	$(MAKE) --no-print-directory bench-clientgo || failed="$$failed clientgo"; \
+	echo "make bench: client-go done at $$SECONDS s"; \
+	$(MAKE) --no-print-directory bench-rust-peers || failed="$$failed rust-peers"; \
+	echo "make bench: Rust peers done at $$SECONDS s"; \
+	cargo bench --locked --bench scale -- --out $(BENCH_DIR) $(SCALE_ARGS) || failed="$$failed scale"; \
+	echo "make bench: scale done at $$SECONDS s"; \
+	cargo bench --locked --bench report -- --dir $(BENCH_DIR) || failed="$$failed report"; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
-# The peer for comparison: client-go's tools/leaderelection (bench/peers/clientgo).
-bench-peers: cluster
-	@mkdir -p target/bench
-	cd bench/peers/clientgo && CGO_ENABLED=0 go build -o $(CURDIR)/target/bench/clientgo-bench .
-	target/bench/clientgo-bench --kubeconfig $(KUBECONFIG_TEST) --out target/bench/clientgo.json $(PEER_ARGS)
+# The peers for comparison: client-go's tools/leaderelection (bench/peers/clientgo,
+# PEER_ARGS), the Rust crates kube-leader-election and kubert (bench/peers/rust,
+# RUST_PEER_ARGS).
+bench-peers: bench-clientgo bench-rust-peers
+
+bench-clientgo: cluster
+	@mkdir -p $(BENCH_DIR)
+	cd bench/peers/clientgo && CGO_ENABLED=0 go build -o $(CURDIR)/$(BENCH_DIR)/clientgo-bench .
+	$(BENCH_DIR)/clientgo-bench --kubeconfig $(KUBECONFIG_TEST) --out $(BENCH_DIR)/clientgo.json $(PEER_ARGS)
+
+bench-rust-peers: cluster
+	@mkdir -p $(BENCH_DIR)
+	cd bench/peers/rust/kube-leader-election && CARGO_TARGET_DIR=$(RUST_PEERS_TARGET) cargo build --release --locked
+	cd bench/peers/rust/kubert && CARGO_TARGET_DIR=$(RUST_PEERS_TARGET) cargo build --release --locked
+	$(RUST_PEERS_TARGET)/release/rustpeer-kle --kubeconfig $(KUBECONFIG_TEST) \
+		--out $(BENCH_DIR)/rust-peers-kle.json $(RUST_PEER_ARGS)
+	$(RUST_PEERS_TARGET)/release/rustpeer-kubert --kubeconfig $(KUBECONFIG_TEST) \
+		--out $(BENCH_DIR)/rust-peers-kubert.json $(RUST_PEER_ARGS)
 
 # The fault-injection suite on a control plane of its own (it crashes kube-apiserver
 # and etcd). `make test` runs it for 90 s with seed 1; this runs DURATION with a new

@@ -1,13 +1,33 @@
-//! Handover latency of palisade on the local control plane (`make bench`).
+//! Handover latency and API cost of palisade on the local control plane (`make bench`).
 //!
-//! From the moment the holder lets go (its release request is sent, its Pod
-//! object is deleted, or its lease duration runs out) to the moment the next
-//! holder's process observes its grant (its `acquire` returns). A program that
-//! prints figures, not a test: `cargo bench --bench handover -- [--rounds N]
-//! [--expiry-rounds N] [--out DIR]`. Needs the cluster of `make cluster`.
-//! `make test` runs a smoke version (a few rounds, debug build) so this cannot rot.
+//! Latency: from the moment the holder lets go (its release request is sent, its
+//! Pod object is deleted, or its lease duration runs out) to the moment the next
+//! holder's process observes its grant (its `acquire` returns). Release and Pod
+//! deletion run one handover at a time on one Lease; expiry (2 s lease duration,
+//! reported as the time past the duration) runs `--expiry-lanes` independent
+//! Leases side by side, `--expiry-rounds` handovers each, so that 200 of them take
+//! about 30 s.
+//!
+//! API cost: requests/s the API server counts (`apiserver_request_total`, group
+//! `palisade.dev`, resources `leases` and `leaseclaims`: the holder's, the
+//! waiters' and the controller's) at steady state for one Lease (15 s duration)
+//! with one holder and three waiters, over `--steady` seconds after `--warmup`,
+//! less the rate of an idle window of `--baseline` seconds before.
+//!
+//! A program that prints figures, not a test: `cargo bench --bench handover --
+//! [--rounds N] [--expiry-lanes N] [--expiry-rounds N] [--steady S] [--warmup S]
+//! [--baseline S] [--out DIR]`; writes `DIR/palisade-handover.json` in the schema
+//! of `benches/common/schema.rs` (`benches/report.rs` merges it). Needs the cluster
+//! of `make cluster`. `make test` runs a smoke version (a few rounds, debug build)
+//! so this cannot rot.
+
+#[path = "common/schema.rs"]
+#[allow(dead_code)]
+mod schema;
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -20,16 +40,33 @@ use palisade::api::{Lease, LeaseClaim};
 use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
 use serde_json::json;
 
+use schema::{Figure, Latency, Source};
+
+/// The lease duration of the API-cost Lease, client-go's default.
+const STEADY_LEASE_SECS: i64 = 15;
+/// An idle rate of palisade.dev requests above this (req/s) means someone else uses the cluster.
+const NOT_IDLE: f64 = 1.0;
+/// The longest wait for a state the bench expects (every wait is bounded; `acquire` by its timeout).
+const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
 struct Args {
     rounds: usize,
+    expiry_lanes: usize,
     expiry_rounds: usize,
+    steady: f64,
+    warmup: f64,
+    baseline: Option<f64>,
     out: PathBuf,
 }
 
 fn args() -> Args {
     let mut a = Args {
         rounds: 200,
-        expiry_rounds: 30,
+        expiry_lanes: 20,
+        expiry_rounds: 10,
+        steady: 30.0,
+        warmup: 6.0,
+        baseline: None,
         out: PathBuf::from("target/bench"),
     };
     let mut it = std::env::args().skip(1);
@@ -37,12 +74,24 @@ fn args() -> Args {
         let mut value = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
         match arg.as_str() {
             "--rounds" => a.rounds = value().parse().expect("--rounds N"),
+            "--expiry-lanes" => a.expiry_lanes = value().parse().expect("--expiry-lanes N"),
             "--expiry-rounds" => a.expiry_rounds = value().parse().expect("--expiry-rounds N"),
+            "--steady" => a.steady = value().parse().expect("--steady SECONDS"),
+            "--warmup" => a.warmup = value().parse().expect("--warmup SECONDS"),
+            "--baseline" => a.baseline = Some(value().parse().expect("--baseline SECONDS")),
             "--out" => a.out = PathBuf::from(value()),
             "--bench" => {} // passed by `cargo bench`
             other => panic!("unknown argument {other}"),
         }
     }
+    assert!(
+        a.rounds <= 10_000 && a.expiry_lanes * a.expiry_rounds <= 10_000 && a.expiry_lanes >= 1,
+        "rounds out of range"
+    );
+    assert!(
+        (0.0..=600.0).contains(&a.steady) && (0.0..=600.0).contains(&a.warmup),
+        "--steady and --warmup: 0 to 600 seconds"
+    );
     a
 }
 
@@ -53,12 +102,10 @@ async fn main() {
     let kubeconfig = root.join("target/cluster/kubeconfig");
     let kc = Kubeconfig::read_from(&kubeconfig)
         .expect("no target/cluster/kubeconfig: run `make cluster` (make bench does)");
-    let client = Client::try_from(
-        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    let client = Client::try_from(config.clone()).unwrap();
     install_crds(&client).await;
     let ns = format!("bench-{}", std::process::id());
     Api::<Namespace>::all(client.clone())
@@ -98,9 +145,18 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let leases = LeaseClient::new(client.clone(), &ns);
+    let started = Instant::now();
+    eprintln!("palisade: {} voluntary releases", args.rounds);
     let release = voluntary_release(&leases, args.rounds).await;
+    eprintln!("palisade: {} Pod deletions", args.rounds);
     let pod = pod_deletion(&client, &leases, &ns, args.rounds).await;
-    let expiry = expiry(&client, &leases, &ns, args.expiry_rounds).await;
+    eprintln!(
+        "palisade: {} expiries ({} Leases side by side, {} rounds each)",
+        args.expiry_lanes * args.expiry_rounds,
+        args.expiry_lanes,
+        args.expiry_rounds
+    );
+    let expiry = expiry_lanes(&client, &leases, &ns, args.expiry_lanes, args.expiry_rounds).await;
 
     // The controller's own share: from the event that ended a grant to the handover write.
     let metrics = http_get(admin_port, "/metrics").await;
@@ -113,68 +169,160 @@ async fn main() {
     let controller_share = metric("palisade_handover_latency_seconds_sum")
         / metric("palisade_handover_latency_seconds_count")
         * 1e3;
+
+    let cost = if args.steady > 0.0 {
+        leases.flush(Duration::from_secs(10)).await;
+        let baseline = args.baseline.unwrap_or(args.steady);
+        eprintln!(
+            "palisade: API cost, idle {baseline} s, then 1 holder + 3 waiters for {} s after {} s",
+            args.steady, args.warmup
+        );
+        Some(api_cost(&client, config, &ns, baseline, args.warmup, args.steady).await)
+    } else {
+        None
+    };
     let _ = controller.start_kill();
+    let _ = controller.wait().await;
     let _ = Api::<Namespace>::all(client.clone())
         .delete(&ns, &DeleteParams::background())
         .await;
 
-    let rows = [
-        ("voluntary release", release),
-        ("holder's Pod deleted", pod),
-        ("expiry, past the 2 s duration", expiry),
+    let expiry_note = format!(
+        "2 s lease duration; time from the grant observed + 2 s to the next holder's acquire returning; \
+         {} Leases side by side, {} handovers each",
+        args.expiry_lanes, args.expiry_rounds
+    );
+    let latency = vec![
+        Latency::of(
+            "palisade",
+            "default",
+            "release",
+            release,
+            "Grant::release called -> the waiter's acquire returns; one Lease, one handover at a time",
+        ),
+        Latency::of(
+            "palisade",
+            "default",
+            "pod-deletion",
+            pod,
+            "holder's Pod deleted (grace period 0) -> the waiter's acquire returns; one Lease, one handover at a time",
+        ),
+        Latency::of(
+            "palisade",
+            "default",
+            "expiry-past-duration",
+            expiry,
+            &expiry_note,
+        ),
     ];
-    std::fs::create_dir_all(&args.out).unwrap();
-    let mut md = String::from(
-        "| palisade handover | n | p50 | p95 | p99 | max |\n|---|---|---|---|---|---|\n",
-    );
-    let mut results = Vec::new();
-    for (name, samples) in rows {
-        let s = Summary::of(samples);
-        md += &format!(
-            "| {name} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms |\n",
-            s.n, s.p50, s.p95, s.p99, s.max
-        );
-        results.push(json!({"name": name, "unit": "ms", "n": s.n, "p50": s.p50, "p95": s.p95, "p99": s.p99, "max": s.max}));
+    let mut figures = vec![Figure {
+        system: "palisade".into(),
+        config: "default".into(),
+        name: "controller_handover_share_mean".into(),
+        value: controller_share,
+        unit: "ms".into(),
+        note: "controller's metric palisade_handover_latency_seconds: event that ended a grant \
+               received -> handover write done, mean over all handovers above"
+            .into(),
+    }];
+    if let Some(c) = &cost {
+        figures.push(Figure {
+            system: "palisade".into(),
+            config: "default".into(),
+            name: "lease_requests_per_s_1_holder_3_waiters".into(),
+            value: c.rate - c.baseline_rate,
+            unit: "req/s".into(),
+            note: format!(
+                "apiserver_request_total{{group=palisade.dev, resource=leases|leaseclaims}}, all verbs \
+                 (holder, waiters and controller), over {:.0} s at steady state, {STEADY_LEASE_SECS} s \
+                 lease duration, less the idle rate ({:.3} req/s); watches count when they end",
+                c.window, c.baseline_rate
+            ) + if c.baseline_rate > NOT_IDLE {
+                "; CAUTION: the cluster was not idle (palisade.dev requests from elsewhere), \
+                 so this figure is noise: see the client-side one"
+            } else {
+                ""
+            },
+        });
+        figures.push(Figure {
+            system: "palisade".into(),
+            config: "default".into(),
+            name: "lease_requests_per_s_1_holder_3_waiters_client_side".into(),
+            value: c.client_side_rate,
+            unit: "req/s".into(),
+            note: "requests to leases and leaseclaims sent by the holder and the 3 waiters, counted in \
+                   their client (the controller's are not in it)"
+                .into(),
+        });
+        figures.push(Figure {
+            system: "palisade".into(),
+            config: "default".into(),
+            name: "idle_requests_per_s".into(),
+            value: c.baseline_rate,
+            unit: "req/s".into(),
+            note: format!(
+                "the same counter with the controller running and no claim, over {:.0} s",
+                c.baseline_window
+            ),
+        });
     }
-    md += &format!(
-        "\nController's share (event received to handover write done), mean over all handovers: {controller_share:.1} ms\n"
-    );
     let version = client
         .apiserver_version()
         .await
         .map(|v| v.git_version)
         .unwrap_or_default();
-    let json =
-        json!({"kubernetes": version, "palisade": env!("CARGO_PKG_VERSION"), "handover": results});
-    std::fs::write(
-        args.out.join("results.json"),
-        serde_json::to_string_pretty(&json).unwrap(),
-    )
-    .unwrap();
-    std::fs::write(args.out.join("results.md"), &md).unwrap();
-    println!("\n{md}");
-}
+    let source = Source {
+        source: "palisade-handover".into(),
+        versions: [
+            (
+                "palisade".to_string(),
+                env!("CARGO_PKG_VERSION").to_string(),
+            ),
+            ("kubernetes".to_string(), version),
+        ]
+        .into(),
+        latency,
+        figures,
+        parameters: [
+            ("rounds", json!(args.rounds)),
+            ("expiry_lanes", json!(args.expiry_lanes)),
+            ("expiry_rounds_per_lane", json!(args.expiry_rounds)),
+            ("steady_seconds", json!(args.steady)),
+            ("warmup_seconds", json!(args.warmup)),
+            (
+                "profile",
+                json!(if cfg!(debug_assertions) {
+                    "debug"
+                } else {
+                    "release"
+                }),
+            ),
+            (
+                "wall_seconds",
+                json!(started.elapsed().as_secs_f64().round()),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+    };
+    std::fs::create_dir_all(&args.out).unwrap();
+    let path = args.out.join("palisade-handover.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&source).unwrap()).unwrap();
 
-struct Summary {
-    n: usize,
-    p50: f64,
-    p95: f64,
-    p99: f64,
-    max: f64,
-}
-
-impl Summary {
-    fn of(mut ms: Vec<f64>) -> Self {
-        ms.sort_by(f64::total_cmp);
-        let at = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
-        Summary {
-            n: ms.len(),
-            p50: at(0.50),
-            p95: at(0.95),
-            p99: at(0.99),
-            max: *ms.last().unwrap(),
-        }
+    let mut md = String::from(
+        "| palisade handover | n | p50 | p95 | p99 | max |\n|---|---|---|---|---|---|\n",
+    );
+    for l in &source.latency {
+        md += &format!(
+            "| {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms |\n",
+            l.scenario, l.n, l.p50, l.p95, l.p99, l.max
+        );
     }
+    for f in &source.figures {
+        md += &format!("\n{}: {:.3} {}", f.name, f.value, f.unit);
+    }
+    println!("\n{md}\n\nwrote {}", path.display());
 }
 
 async fn install_crds(client: &Client) {
@@ -210,12 +358,20 @@ fn options(identity: &str, pod: PodBinding) -> AcquireOptions {
 /// Waits until the Lease lists `n` waiting claims, so the next handover has someone to go to.
 async fn wait_waiting(leases: &LeaseClient, lease: &str, n: i64) {
     let mut stream = watcher::watch_object(leases.leases().clone(), lease).boxed();
-    while let Some(Ok(Some(l))) = stream.next().await {
-        if l.status.as_ref().and_then(|s| s.waiting_count) == Some(n) {
-            return;
+    let seen = tokio::time::timeout(WAIT_LIMIT, async {
+        while let Some(Ok(Some(l))) = stream.next().await {
+            if l.status.as_ref().and_then(|s| s.waiting_count) == Some(n) {
+                return true;
+            }
         }
+        false
+    })
+    .await;
+    match seen {
+        Ok(true) => {}
+        Ok(false) => panic!("watch on {lease} ended"),
+        Err(_) => panic!("{lease} did not list {n} waiting claims within {WAIT_LIMIT:?}"),
     }
-    panic!("watch on {lease} ended");
 }
 
 async fn voluntary_release(leases: &LeaseClient, rounds: usize) -> Vec<f64> {
@@ -288,32 +444,68 @@ async fn pod_deletion(client: &Client, leases: &LeaseClient, ns: &str, rounds: u
     samples
 }
 
+/// `lanes` independent Leases side by side, `rounds` expiries each.
+async fn expiry_lanes(
+    client: &Client,
+    leases: &LeaseClient,
+    ns: &str,
+    lanes: usize,
+    rounds: usize,
+) -> Vec<f64> {
+    let tasks: Vec<_> = (0..lanes)
+        .map(|lane| {
+            let (client, leases, ns) = (client.clone(), leases.clone(), ns.to_string());
+            tokio::spawn(async move { expiry(&client, &leases, &ns, lane, rounds).await })
+        })
+        .collect();
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.expect("an expiry lane failed"));
+    }
+    samples
+}
+
 /// The holder is a bare claim that never renews; its grant is observed at `granted`,
 /// so it expires no earlier than `granted + 2 s`: report the time past that.
-async fn expiry(client: &Client, leases: &LeaseClient, ns: &str, rounds: usize) -> Vec<f64> {
+async fn expiry(
+    client: &Client,
+    leases: &LeaseClient,
+    ns: &str,
+    lane: usize,
+    rounds: usize,
+) -> Vec<f64> {
     let claims: Api<LeaseClaim> = Api::namespaced(client.clone(), ns);
-    leases.ensure_lease("expiry", 2).await.unwrap();
+    let lease = format!("expiry-{lane}");
+    leases.ensure_lease(&lease, 2).await.unwrap();
     let mut samples = Vec::new();
     for i in 0..rounds {
         let silent: LeaseClaim = serde_json::from_value(json!({
             "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
-            "metadata": {"name": format!("silent-{i}")},
-            "spec": {"leaseName": "expiry", "holderIdentity": format!("silent-{i}")}
+            "metadata": {"name": format!("silent-{lane}-{i}")},
+            "spec": {"leaseName": lease, "holderIdentity": format!("silent-{lane}-{i}")}
         }))
         .unwrap();
         let silent = claims
             .create(&PostParams::default(), &silent)
             .await
             .unwrap();
-        let mut stream = watcher::watch_object(leases.leases().clone(), "expiry").boxed();
-        let granted = loop {
-            let l = stream.next().await.unwrap().unwrap().unwrap();
-            if l.status.and_then(|s| s.holder).map(|h| h.claim_uid) == silent.metadata.uid {
-                break Instant::now();
+        let mut stream = watcher::watch_object(leases.leases().clone(), &lease).boxed();
+        let granted = tokio::time::timeout(WAIT_LIMIT, async {
+            loop {
+                let l = stream.next().await.unwrap().unwrap().unwrap();
+                if l.status.and_then(|s| s.holder).map(|h| h.claim_uid) == silent.metadata.uid {
+                    break Instant::now();
+                }
             }
-        };
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{lease}: the silent claim not granted within {WAIT_LIMIT:?}"));
+        drop(stream);
         let next = leases
-            .acquire("expiry", options(&format!("next-{i}"), PodBinding::None))
+            .acquire(
+                &lease,
+                options(&format!("next-{lane}-{i}"), PodBinding::None),
+            )
             .await
             .unwrap();
         let past = granted.elapsed().saturating_sub(Duration::from_secs(2));
@@ -324,6 +516,145 @@ async fn expiry(client: &Client, leases: &LeaseClient, ns: &str, rounds: usize) 
             .await;
     }
     samples
+}
+
+struct Cost {
+    /// Requests/s counted with the holder and the waiters in place.
+    rate: f64,
+    window: f64,
+    /// Requests/s counted before, with the controller running and no claim.
+    baseline_rate: f64,
+    baseline_window: f64,
+    /// Requests/s the holder and the waiters sent, counted in their client.
+    client_side_rate: f64,
+}
+
+/// The API server's count of requests to palisade's resources, all verbs and codes.
+async fn palisade_requests(client: &Client) -> f64 {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client
+        .request_text(req)
+        .await
+        .expect("GET /metrics of the API server");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(r#"group="palisade.dev""#)
+                && (l.contains(r#"resource="leases""#) || l.contains(r#"resource="leaseclaims""#))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The rate of [`palisade_requests`] over `window` seconds.
+async fn request_rate(client: &Client, window: f64) -> (f64, f64) {
+    let before = palisade_requests(client).await;
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(window)).await;
+    let after = palisade_requests(client).await;
+    let elapsed = t0.elapsed().as_secs_f64();
+    ((after - before) / elapsed, elapsed)
+}
+
+/// One Lease (15 s duration), one holder, three waiters: requests/s at steady state.
+async fn api_cost(
+    client: &Client,
+    config: Config,
+    ns: &str,
+    baseline: f64,
+    warmup: f64,
+    window: f64,
+) -> Cost {
+    // The holder and the waiters send through a client of their own that counts.
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&CountLayer(sent.clone()))
+        .build();
+    let leases = &LeaseClient::new(counted, ns);
+    let (baseline_rate, baseline_window) = request_rate(client, baseline).await;
+    leases
+        .ensure_lease("steady", STEADY_LEASE_SECS)
+        .await
+        .unwrap();
+    let holder = leases
+        .acquire("steady", options("steady-holder", PodBinding::None))
+        .await
+        .unwrap();
+    let waiters: Vec<_> = (0..3)
+        .map(|i| {
+            let l = leases.clone();
+            tokio::spawn(async move {
+                let mut o = options(&format!("steady-waiter-{i}"), PodBinding::None);
+                o.timeout = None;
+                l.acquire("steady", o).await
+            })
+        })
+        .collect();
+    wait_waiting(leases, "steady", 3).await;
+    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
+    let sent_before = sent.load(Ordering::Relaxed);
+    let (rate, window) = request_rate(client, window).await;
+    let client_side_rate = (sent.load(Ordering::Relaxed) - sent_before) as f64 / window;
+    assert!(
+        holder.lost_reason().is_none(),
+        "the steady holder lost its grant"
+    );
+    // Waiters first (a cancelled acquire deletes its claim), so that nothing is handed over.
+    for w in waiters {
+        w.abort();
+        assert!(
+            w.await.is_err_and(|e| e.is_cancelled()),
+            "a waiter was granted"
+        );
+    }
+    holder.release().await.unwrap();
+    leases.flush(Duration::from_secs(10)).await;
+    Cost {
+        rate,
+        window,
+        baseline_rate,
+        baseline_window,
+        client_side_rate,
+    }
+}
+
+/// Counts the requests to palisade's resources that pass through it.
+struct CountLayer(Arc<AtomicU64>);
+
+impl<S> tower::Layer<S> for CountLayer {
+    type Service = Count<S>;
+    fn layer(&self, inner: S) -> Count<S> {
+        Count(inner, self.0.clone())
+    }
+}
+
+struct Count<S>(S, Arc<AtomicU64>);
+
+impl<S, B> tower::Service<http::Request<B>> for Count<S>
+where
+    S: tower::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> S::Future {
+        let path = req.uri().path();
+        if path.starts_with("/apis/palisade.dev/")
+            && (path.contains("/leases") || path.contains("/leaseclaims"))
+        {
+            self.1.fetch_add(1, Ordering::Relaxed);
+        }
+        self.0.call(req)
+    }
 }
 
 /// GET a path of the controller's admin server (plain HTTP/1.0).

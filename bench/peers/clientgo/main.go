@@ -1,6 +1,14 @@
 // Command clientgo-bench measures leader-election handover latency and
 // steady-state API load of k8s.io/client-go/tools/leaderelection (LeaseLock)
 // against a real kube-apiserver, as a peer baseline for palisade.
+//
+// Per timing config (default 15s/10s/2s, tuned 2s/1.5s/0.25s) it runs -rounds
+// voluntary-release handovers and -rounds expiry handovers. A handover takes
+// seconds (default: ~6 s a release round, ~22 s an expiry round), so the rounds
+// run in lanes: independent Leases side by side, each a chain of candidates,
+// ceil(rounds/lanes) handovers per lane. Then the steady-state lease request rate
+// of one holder and three waiters. Writes the common result schema of
+// benches/common/schema.rs (source "clientgo").
 package main
 
 import (
@@ -16,6 +24,8 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,10 +45,20 @@ import (
 	"k8s.io/klog/v2"
 )
 
-const clientGoVersion = "v0.37.2"
+// clientGoVersion is the version of k8s.io/client-go linked into this binary.
+func clientGoVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			if d.Path == "k8s.io/client-go" {
+				return d.Version
+			}
+		}
+	}
+	return "unknown"
+}
 
 type timing struct {
-	Name                                     string
+	Name                                      string
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
@@ -47,24 +67,37 @@ var timings = map[string]timing{
 	"tuned":   {"tuned", 2 * time.Second, 1500 * time.Millisecond, 250 * time.Millisecond},
 }
 
-type result struct {
-	Config   string  `json:"config"`
-	Scenario string  `json:"scenario"`
-	Unit     string  `json:"unit"`
-	N        int     `json:"n"`
-	P50      float64 `json:"p50"`
-	P95      float64 `json:"p95"`
-	P99      float64 `json:"p99"`
-	Max      float64 `json:"max"`
-	Min      float64 `json:"min"`
-	Mean     float64 `json:"mean"`
-	Note     string  `json:"note,omitempty"`
+// latency and figure are the common result schema (benches/common/schema.rs).
+type latency struct {
+	System   string    `json:"system"`
+	Config   string    `json:"config"`
+	Scenario string    `json:"scenario"`
+	Unit     string    `json:"unit"`
+	N        int       `json:"n"`
+	P50      float64   `json:"p50"`
+	P95      float64   `json:"p95"`
+	P99      float64   `json:"p99"`
+	Min      float64   `json:"min"`
+	Max      float64   `json:"max"`
+	Mean     float64   `json:"mean"`
+	Samples  []float64 `json:"samples"`
+	Note     string    `json:"note"`
+}
+
+type figure struct {
+	System string  `json:"system"`
+	Config string  `json:"config,omitempty"`
+	Name   string  `json:"name"`
+	Value  float64 `json:"value"`
+	Unit   string  `json:"unit"`
+	Note   string  `json:"note"`
 }
 
 type output struct {
-	ClientGo   string            `json:"clientgo"`
-	Server     string            `json:"server,omitempty"`
-	Results    []result          `json:"results"`
+	Source     string            `json:"source"`
+	Versions   map[string]string `json:"versions"`
+	Latency    []latency         `json:"latency"`
+	Figures    []figure          `json:"figures"`
 	Parameters map[string]string `json:"parameters"`
 }
 
@@ -74,6 +107,7 @@ type bench struct {
 	admin   *kubernetes.Clientset
 	ns      string
 	clientN atomic.Int64 // lease requests issued by our candidates (client-side count)
+	verbose bool
 }
 
 // newClientset builds a clientset with its own transport (own TCP/TLS
@@ -193,17 +227,59 @@ func jitterSleep(ctx context.Context, max time.Duration) error {
 	}
 }
 
-// runHandover runs the chain A->B->C... for n rounds. If expiry, holders are
-// stopped without releasing (ReleaseOnCancel=false).
-func (b *bench) runHandover(ctx context.Context, t timing, expiry bool, n int) (raw, pastLD, pastRenew []float64, err error) {
+// samples are one lane's (or all lanes') handover latencies, ms.
+type samples struct {
+	raw       []float64 // t0 (holder let go) -> the next OnStartedLeading
+	pastLD    []float64 // expiry: raw - LeaseDuration
+	pastRenew []float64 // expiry: next OnStartedLeading - (last renewTime + LeaseDuration)
+}
+
+// runLanes runs n handovers as `lanes` independent chains side by side, each on a
+// Lease of its own, ceil(n/lanes) rounds each.
+func (b *bench) runLanes(ctx context.Context, t timing, expiry bool, n, lanes int) (samples, error) {
+	if lanes < 1 {
+		lanes = 1
+	}
+	perLane := (n + lanes - 1) / lanes
+	var (
+		mu       sync.Mutex
+		all      samples
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for lane := 0; lane < lanes; lane++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := b.runHandover(lctx, t, expiry, lane, perLane)
+			mu.Lock()
+			defer mu.Unlock()
+			all.raw = append(all.raw, s.raw...)
+			all.pastLD = append(all.pastLD, s.pastLD...)
+			all.pastRenew = append(all.pastRenew, s.pastRenew...)
+			if err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("lane %d: %w", lane, err)
+				cancel() // the run is incomplete anyway: stop the other lanes
+			}
+		}()
+	}
+	wg.Wait()
+	return all, firstErr
+}
+
+// runHandover runs the chain A->B->C... for n rounds on Lease lane. If expiry,
+// holders are stopped without releasing (ReleaseOnCancel=false).
+func (b *bench) runHandover(ctx context.Context, t timing, expiry bool, lane, n int) (out samples, err error) {
 	scen := "release"
 	if expiry {
 		scen = "expiry"
 	}
-	lease := fmt.Sprintf("lease-%s-%s", t.Name, scen)
+	lease := fmt.Sprintf("lease-%s-%s-%02d", t.Name, scen, lane)
 	limit := t.LeaseDuration*2 + t.RetryPeriod*4 + 10*time.Second
 	mk := func(i int) (*candidate, error) {
-		return b.startCandidate(ctx, t, lease, fmt.Sprintf("%s-%s-cand-%03d", t.Name, scen, i), !expiry)
+		return b.startCandidate(ctx, t, lease, fmt.Sprintf("%s-%s-%02d-cand-%03d", t.Name, scen, lane, i), !expiry)
 	}
 	holder, err := mk(0)
 	if err != nil {
@@ -253,14 +329,16 @@ func (b *bench) runHandover(ctx context.Context, t timing, expiry bool, n int) (
 			return
 		}
 		d := t1.Sub(t0)
-		raw = append(raw, ms(d))
+		out.raw = append(out.raw, ms(d))
 		if expiry {
-			pastLD = append(pastLD, ms(d-t.LeaseDuration))
+			out.pastLD = append(out.pastLD, ms(d-t.LeaseDuration))
 			if !renewExpiry.IsZero() {
-				pastRenew = append(pastRenew, ms(t1.Sub(renewExpiry)))
+				out.pastRenew = append(out.pastRenew, ms(t1.Sub(renewExpiry)))
 			}
 		}
-		fmt.Fprintf(os.Stderr, "  [%s/%s] round %d/%d: %s -> %s in %.1f ms\n", t.Name, scen, i, n, holder.id, waiter.id, ms(d))
+		if b.verbose {
+			fmt.Fprintf(os.Stderr, "  [%s/%s] round %d/%d: %s -> %s in %.1f ms\n", t.Name, scen, i, n, holder.id, waiter.id, ms(d))
+		}
 		holder.stop(t.RenewDeadline + time.Second)
 		holder = waiter
 	}
@@ -355,8 +433,11 @@ func (b *bench) steadyState(ctx context.Context, t timing, window time.Duration)
 	return b.measureRate(ctx, window)
 }
 
-func summarize(cfg, scen, unit string, v []float64, note string) result {
-	r := result{Config: cfg, Scenario: scen, Unit: unit, N: len(v), Note: note}
+func summarize(cfg, scen string, v []float64, note string) latency {
+	r := latency{System: "client-go", Config: cfg, Scenario: scen, Unit: "ms", N: len(v), Samples: v, Note: note}
+	if r.Samples == nil {
+		r.Samples = []float64{}
+	}
 	if len(v) == 0 {
 		return r
 	}
@@ -374,20 +455,30 @@ func summarize(cfg, scen, unit string, v []float64, note string) result {
 		sum += x
 	}
 	r.P50, r.P95, r.P99, r.Max, r.Min = pct(50), pct(95), pct(99), s[len(s)-1], s[0]
-	r.Mean = math.Round(sum/float64(len(s))*100) / 100
+	r.Mean = round2(sum / float64(len(s)))
 	return r
 }
 
+// lanesFlags are the numbers of lanes, a flag per config and scenario.
+type lanesFlags map[string]*int
+
+func (l lanesFlags) get(cfg, scen string) int { return *l[cfg+"-"+scen] }
+
 func main() {
 	kubeconfig := flag.String("kubeconfig", "/work/main/target/cluster/kubeconfig", "admin kubeconfig")
-	roundsRelease := flag.Int("rounds-release", 20, "voluntary-release handovers per config")
-	roundsExpiry := flag.Int("rounds-expiry", 3, "expiry handovers per config")
+	rounds := flag.Int("rounds", 200, "handovers per config and scenario (release, expiry)")
+	lanes := lanesFlags{
+		"default-release": flag.Int("lanes-default-release", 40, "lanes (Leases side by side) for default-timing releases"),
+		"default-expiry":  flag.Int("lanes-default-expiry", 50, "lanes for default-timing expiries"),
+		"tuned-release":   flag.Int("lanes-tuned-release", 10, "lanes for tuned-timing releases"),
+		"tuned-expiry":    flag.Int("lanes-tuned-expiry", 10, "lanes for tuned-timing expiries"),
+	}
 	config := flag.String("config", "both", "default|tuned|both")
-	out := flag.String("out", "clientgo-bench.json", "JSON output file")
+	out := flag.String("out", "clientgo.json", "JSON output file")
 	timeout := flag.Duration("timeout", 15*time.Minute, "overall timeout")
 	steady := flag.Duration("steady", 30*time.Second, "steady-state measurement window per config (0 disables)")
-	baseline := flag.Duration("baseline", 10*time.Second, "idle baseline window for cluster lease request rate (0 disables)")
-	verbose := flag.Bool("v", false, "keep client-go klog output")
+	baseline := flag.Duration("baseline", 30*time.Second, "idle baseline window for the cluster's lease request rate")
+	verbose := flag.Bool("v", false, "print every round and keep client-go klog output")
 	flag.Parse()
 
 	if !*verbose {
@@ -403,9 +494,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "--config must be default|tuned|both")
 		os.Exit(2)
 	}
-	if *roundsRelease < 0 || *roundsRelease > 10000 || *roundsExpiry < 0 || *roundsExpiry > 1000 {
+	if *rounds < 0 || *rounds > 10000 {
 		fmt.Fprintln(os.Stderr, "rounds out of range")
 		os.Exit(2)
+	}
+	if *steady > 0 && *baseline < time.Second {
+		fmt.Fprintln(os.Stderr, "--baseline must be at least 1s when --steady is on")
+		os.Exit(2)
+	}
+	for k, v := range lanes {
+		if *v < 1 || *v > 200 {
+			fmt.Fprintf(os.Stderr, "lanes-%s out of range (1..200)\n", k)
+			os.Exit(2)
+		}
 	}
 
 	base, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
@@ -416,17 +517,23 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	b := &bench{base: base, admin: admin, ns: fmt.Sprintf("bench-clientgo-%d", os.Getpid())}
+	b := &bench{base: base, admin: admin, ns: fmt.Sprintf("bench-clientgo-%d", os.Getpid()), verbose: *verbose}
 
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 
-	o := output{ClientGo: clientGoVersion, Parameters: map[string]string{
-		"config": *config, "rounds_release": strconv.Itoa(*roundsRelease), "rounds_expiry": strconv.Itoa(*roundsExpiry),
-		"steady": steady.String(), "namespace": b.ns,
+	params := map[string]string{
+		"config": *config, "rounds": strconv.Itoa(*rounds),
+		"steady": steady.String(), "baseline": baseline.String(), "namespace": b.ns,
+	}
+	for k, v := range lanes {
+		params["lanes_"+k] = strconv.Itoa(*v)
+	}
+	o := output{Source: "clientgo", Parameters: params, Versions: map[string]string{
+		"client-go": clientGoVersion(), "go": runtime.Version(),
 	}}
 	if v, err := admin.Discovery().ServerVersion(); err == nil {
-		o.Server = v.GitVersion
+		o.Versions["kubernetes"] = v.GitVersion
 	}
 
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{}); err != nil {
@@ -444,49 +551,63 @@ func main() {
 	}
 	defer cleanup()
 
+	started := time.Now()
 	runErr := func() error {
-		if *baseline > 0 {
+		idle := math.NaN()
+		if *steady > 0 {
+			fmt.Fprintf(os.Stderr, "client-go: idle cluster lease request rate over %v\n", *baseline)
 			srv, _, err := b.measureRate(ctx, *baseline)
 			if err != nil {
 				return fmt.Errorf("baseline: %w", err)
 			}
-			o.Results = append(o.Results, result{Config: "-", Scenario: "idle_cluster_lease_rps", Unit: "req/s", N: 1,
-				P50: round2(srv), P95: round2(srv), P99: round2(srv), Max: round2(srv), Min: round2(srv), Mean: round2(srv),
-				Note: "apiserver_request_total{leases} delta with no bench candidates (other cluster components)"})
+			idle = srv
+			o.Figures = append(o.Figures, figure{System: "client-go", Name: "idle_cluster_lease_requests_per_s", Value: round3(srv), Unit: "req/s",
+				Note: fmt.Sprintf("apiserver_request_total{group=coordination.k8s.io,resource=leases} over %v with no bench candidate (the control plane's own leases)", *baseline)})
 		}
 		for _, t := range cfgs {
-			fmt.Fprintf(os.Stderr, "config %s: LeaseDuration=%v RenewDeadline=%v RetryPeriod=%v\n", t.Name, t.LeaseDuration, t.RenewDeadline, t.RetryPeriod)
-			if *roundsRelease > 0 {
-				raw, _, _, err := b.runHandover(ctx, t, false, *roundsRelease)
-				o.Results = append(o.Results, summarize(t.Name, "release", "ms", raw, "t0=holder ctx cancel (ReleaseOnCancel) -> waiter OnStartedLeading"))
+			timingNote := fmt.Sprintf("LeaseDuration %v, RenewDeadline %v, RetryPeriod %v", t.LeaseDuration, t.RenewDeadline, t.RetryPeriod)
+			o.Latency = append(o.Latency, summarize(t.Name, "pod-deletion", nil,
+				"not applicable: client-go leader election knows nothing of Pods; a candidate whose Pod is deleted "+
+					"either releases on its way out (= release) or stops renewing (= expiry)"))
+			if *rounds > 0 {
+				l := lanes.get(t.Name, "release")
+				fmt.Fprintf(os.Stderr, "client-go %s (%s): %d releases, %d lanes\n", t.Name, timingNote, *rounds, l)
+				s, err := b.runLanes(ctx, t, false, *rounds, l)
+				o.Latency = append(o.Latency, summarize(t.Name, "release", s.raw, fmt.Sprintf(
+					"holder's context cancelled (ReleaseOnCancel) -> the next candidate's OnStartedLeading; %s; "+
+						"%d Leases side by side, %d handovers each", timingNote, l, (*rounds+l-1)/l)))
 				if err != nil {
 					return fmt.Errorf("%s release: %w", t.Name, err)
 				}
-			}
-			if *roundsExpiry > 0 {
-				raw, pastLD, pastRenew, err := b.runHandover(ctx, t, true, *roundsExpiry)
-				o.Results = append(o.Results,
-					summarize(t.Name, "expiry", "ms", raw, "t0=holder stopped silently (no release) -> waiter OnStartedLeading"),
-					summarize(t.Name, "expiry_past_lease_duration", "ms", pastLD, "raw expiry latency minus LeaseDuration"),
-					summarize(t.Name, "expiry_past_renew_expiry", "ms", pastRenew, "OnStartedLeading minus (last renewTime + leaseDurationSeconds)"))
+				l = lanes.get(t.Name, "expiry")
+				fmt.Fprintf(os.Stderr, "client-go %s: %d expiries, %d lanes\n", t.Name, *rounds, l)
+				s, err = b.runLanes(ctx, t, true, *rounds, l)
+				raw := summarize(t.Name, "raw", s.raw, "")
+				o.Latency = append(o.Latency, summarize(t.Name, "expiry-past-duration", s.pastRenew, fmt.Sprintf(
+					"the holder stops without releasing; the next candidate's OnStartedLeading minus (the holder's last "+
+						"renewTime + LeaseDuration); from the stop itself p50 %.0f ms, p99 %.0f ms; %s; "+
+						"%d Leases side by side, %d handovers each", raw.P50, raw.P99, timingNote, l, (*rounds+l-1)/l)))
 				if err != nil {
 					return fmt.Errorf("%s expiry: %w", t.Name, err)
 				}
 			}
 			if *steady > 0 {
+				fmt.Fprintf(os.Stderr, "client-go %s: 1 holder + 3 waiters for %v\n", t.Name, *steady)
 				srv, cli, err := b.steadyState(ctx, t, *steady)
 				if err != nil {
 					return fmt.Errorf("%s steady: %w", t.Name, err)
 				}
-				o.Results = append(o.Results,
-					result{Config: t.Name, Scenario: "steady_lease_rps_server", Unit: "req/s", N: 1, P50: round2(srv), P95: round2(srv), P99: round2(srv), Max: round2(srv), Min: round2(srv), Mean: round2(srv),
-						Note: fmt.Sprintf("apiserver_request_total{resource=leases,group=coordination.k8s.io} delta over %v, 1 holder + 3 waiters; includes other cluster lease traffic", *steady)},
-					result{Config: t.Name, Scenario: "steady_lease_rps_client", Unit: "req/s", N: 1, P50: round2(cli), P95: round2(cli), P99: round2(cli), Max: round2(cli), Min: round2(cli), Mean: round2(cli),
-						Note: "lease requests issued by the 4 bench candidates, counted client-side"})
+				o.Figures = append(o.Figures,
+					figure{System: "client-go", Config: t.Name, Name: "lease_requests_per_s_1_holder_3_waiters", Value: round3(srv - idle), Unit: "req/s",
+						Note: fmt.Sprintf("apiserver_request_total{group=coordination.k8s.io,resource=leases}, all verbs, over %v at steady state, "+
+							"less the idle rate (%.3f req/s); %s", *steady, idle, timingNote)},
+					figure{System: "client-go", Config: t.Name, Name: "lease_requests_per_s_1_holder_3_waiters_client_side", Value: round3(cli), Unit: "req/s",
+						Note: "lease requests sent by the 4 candidates, counted in their HTTP transport"})
 			}
 		}
 		return nil
 	}()
+	o.Parameters["wall_seconds"] = strconv.Itoa(int(time.Since(started).Seconds()))
 
 	cleanup()
 	if err := writeJSON(*out, o); err != nil {
@@ -503,6 +624,7 @@ func main() {
 }
 
 func round2(x float64) float64 { return math.Round(x*100) / 100 }
+func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
 
 func writeJSON(path string, o output) error {
 	data, err := json.MarshalIndent(o, "", "  ")
@@ -513,11 +635,15 @@ func writeJSON(path string, o output) error {
 }
 
 func printTable(o output) {
-	fmt.Printf("client-go %s leader election (server %s)\n\n", o.ClientGo, o.Server)
-	fmt.Println("| config | scenario | unit | n | p50 | p95 | p99 | max |")
-	fmt.Println("|---|---|---|---:|---:|---:|---:|---:|")
-	for _, r := range o.Results {
-		fmt.Printf("| %s | %s | %s | %d | %.2f | %.2f | %.2f | %.2f |\n", r.Config, r.Scenario, r.Unit, r.N, r.P50, r.P95, r.P99, r.Max)
+	fmt.Printf("client-go %s leader election (kubernetes %s)\n\n", o.Versions["client-go"], o.Versions["kubernetes"])
+	fmt.Println("| config | scenario | n | p50 ms | p95 ms | p99 ms | max ms |")
+	fmt.Println("|---|---|---:|---:|---:|---:|---:|")
+	for _, r := range o.Latency {
+		fmt.Printf("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f |\n", r.Config, r.Scenario, r.N, r.P50, r.P95, r.P99, r.Max)
+	}
+	fmt.Println()
+	for _, f := range o.Figures {
+		fmt.Printf("%s %s: %.3f %s\n", f.Config, f.Name, f.Value, f.Unit)
 	}
 }
 

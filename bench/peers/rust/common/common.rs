@@ -1,0 +1,615 @@
+//! Shared by the two peer benchmarks (`kube-leader-election/` and `kubert/`),
+//! each of which includes this file with `#[path]`. The two packages pin
+//! different kube / k8s-openapi versions, so only APIs that are identical in
+//! kube 1.1 and kube 4.2 are used here.
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Res<T> = Result<T, BoxError>;
+
+pub fn err(msg: impl Into<String>) -> BoxError {
+    msg.into().into()
+}
+
+// --- command line --------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub kubeconfig: String,
+    pub out: String,
+    pub release_rounds: usize,
+    pub expiry_rounds: usize,
+    pub lanes: usize,
+    pub steady: u64,
+    pub warmup: u64,
+    pub baseline: u64,
+    pub steady_attempts: u64,
+    pub timeout: u64,
+}
+
+pub fn parse_args(default_out: &str, default_steady: u64) -> Args {
+    let mut a = Args {
+        kubeconfig: "/work/main/target/cluster/kubeconfig".into(),
+        out: default_out.into(),
+        release_rounds: 200,
+        expiry_rounds: 200,
+        lanes: 10,
+        steady: default_steady,
+        warmup: 15,
+        baseline: 30,
+        steady_attempts: 2,
+        timeout: 600,
+    };
+    let usage = "flags: --kubeconfig PATH --out PATH --release-rounds N (total) --expiry-rounds N (total) \
+        --lanes N --steady SECONDS (API-cost window, 0 = skip) --warmup SECONDS (15) --baseline SECONDS (30) \
+        --steady-attempts N (2: redo baseline+window while other lease traffic spoils it) --timeout SECONDS (600)";
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let flag = argv[i].as_str();
+        if flag == "-h" || flag == "--help" {
+            println!("{usage}");
+            std::process::exit(0);
+        }
+        let Some(val) = argv.get(i + 1) else {
+            eprintln!("missing value for {flag}\n{usage}");
+            std::process::exit(2);
+        };
+        let num = |lo: u64, hi: u64| -> u64 {
+            match val.parse::<u64>() {
+                Ok(n) if (lo..=hi).contains(&n) => n,
+                _ => {
+                    eprintln!("{flag}: expected an integer in {lo}..={hi}, got {val:?}");
+                    std::process::exit(2);
+                }
+            }
+        };
+        match flag {
+            "--kubeconfig" => a.kubeconfig = val.clone(),
+            "--out" => a.out = val.clone(),
+            "--release-rounds" => a.release_rounds = num(0, 5000) as usize,
+            "--expiry-rounds" => a.expiry_rounds = num(0, 5000) as usize,
+            "--lanes" => a.lanes = num(1, 100) as usize,
+            "--steady" => a.steady = num(0, 3600),
+            "--warmup" => a.warmup = num(0, 600),
+            "--baseline" => a.baseline = num(0, 600),
+            "--steady-attempts" => a.steady_attempts = num(1, 5),
+            "--timeout" => a.timeout = num(1, 7200),
+            _ => {
+                eprintln!("unknown flag {flag}\n{usage}");
+                std::process::exit(2);
+            }
+        }
+        i += 2;
+    }
+    a
+}
+
+// --- output (fixed schema shared with the report writer) --------------------------
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub system: String,
+    pub config: String,
+    pub scenario: String,
+    pub unit: String,
+    pub n: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p95: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean: Option<f64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<f64>,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Figure {
+    pub system: String,
+    pub name: String,
+    pub value: f64,
+    pub unit: String,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Output {
+    pub source: String,
+    pub versions: BTreeMap<String, String>,
+    pub latency: Vec<Latency>,
+    pub figures: Vec<Figure>,
+    pub note: String,
+}
+
+pub fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+pub fn ms(d: Duration) -> f64 {
+    round2(d.as_secs_f64() * 1000.0)
+}
+
+/// Signed difference `a - b` of two wall-clock instants, in ms.
+pub fn wall_diff_ms(a: std::time::SystemTime, b: std::time::SystemTime) -> f64 {
+    match a.duration_since(b) {
+        Ok(d) => ms(d),
+        Err(e) => -ms(e.duration()),
+    }
+}
+
+/// Nearest-rank percentiles over the sorted samples.
+pub fn summarize(
+    system: &str,
+    config: &str,
+    scenario: &str,
+    samples: &[f64],
+    note: String,
+) -> Latency {
+    let mut s = samples.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| -> Option<f64> {
+        if s.is_empty() {
+            return None;
+        }
+        let k = ((p / 100.0) * s.len() as f64).ceil() as usize;
+        Some(s[k.clamp(1, s.len()) - 1])
+    };
+    let mean = if s.is_empty() {
+        None
+    } else {
+        Some(round2(s.iter().sum::<f64>() / s.len() as f64))
+    };
+    Latency {
+        system: system.into(),
+        config: config.into(),
+        scenario: scenario.into(),
+        unit: "ms".into(),
+        n: s.len(),
+        p50: pct(50.0),
+        p95: pct(95.0),
+        p99: pct(99.0),
+        min: s.first().copied(),
+        max: s.last().copied(),
+        mean,
+        samples: samples.to_vec(),
+        note,
+    }
+}
+
+pub fn not_applicable(system: &str, scenario: &str, note: &str) -> Latency {
+    Latency {
+        system: system.into(),
+        config: "-".into(),
+        scenario: scenario.into(),
+        unit: "ms".into(),
+        n: 0,
+        p50: None,
+        p95: None,
+        p99: None,
+        min: None,
+        max: None,
+        mean: None,
+        samples: vec![],
+        note: note.into(),
+    }
+}
+
+pub fn write_json(path: &str, o: &Output) -> Res<()> {
+    if let Some(dir) = std::path::Path::new(path).parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    let mut data = serde_json::to_vec_pretty(o)?;
+    data.push(b'\n');
+    std::fs::write(path, data)?;
+    Ok(())
+}
+
+pub fn print_table(o: &Output) {
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
+    println!();
+    println!("versions: {:?}", o.versions);
+    println!();
+    println!(
+        "| system | scenario | config | n | p50 ms | p95 ms | p99 ms | min ms | max ms | mean ms |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for l in &o.latency {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            l.system,
+            l.scenario,
+            l.config,
+            l.n,
+            f(l.p50),
+            f(l.p95),
+            f(l.p99),
+            f(l.min),
+            f(l.max),
+            f(l.mean)
+        );
+    }
+    println!();
+    println!("| system | figure | value | unit |");
+    println!("|---|---|---:|---|");
+    for g in &o.figures {
+        println!(
+            "| {} | {} | {:.3} | {} |",
+            g.system, g.name, g.value, g.unit
+        );
+    }
+    println!();
+    for l in &o.latency {
+        println!("note [{} / {}]: {}", l.system, l.scenario, l.note);
+    }
+    for g in &o.figures {
+        println!("note [{} / {}]: {}", g.system, g.name, g.note);
+    }
+    if !o.note.is_empty() {
+        println!("note: {}", o.note);
+    }
+}
+
+// --- clients -------------------------------------------------------------------
+
+/// Lease requests issued by the bench's candidates, counted client-side.
+#[derive(Default, Debug)]
+pub struct LeaseCounter {
+    pub get: AtomicU64,
+    pub patch: AtomicU64,
+    pub put: AtomicU64,
+    pub post: AtomicU64,
+    pub other: AtomicU64,
+}
+
+impl LeaseCounter {
+    pub fn snapshot(&self) -> [u64; 5] {
+        [
+            self.get.load(Ordering::Relaxed),
+            self.patch.load(Ordering::Relaxed),
+            self.put.load(Ordering::Relaxed),
+            self.post.load(Ordering::Relaxed),
+            self.other.load(Ordering::Relaxed),
+        ]
+    }
+}
+
+pub async fn load_config(path: &str) -> Res<kube::Config> {
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    cfg.connect_timeout = Some(Duration::from_secs(5));
+    cfg.read_timeout = Some(Duration::from_secs(10));
+    cfg.write_timeout = Some(Duration::from_secs(10));
+    Ok(cfg)
+}
+
+/// A client with its own connection pool (one per candidate, as separate
+/// processes would have), counting its requests to `leases`.
+pub fn candidate_client(cfg: &kube::Config, counter: &Arc<LeaseCounter>) -> Res<kube::Client> {
+    let counter = counter.clone();
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        if req.uri().path().contains("/leases") {
+            let c = match *req.method() {
+                http::Method::GET => &counter.get,
+                http::Method::PATCH => &counter.patch,
+                http::Method::PUT => &counter.put,
+                http::Method::POST => &counter.post,
+                _ => &counter.other,
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        req
+    });
+    Ok(kube::client::ClientBuilder::try_from(cfg.clone())?
+        .with_layer(&layer)
+        .build())
+}
+
+pub async fn create_namespace(admin: &kube::Client, name: &str) -> Res<()> {
+    let api: Api<Namespace> = Api::all(admin.clone());
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "rpeer-bench"}}
+    }))?;
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        api.create(&PostParams::default(), &ns),
+    )
+    .await
+    .map_err(|_| err("namespace create timed out"))??;
+    Ok(())
+}
+
+pub async fn delete_namespace(admin: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(admin.clone());
+    match tokio::time::timeout(
+        Duration::from_secs(30),
+        api.delete(name, &DeleteParams::default()),
+    )
+    .await
+    {
+        Ok(Ok(_)) => println!("deleted namespace {name}"),
+        Ok(Err(e)) => eprintln!("namespace {name} cleanup: {e}"),
+        Err(_) => eprintln!("namespace {name} cleanup timed out"),
+    }
+}
+
+pub async fn server_version(admin: &kube::Client) -> String {
+    match tokio::time::timeout(Duration::from_secs(10), admin.apiserver_version()).await {
+        Ok(Ok(v)) => v.git_version,
+        _ => "unknown".into(),
+    }
+}
+
+/// Sum of apiserver_request_total{group="coordination.k8s.io",resource="leases"}.
+pub async fn lease_request_total(admin: &kube::Client) -> Res<f64> {
+    let text = retry("GET /metrics", || async {
+        let req = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        admin.request_text(req).await.map_err(|e| e.to_string())
+    })
+    .await?;
+    Ok(parse_lease_total(&text))
+}
+
+pub fn parse_lease_total(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(r#"resource="leases""#)
+                && l.contains(r#"group="coordination.k8s.io""#)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+pub struct Rate {
+    pub server_rps: f64,
+    pub client_rps: f64,
+    pub client_by_method: [f64; 5],
+    pub seconds: f64,
+}
+
+/// The server's lease request total, and the client-side counts and instant
+/// taken as the midpoint of the /metrics request (when the server read it).
+async fn snapshot(admin: &kube::Client, counter: &LeaseCounter) -> Res<(f64, [f64; 5], Instant)> {
+    let (a, ta) = (counter.snapshot(), Instant::now());
+    let s = lease_request_total(admin).await?;
+    let (b, tb) = (counter.snapshot(), Instant::now());
+    let mut c = [0.0; 5];
+    for i in 0..5 {
+        c[i] = (a[i] + b[i]) as f64 / 2.0;
+    }
+    Ok((s, c, ta + (tb - ta) / 2))
+}
+
+/// Server-side (whole cluster) and client-side (our candidates) lease request
+/// rates over `window`.
+pub async fn measure_rate(
+    admin: &kube::Client,
+    counter: &LeaseCounter,
+    window: Duration,
+) -> Res<Rate> {
+    let (s0, c0, t0) = snapshot(admin, counter).await?;
+    tokio::time::sleep(window).await;
+    let (s1, c1, t1) = snapshot(admin, counter).await?;
+    let el = (t1 - t0).as_secs_f64();
+    let mut by = [0.0; 5];
+    for i in 0..5 {
+        by[i] = (c1[i] - c0[i]) / el;
+    }
+    Ok(Rate {
+        server_rps: (s1 - s0) / el,
+        client_rps: by.iter().sum(),
+        client_by_method: by,
+        seconds: el,
+    })
+}
+
+/// A warning when the cluster-wide (server-side) figure disagrees with what
+/// the candidates themselves sent: other clients' lease traffic changed
+/// between the baseline and the window, so the server-side value is not
+/// this crate's cost.
+pub fn contamination(server_excess: f64, client: f64) -> Option<String> {
+    let tol = (0.3 * client).max(0.15);
+    ((server_excess - client).abs() > tol).then(|| {
+        format!(
+            " UNRELIABLE: baseline-subtracted server-side rate {server_excess:.3} req/s differs from the candidates' \
+             own {client:.3} req/s by more than {tol:.2} req/s: other clients' lease traffic changed during the \
+             measurement (another benchmark sharing the apiserver?); rerun on a quiet cluster or use the client-side figure."
+        )
+    })
+}
+
+pub fn methods_note(by: &[f64; 5]) -> String {
+    let names = ["GET", "PATCH", "PUT", "POST", "other"];
+    names
+        .iter()
+        .zip(by.iter())
+        .filter(|(_, v)| **v > 0.0)
+        .map(|(n, v)| format!("{n} {v:.3}/s"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+// --- lanes ---------------------------------------------------------------------
+
+/// Aborts a task when dropped, so nothing outlives its scenario or the timeout.
+pub struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct LaneOut {
+    /// Primary samples (ms).
+    pub samples: Vec<f64>,
+    /// Secondary samples (ms), scenario-specific.
+    pub extra: Vec<f64>,
+    pub error: Option<String>,
+    /// Rounds discarded because the holder lost the lease before the
+    /// measured handover (the waiter took over on its own).
+    pub spurious: Vec<String>,
+}
+
+/// What the lanes of one scenario produced.
+#[derive(Debug, Default)]
+pub struct LanesOut {
+    pub samples: Vec<f64>,
+    pub extra: Vec<f64>,
+    pub errors: Vec<String>,
+    pub spurious: Vec<String>,
+}
+
+impl LanesOut {
+    /// Appended to the scenario's note.
+    pub fn note_suffix(&self) -> String {
+        let mut s = String::new();
+        if !self.spurious.is_empty() {
+            s.push_str(&format!(
+                " {} round(s) discarded and redone because the holder lost the lease before the measured handover \
+                 (renewal too slow on the loaded machine): {}.",
+                self.spurious.len(),
+                self.spurious.join("; ")
+            ));
+        }
+        if !self.errors.is_empty() {
+            s.push_str(&format!(" ERRORS: {}", self.errors.join("; ")));
+        }
+        s
+    }
+}
+
+pub struct Progress {
+    pub label: String,
+    pub total: usize,
+    pub done: AtomicUsize,
+}
+
+impl Progress {
+    pub fn new(label: &str, total: usize) -> Arc<Self> {
+        Arc::new(Progress {
+            label: label.into(),
+            total,
+            done: AtomicUsize::new(0),
+        })
+    }
+    pub fn tick(&self, lane: usize, sample_ms: f64) {
+        let n = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        let step = (self.total / 10).max(1);
+        if n.is_multiple_of(step) || n == self.total {
+            println!(
+                "  [{}] {n}/{} handovers (lane {lane}: {sample_ms:.1} ms)",
+                self.label, self.total
+            );
+        }
+    }
+}
+
+/// Splits `total` rounds over `lanes` concurrent lanes and runs `f(lane, rounds)`
+/// for each.
+pub async fn run_lanes<F, Fut>(total: usize, lanes: usize, f: F) -> LanesOut
+where
+    F: Fn(usize, usize) -> Fut,
+    Fut: Future<Output = LaneOut> + Send + 'static,
+{
+    let lanes = lanes.min(total).max(1);
+    let mut set = tokio::task::JoinSet::new();
+    for lane in 0..lanes {
+        let rounds = total / lanes + usize::from(lane < total % lanes);
+        if rounds > 0 {
+            set.spawn(f(lane, rounds));
+        }
+    }
+    let mut all = LanesOut::default();
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(o) => {
+                all.samples.extend(o.samples);
+                all.extra.extend(o.extra);
+                all.spurious.extend(o.spurious);
+                if let Some(e) = o.error {
+                    all.errors.push(e);
+                }
+            }
+            Err(e) => all.errors.push(format!("lane task: {e}")),
+        }
+    }
+    all
+}
+
+pub async fn jitter(max: Duration) {
+    let max_us = max.as_micros() as u64;
+    if max_us > 0 {
+        tokio::time::sleep(Duration::from_micros(fastrand::u64(0..max_us))).await;
+    }
+}
+
+/// Runs `f` up to 3 times (10 s timeout each), for bench-side calls that a
+/// transient connection error should not turn into a lost lane.
+pub async fn retry<T, E, F, Fut>(what: &str, mut f: F) -> Res<T>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut last = String::new();
+    for i in 1..=3u32 {
+        match tokio::time::timeout(Duration::from_secs(10), f()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "timed out".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(100) * i).await;
+    }
+    Err(err(format!("{what} (3 attempts): {last}")))
+}
+
+/// The machine's 1-minute load average, for the record.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Polls `cond` every 2 ms until it holds, or fails after `limit`.
+pub async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Res<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(err(format!("timed out after {limit:?} waiting for {what}")));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}

@@ -1,0 +1,713 @@
+//! Merges the benchmark outputs of one `make bench` run into one report.
+//!
+//! Reads every `DIR/*.json` in the schema of `benches/common/schema.rs` (palisade's
+//! handover bench, the client-go and Rust peers, the scale bench) and writes
+//! `DIR/results.json` (every figure with its unit, the versions used, the machine),
+//! `DIR/results.md` (printed too: latency table, other figures, the targets met or
+//! missed) and `DIR/handover-latency.png` (the latency distributions, one panel per
+//! scenario). `cargo bench --bench report -- [--dir DIR] [--smoke]`; `make test`
+//! runs it on the smoke outputs so it cannot rot.
+//!
+//! The chart's text is drawn with the DejaVu Sans font read at run time from
+//! [`FONT`] (Debian/Ubuntu package `fonts-dejavu-core`).
+
+#[path = "common/schema.rs"]
+#[allow(dead_code)]
+mod schema;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use plotters::coord::combinators::{BindKeyPoints, IntoLogRange};
+use plotters::prelude::*;
+use plotters::style::{FontStyle, register_font};
+use schema::{Figure, Latency, SCENARIOS, Source};
+use serde_json::json;
+
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+const OUTPUTS: [&str; 3] = ["results.json", "results.md", "handover-latency.png"];
+/// The sources `make bench` is meant to produce; a missing one is named in the report.
+const EXPECTED: [&str; 4] = ["palisade-handover", "clientgo", "rust-peers", "scale"];
+
+fn main() {
+    let mut dir = PathBuf::from("target/bench");
+    let mut smoke = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--dir" => dir = PathBuf::from(it.next().expect("--dir DIR")),
+            "--smoke" => smoke = true,
+            "--bench" => {} // passed by `cargo bench`
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    if let Err(e) = run(&dir, smoke) {
+        eprintln!("report: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(dir: &Path, smoke: bool) -> Result<(), String> {
+    let sources = read_sources(dir)?;
+    if sources.is_empty() {
+        return Err(format!(
+            "no benchmark outputs (*.json) in {}: run `make bench`",
+            dir.display()
+        ));
+    }
+    let missing: Vec<&str> = EXPECTED
+        .iter()
+        .copied()
+        .filter(|e| !sources.iter().any(|(_, s)| s.source.starts_with(e)))
+        .collect();
+    let machine = machine();
+    let mut versions: BTreeMap<String, String> = BTreeMap::new();
+    for (_, s) in &sources {
+        for (k, v) in &s.versions {
+            let entry = versions.entry(k.clone()).or_default();
+            if entry.is_empty() {
+                *entry = v.clone();
+            } else if !entry.split(", ").any(|e| e == v) {
+                *entry = format!("{entry}, {v}");
+            }
+        }
+    }
+    let mut latency: Vec<Latency> = sources
+        .iter()
+        .flat_map(|(_, s)| s.latency.iter().cloned())
+        .collect();
+    for l in &mut latency {
+        to_ms(l);
+    }
+    let figures: Vec<Figure> = sources
+        .iter()
+        .flat_map(|(_, s)| s.figures.iter().cloned())
+        .collect();
+    let targets = targets(&latency, &figures);
+
+    let results = json!({
+        "generated_by": "benches/report.rs",
+        "smoke": smoke,
+        "versions": versions,
+        "machine": machine,
+        "sources": sources.iter().map(|(file, s)| json!({
+            "source": s.source, "file": file, "parameters": s.parameters,
+        })).collect::<Vec<_>>(),
+        "missing_sources": missing,
+        "latency": latency,
+        "figures": figures,
+        "targets": targets.iter().map(|t| json!({
+            "target": t.target, "measured": t.measured, "status": t.status.word(),
+        })).collect::<Vec<_>>(),
+    });
+    write(
+        &dir.join(OUTPUTS[0]),
+        serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?,
+    )?;
+    let md = markdown(
+        smoke, &versions, &machine, &sources, &missing, &latency, &figures, &targets,
+    );
+    write(&dir.join(OUTPUTS[1]), &md)?;
+    let png = dir.join(OUTPUTS[2]);
+    chart(&png, &latency, smoke)?;
+    println!("{md}");
+    println!(
+        "wrote {}, {} and {}",
+        dir.join(OUTPUTS[0]).display(),
+        dir.join(OUTPUTS[1]).display(),
+        png.display()
+    );
+    Ok(())
+}
+
+fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), String> {
+    std::fs::write(path, contents).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// Every `*.json` of `dir` but the report's own, by file name.
+fn read_sources(dir: &Path) -> Result<Vec<(String, Source)>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter(|p| p.file_name().is_some_and(|n| n != OUTPUTS[0]))
+        .collect();
+    files.sort();
+    let mut sources = Vec::new();
+    for f in files {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let text =
+            std::fs::read_to_string(&f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+        match serde_json::from_str::<Source>(&text) {
+            Ok(s) => sources.push((name, s)),
+            Err(e) => eprintln!(
+                "report: skipping {} (not in the common schema: {e})",
+                f.display()
+            ),
+        }
+    }
+    // palisade first, then the peers, then the rest, each group by file name.
+    sources.sort_by_key(|(name, s)| (rank(&s.source), name.clone()));
+    Ok(sources)
+}
+
+fn rank(source_or_system: &str) -> usize {
+    const ORDER: [&str; 5] = ["palisade", "client", "kube-leader", "kubert", "rust"];
+    ORDER
+        .iter()
+        .position(|p| source_or_system.starts_with(p))
+        .unwrap_or(ORDER.len())
+}
+
+/// Latencies in milliseconds whatever unit they came in.
+fn to_ms(l: &mut Latency) {
+    let k = match l.unit.as_str() {
+        "s" => 1e3,
+        "us" | "µs" => 1e-3,
+        "ns" => 1e-6,
+        _ => return,
+    };
+    for v in [
+        &mut l.p50,
+        &mut l.p95,
+        &mut l.p99,
+        &mut l.min,
+        &mut l.max,
+        &mut l.mean,
+    ] {
+        *v *= k;
+    }
+    for v in &mut l.samples {
+        *v *= k;
+    }
+    l.unit = "ms".into();
+}
+
+fn machine() -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let field = |text: &str, key: &str| {
+        text.lines()
+            .find_map(|l| Some(l.strip_prefix(key)?.trim_start_matches([' ', '\t', ':'])))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    };
+    let meminfo = read("/proc/meminfo");
+    let mem_kib: f64 = field(&meminfo, "MemTotal")
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap_or(f64::NAN);
+    json!({
+        "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu": field(&read("/proc/cpuinfo"), "model name"),
+        "memory_total_mib": (mem_kib / 1024.0).round() as u64,
+        "kernel": read("/proc/sys/kernel/osrelease").trim(),
+        "arch": std::env::consts::ARCH,
+    })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Status {
+    Met,
+    Missed,
+    NotMeasured,
+}
+
+impl Status {
+    fn word(self) -> &'static str {
+        match self {
+            Status::Met => "met",
+            Status::Missed => "missed",
+            Status::NotMeasured => "not measured",
+        }
+    }
+
+    fn of(ok: bool) -> Self {
+        if ok { Status::Met } else { Status::Missed }
+    }
+}
+
+struct Target {
+    target: &'static str,
+    measured: String,
+    status: Status,
+}
+
+fn palisade_latency<'a>(latency: &'a [Latency], scenario: &str) -> Option<&'a Latency> {
+    latency
+        .iter()
+        .find(|l| l.system == "palisade" && l.scenario == scenario && l.n > 0)
+}
+
+fn figure<'a>(figures: &'a [Figure], system: &str, config: &str, name: &str) -> Option<&'a Figure> {
+    figures.iter().find(|f| {
+        f.system == system
+            && (config.is_empty() || f.config == config || f.config.is_empty())
+            && f.name == name
+            && f.value.is_finite()
+    })
+}
+
+fn targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
+    let not_measured = |target| Target {
+        target,
+        measured: "-".into(),
+        status: Status::NotMeasured,
+    };
+    let mut out = Vec::new();
+
+    let t = "palisade release handover: p50 < 10 ms and p99 < 50 ms";
+    out.push(match palisade_latency(latency, "release") {
+        Some(l) => Target {
+            target: t,
+            measured: format!("p50 {} ms, p99 {} ms (n={})", ms(l.p50), ms(l.p99), l.n),
+            status: Status::of(l.p50 < 10.0 && l.p99 < 50.0),
+        },
+        None => not_measured(t),
+    });
+    let t = "palisade Pod-deletion handover: p99 < 100 ms";
+    out.push(match palisade_latency(latency, "pod-deletion") {
+        Some(l) => Target {
+            target: t,
+            measured: format!("p99 {} ms (n={})", ms(l.p99), l.n),
+            status: Status::of(l.p99 < 100.0),
+        },
+        None => not_measured(t),
+    });
+    let t = "palisade expiry handover: < 100 ms past the lease duration (p99)";
+    out.push(match palisade_latency(latency, "expiry-past-duration") {
+        Some(l) => Target {
+            target: t,
+            measured: format!("p99 {} ms, max {} ms (n={})", ms(l.p99), ms(l.max), l.n),
+            status: Status::of(l.p99 < 100.0),
+        },
+        None => not_measured(t),
+    });
+    out.push(api_target(figures));
+    let t = "< 64 MiB RSS at 10,000 leases";
+    out.push(
+        match figures
+            .iter()
+            .find(|f| f.name == "leases_10000_peak_rss" && f.value.is_finite())
+        {
+            Some(f) => match mib(f.value, &f.unit) {
+                Some(v) => Target {
+                    target: t,
+                    measured: format!("{v:.1} MiB peak"),
+                    status: Status::of(v < 64.0),
+                },
+                None => Target {
+                    target: t,
+                    measured: format!("{} {} (unknown unit)", f.value, f.unit),
+                    status: Status::NotMeasured,
+                },
+            },
+            None => not_measured(t),
+        },
+    );
+    out
+}
+
+/// Ours against client-go at default timings, from the API server's count; when
+/// either idle baseline shows other traffic on the cluster, from the client-side counts.
+fn api_target(figures: &[Figure]) -> Target {
+    let target = "≥ 10× fewer API requests per held lease than client-go at default timings";
+    let name = "lease_requests_per_s_1_holder_3_waiters";
+    let idle = |system, name| figure(figures, system, "", name).map_or(0.0, |f| f.value);
+    let busy = idle("palisade", "idle_requests_per_s") > 1.0
+        || idle("client-go", "idle_cluster_lease_requests_per_s") > 1.0;
+    let (name, how) = if busy {
+        (
+            format!("{name}_client_side"),
+            "client-side counts, the controller's not in ours: the cluster was not idle",
+        )
+    } else {
+        (
+            name.to_string(),
+            "apiserver_request_total less the idle rate",
+        )
+    };
+    match (
+        figure(figures, "palisade", "", &name),
+        figure(figures, "client-go", "default", &name),
+    ) {
+        (Some(ours), Some(theirs)) => {
+            let ratio = theirs.value / ours.value;
+            Target {
+                target,
+                measured: if ours.value > 0.0 {
+                    format!(
+                        "{:.3} vs {:.3} req/s: {ratio:.1}× fewer ({how})",
+                        ours.value, theirs.value
+                    )
+                } else {
+                    format!(
+                        "{:.3} vs {:.3} req/s: ours at or below the idle rate ({how})",
+                        ours.value, theirs.value
+                    )
+                },
+                status: Status::of(ours.value <= 0.0 || ratio >= 10.0),
+            }
+        }
+        _ => Target {
+            target,
+            measured: "-".into(),
+            status: Status::NotMeasured,
+        },
+    }
+}
+
+fn mib(value: f64, unit: &str) -> Option<f64> {
+    let k = match unit {
+        "MiB" => 1.0,
+        "B" | "bytes" | "byte" => 1.0 / 1048576.0,
+        "KiB" | "kB" | "KB" => 1.0 / 1024.0,
+        "GiB" => 1024.0,
+        "MB" => 1e6 / 1048576.0,
+        _ => return None,
+    };
+    Some(value * k)
+}
+
+/// `m × 10^k` for each `m` of `mantissas`, within `lo..=hi`.
+fn decades(lo: f64, hi: f64, mantissas: &[f64]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for k in (lo.log10().floor() as i32)..=(hi.log10().ceil() as i32) {
+        for m in mantissas {
+            let v = m * 10f64.powi(k);
+            if (lo..=hi).contains(&v) {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// A log axis label.
+fn axis_label(v: &f64) -> String {
+    if *v >= 1.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// Milliseconds, to a precision that fits the size.
+fn ms(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn value(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else if v.abs() >= 100.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// The (system, config) pairs in report order: those with a measurement, and a
+/// system that has none at all once (its config of the first entry).
+fn series(latency: &[Latency]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for l in latency.iter().filter(|l| l.n > 0) {
+        let key = (l.system.clone(), l.config.clone());
+        if !out.contains(&key) {
+            out.push(key);
+        }
+    }
+    for l in latency {
+        if !out.iter().any(|(system, _)| system == &l.system) {
+            out.push((l.system.clone(), l.config.clone()));
+        }
+    }
+    // stable: palisade first, the rest in the order the sources came
+    out.sort_by_key(|(system, _)| rank(system).min(1));
+    out
+}
+
+/// The entry of a row and scenario; a "not applicable" entry (n = 0) of the same
+/// system stands for all its configs.
+fn cell<'a>(
+    latency: &'a [Latency],
+    system: &str,
+    config: &str,
+    scenario: &str,
+) -> Option<&'a Latency> {
+    let of_system = || {
+        latency
+            .iter()
+            .filter(|l| l.system == system && l.scenario == scenario)
+    };
+    of_system()
+        .find(|l| l.config == config && l.n > 0)
+        .or_else(|| of_system().find(|l| l.config == config))
+        .or_else(|| of_system().find(|l| l.n == 0))
+}
+
+/// "system (config)", the config cut at its first colon ("tuned: lease_ttl 2s, ..." is "tuned").
+fn label(system: &str, config: &str) -> String {
+    match config.split(':').next().unwrap_or("").trim() {
+        "" | "-" => system.to_string(),
+        config => format!("{system} ({config})"),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn markdown(
+    smoke: bool,
+    versions: &BTreeMap<String, String>,
+    machine: &serde_json::Value,
+    sources: &[(String, Source)],
+    missing: &[&str],
+    latency: &[Latency],
+    figures: &[Figure],
+    targets: &[Target],
+) -> String {
+    let mut md = String::from("# palisade benchmark results\n\n");
+    if smoke {
+        md += "**Smoke run** (debug build, a few rounds): these figures mean nothing; see `make bench`.\n\n";
+    }
+    let _ = writeln!(
+        md,
+        "Machine: {} CPUs ({}), {} MiB memory, Linux {}. Versions: {}.\n",
+        machine["nproc"],
+        machine["cpu"].as_str().unwrap_or("?"),
+        machine["memory_total_mib"],
+        machine["kernel"].as_str().unwrap_or("?"),
+        versions
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    md += "## Handover latency\n\nFrom the holder letting go to the next holder's process observing its grant; \
+           milliseconds, p50 / p95 / p99 (n), nearest rank.\n\n";
+    md += "| system (config) | voluntary release | holder's Pod deleted | expiry, past the duration |\n|---|---|---|---|\n";
+    let mut notes: Vec<String> = Vec::new();
+    for (system, config) in series(latency) {
+        let mut row = format!("| {} |", label(&system, &config));
+        for scenario in SCENARIOS {
+            let text = match cell(latency, &system, &config, scenario) {
+                Some(l) if l.n > 0 => {
+                    format!("{} / {} / {} ({})", ms(l.p50), ms(l.p95), ms(l.p99), l.n)
+                }
+                Some(l) if !l.note.is_empty() => {
+                    let note = format!("{}, {scenario}: {}", l.system, l.note);
+                    let i = match notes.iter().position(|n| n == &note) {
+                        Some(i) => i,
+                        None => {
+                            notes.push(note);
+                            notes.len() - 1
+                        }
+                    };
+                    format!("n/a [{}]", i + 1)
+                }
+                _ => "not measured".into(),
+            };
+            let _ = write!(row, " {text} |");
+        }
+        md += &row;
+        md += "\n";
+    }
+    for (i, n) in notes.iter().enumerate() {
+        let _ = write!(md, "\n[{}] {n}", i + 1);
+    }
+    if !notes.is_empty() {
+        md += "\n";
+    }
+    md += "\nHow each was measured (rounds, parallel lanes of independent leases) is in results.json, \
+           `latency[].note` and `sources[].parameters`.\n";
+
+    md += "\n## Other figures\n\n| system (config) | figure | value | unit |\n|---|---|---|---|\n";
+    for f in figures {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            label(&f.system, &f.config),
+            f.name,
+            value(f.value),
+            f.unit
+        );
+    }
+
+    md += "\n## Targets\n\n| target | measured | status |\n|---|---|---|\n";
+    for t in targets {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            t.target,
+            t.measured,
+            t.status.word()
+        );
+    }
+    md += "\nSources: ";
+    md += &sources
+        .iter()
+        .map(|(file, s)| format!("{} ({file})", s.source))
+        .collect::<Vec<_>>()
+        .join(", ");
+    md += ".";
+    if !missing.is_empty() {
+        let _ = write!(md, " Not present: {}.", missing.join(", "));
+    }
+    md += "\n";
+    md
+}
+
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
+
+/// The smallest value drawn on the log axis; smaller ones (an expiry right on time) sit on it.
+const FLOOR_MS: f64 = 0.1;
+
+/// One panel per scenario: the ECDF of each system/config, log-scale x.
+fn chart(path: &Path, latency: &[Latency], smoke: bool) -> Result<(), String> {
+    let font = std::fs::read(FONT).map_err(|e| {
+        format!("reading the chart font {FONT}: {e} (install the package fonts-dejavu-core)")
+    })?;
+    register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        Box::leak(font.into_boxed_slice()),
+    )
+    .map_err(|_| format!("{FONT} is not a usable font"))?;
+    let err = |e: &dyn std::fmt::Display| format!("drawing {}: {e}", path.display());
+
+    let all = series(latency);
+    let color = |key: &(String, String)| {
+        COLORS[all.iter().position(|k| k == key).unwrap_or(0) % COLORS.len()]
+    };
+    let root = BitMapBackend::new(path, (2400, 1000)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let (top, rest) = root.split_vertically(70);
+    let (panels, legend) = rest.split_vertically(780);
+    let title = if smoke {
+        "Handover latency (SMOKE RUN: debug build, a few rounds; meaningless)"
+    } else {
+        "Handover latency: fraction of handovers completed within x (ECDF)"
+    };
+    top.draw(&Text::new(
+        title,
+        (30, 18),
+        ("sans-serif", 36).into_font().color(&BLACK),
+    ))
+    .map_err(|e| err(&e))?;
+
+    let titles = [
+        "voluntary release",
+        "holder's Pod deleted",
+        "expiry: time past the lease duration",
+    ];
+    for (area, (scenario, title)) in panels
+        .split_evenly((1, 3))
+        .iter()
+        .zip(SCENARIOS.iter().zip(titles))
+    {
+        let data: Vec<(&Latency, Vec<f64>)> = all
+            .iter()
+            .filter_map(|(system, config)| {
+                let l = latency.iter().find(|l| {
+                    &l.system == system && &l.config == config && l.scenario == *scenario && l.n > 0
+                })?;
+                let mut s: Vec<f64> = l.samples.iter().map(|v| v.max(FLOOR_MS)).collect();
+                s.sort_by(f64::total_cmp);
+                (!s.is_empty()).then_some((l, s))
+            })
+            .collect();
+        let lo = data.iter().map(|(_, s)| s[0]).fold(f64::INFINITY, f64::min);
+        let hi = data.iter().map(|(_, s)| s[s.len() - 1]).fold(0.0, f64::max);
+        // a margin of half the value either side, and at least one decade in all
+        let (lo, hi) = if data.is_empty() {
+            (1.0, 1000.0)
+        } else {
+            let (lo, hi) = ((lo / 1.5).max(FLOOR_MS), hi * 1.5);
+            if hi / lo < 10.0 {
+                let mid = (lo * hi).sqrt();
+                ((mid / 10f64.sqrt()).max(FLOOR_MS), mid * 10f64.sqrt())
+            } else {
+                (lo, hi)
+            }
+        };
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, ("sans-serif", 30))
+            .margin(20)
+            .x_label_area_size(70)
+            .y_label_area_size(90)
+            .build_cartesian_2d(
+                (lo..hi)
+                    .log_scale()
+                    .with_key_points(decades(lo, hi, &[1.0, 2.0, 5.0]))
+                    .with_light_points(decades(lo, hi, &[3.0, 4.0, 6.0, 7.0, 8.0, 9.0])),
+                0.0..1.0,
+            )
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("milliseconds (log scale)")
+            .y_desc("fraction of handovers")
+            .label_style(("sans-serif", 22))
+            .axis_desc_style(("sans-serif", 24))
+            .x_label_formatter(&axis_label)
+            .y_labels(6)
+            .draw()
+            .map_err(|e| err(&e))?;
+        if data.is_empty() {
+            let (w, h) = area.dim_in_pixel();
+            area.draw(&Text::new(
+                "not measured",
+                (w as i32 / 2 - 80, h as i32 / 2),
+                ("sans-serif", 28).into_font().color(&BLACK.mix(0.6)),
+            ))
+            .map_err(|e| err(&e))?;
+        }
+        for (l, s) in &data {
+            let c = color(&(l.system.clone(), l.config.clone()));
+            let n = s.len() as f64;
+            // a step function: up by 1/n at each sample
+            let steps = s
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &x)| [(x, i as f64 / n), (x, (i + 1) as f64 / n)]);
+            chart
+                .draw_series(LineSeries::new(steps, c.stroke_width(3)))
+                .map_err(|e| err(&e))?;
+        }
+    }
+
+    // One legend for all panels, in the order of the series.
+    let font = ("sans-serif", 26).into_font().color(&BLACK);
+    for (i, key) in all.iter().enumerate() {
+        let (x, y) = (60 + (i % 4) as i32 * 580, 40 + (i / 4) as i32 * 50);
+        legend
+            .draw(&PathElement::new(
+                vec![(x, y + 14), (x + 60, y + 14)],
+                color(key).stroke_width(6),
+            ))
+            .map_err(|e| err(&e))?;
+        legend
+            .draw(&Text::new(label(&key.0, &key.1), (x + 75, y), font.clone()))
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
