@@ -765,25 +765,36 @@ where
     Ok(out)
 }
 
-/// Deletes the namespace's claims, Leases and Events, then the namespace, and waits
-/// (at most 3 minutes) until none of those objects is left, so the API server is not
-/// still busy deleting them when the next measurement starts. (The namespace object
-/// itself goes a little later, when kube-controller-manager gets to it.) Best effort:
-/// errors are printed.
+/// Deletes the namespace's claims, Leases and Events (one request per object, 32 in
+/// flight: a deletecollection deletes one object at a time), then the namespace, and
+/// waits (at most 3 minutes in all) until none of those objects is left, so the API
+/// server is not still busy deleting them when the next measurement starts. (The
+/// namespace object itself goes a little later, when kube-controller-manager gets to
+/// it.) Best effort: errors are printed.
 async fn cleanup(client: &Client, ns: &str) -> Duration {
     let t = Instant::now();
+    let until = t + Duration::from_secs(180);
     let claims: Api<LeaseClaim> = Api::namespaced(client.clone(), ns);
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let events: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
-    delete_all("claims", &claims).await;
-    delete_all("Leases", &leases).await;
-    delete_all("Events", &events).await;
+    let deletes = async {
+        tokio::join!(
+            delete_each("claims", &claims),
+            delete_each("Leases", &leases),
+            delete_each("Events", &events),
+        )
+    };
+    if tokio::time::timeout_at(until.into(), deletes)
+        .await
+        .is_err()
+    {
+        eprintln!("scale: cleanup: deleting the objects of {ns} took over 3 minutes");
+    }
     let namespaces: Api<Namespace> = Api::all(client.clone());
     match namespaces.delete(ns, &DeleteParams::background()).await {
         Ok(_) | Err(kube::Error::Api(_)) => {}
         Err(e) => eprintln!("scale: cleanup: deleting namespace {ns}: {e}"),
     }
-    let until = t + Duration::from_secs(180);
     let mut left = 0;
     while Instant::now() < until {
         left = 0;
@@ -803,17 +814,32 @@ async fn cleanup(client: &Client, ns: &str) -> Duration {
     t.elapsed()
 }
 
-/// One deletecollection, at most 60 s (the namespace's deletion takes care of the rest).
-async fn delete_all<K>(what: &str, api: &Api<K>)
+/// Deletes every object `api` lists, 32 requests in flight.
+async fn delete_each<K>(what: &str, api: &Api<K>)
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let (dp, lp) = (DeleteParams::background(), ListParams::default());
-    let delete = api.delete_collection(&dp, &lp);
-    match tokio::time::timeout(Duration::from_secs(60), delete).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => eprintln!("scale: cleanup: deleting {what}: {e}"),
-        Err(_) => eprintln!("scale: cleanup: deleting {what} took over 60 s"),
+    let names = match resource_versions(api).await {
+        Ok(names) => names.into_keys().collect::<Vec<_>>(),
+        Err(e) => {
+            eprintln!("scale: cleanup: listing {what}: {e:#}");
+            return;
+        }
+    };
+    let failed = stream::iter(names)
+        .map(|name| async move {
+            match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) | Err(kube::Error::Api(_)) => 0,
+                Err(_) => 1,
+            }
+        })
+        .buffer_unordered(32)
+        .fold(0, |sum, f| async move { sum + f })
+        .await;
+    if failed > 0 {
+        eprintln!(
+            "scale: cleanup: {failed} {what} could not be deleted (the namespace's deletion will)"
+        );
     }
 }
 
@@ -988,10 +1014,10 @@ impl Controller {
         bail!("{last} of {} grants before --timeout", target())
     }
 
-    /// Waits until the controller uses under 5% of a core over half a second (at most
-    /// 3 minutes); returns the start of that quiet half second.
+    /// Waits until the controller uses under 5% of a core over half a second; returns
+    /// the start of that quiet half second. After a minute it says so and goes on.
     async fn settle(&mut self, deadline: Instant) -> Result<Instant> {
-        let until = deadline.min(Instant::now() + Duration::from_secs(180));
+        let until = Instant::now() + Duration::from_secs(60);
         let mut last = (Instant::now(), proc_cpu(self.pid).unwrap_or(0.0));
         while Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1005,36 +1031,44 @@ impl Controller {
                 last = now;
             }
         }
-        bail!("the controller did not become idle within 3 minutes or --timeout")
+        if Instant::now() >= deadline {
+            bail!("--timeout reached");
+        }
+        eprintln!("scale: the controller was not idle after a minute; going on");
+        Ok(Instant::now())
     }
 
     /// Waits until the namespace holds `expected` Events: the controller publishes them
-    /// one at a time, off the write path, so they trail the grants. Stops waiting when
-    /// the count has not grown for 15 s (a de-duplicated Event is never created) or
-    /// after 3 minutes. Returns when the count stopped, and the count.
+    /// one at a time, off the write path, so they trail the grants (by minutes, at
+    /// 10,000 Leases on a busy machine). Stops waiting when the count has not grown for
+    /// 30 s (a de-duplicated Event is never created). Returns when the count stopped
+    /// growing, and the count.
     async fn wait_events(
         &mut self,
         events: &Api<CoreEvent>,
         expected: usize,
         deadline: Instant,
     ) -> Result<(Instant, usize)> {
-        let until = deadline.min(Instant::now() + Duration::from_secs(180));
         let mut seen = (Instant::now(), 0);
-        while Instant::now() < until {
+        while Instant::now() < deadline {
             self.check_alive()?;
             let count = count_objects(events).await?;
             if count != seen.1 {
                 seen = (Instant::now(), count);
             }
-            if count >= expected || seen.0.elapsed() > Duration::from_secs(15) {
+            if count >= expected {
                 return Ok(seen);
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            if seen.0.elapsed() > Duration::from_secs(30) {
+                eprintln!(
+                    "scale: {} of {expected} Events, none for 30 s; going on",
+                    seen.1
+                );
+                return Ok(seen);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        bail!(
-            "{} of {expected} Events within 3 minutes or --timeout",
-            seen.1
-        )
+        bail!("{} of {expected} Events before --timeout", seen.1)
     }
 }
 
@@ -1327,32 +1361,38 @@ impl CpuWindow {
         )
     }
 
-    /// Which side ran out: the controller (it decides on one task, so at about 100% of
-    /// a core), the API server (its write rate near the create rate it sustained alone
-    /// during setup, or kube-apiserver and etcd filling the machine), or neither.
+    /// Which side ran out: the controller if it uses about 100% of a core (it decides
+    /// on one task); else, when the machine is full, whoever used most of it (the API
+    /// server is kube-apiserver and etcd); else the API server if its write rate is
+    /// near the create rate it took alone during setup; else nothing CPU-bound.
     fn verdict(&self, cores: f64, writes_per_s: f64, capacity: f64) -> String {
         let ctrl = self.pct(self.controller);
         let api = self.pct(self.apiserver);
         let etcd = self.pct(self.etcd);
+        let others = self.pct(self.others());
         let machine = self.pct(self.machine);
         let load = writes_per_s / capacity.max(1e-3) * 100.0;
         let rate = format!(
-            "{writes_per_s:.0} API writes/s, {load:.0}% of the {capacity:.0} creates/s it took alone in setup"
+            "{writes_per_s:.0} API writes/s ({load:.0}% of the {capacity:.0} creates/s it took alone in setup)"
+        );
+        let apiserver = format!(
+            "kube-apiserver (cpu {api:.0}%, etcd {etcd:.0}%; {rate}), controller cpu {ctrl:.0}%"
         );
         let who = if ctrl >= 90.0 {
             format!(
                 "controller (cpu {ctrl:.0}% of a core: it decides on one task), kube-apiserver cpu {api:.0}%; {rate}"
             )
-        } else if load >= 70.0 || api + etcd >= 0.85 * cores * 100.0 {
-            format!(
-                "kube-apiserver (cpu {api:.0}%, etcd {etcd:.0}%; {rate}), controller cpu {ctrl:.0}%"
-            )
         } else if machine >= 0.85 * cores * 100.0 {
-            format!(
-                "the machine ({machine:.0}% of {:.0}%, other processes {:.0}%), kube-apiserver cpu {api:.0}%, controller cpu {ctrl:.0}%; {rate}",
-                cores * 100.0,
-                self.pct(self.others())
-            )
+            if api + etcd >= others.max(ctrl) {
+                format!("{apiserver}; the machine was full and the API server used most of it")
+            } else {
+                format!(
+                    "the machine ({machine:.0}% of {:.0}%), mostly other processes ({others:.0}%); kube-apiserver cpu {api:.0}%, controller cpu {ctrl:.0}%; {rate}",
+                    cores * 100.0
+                )
+            }
+        } else if load >= 70.0 || api + etcd >= 0.85 * cores * 100.0 {
+            apiserver
         } else {
             format!(
                 "nothing CPU-bound (latency: the controller writes 16 Leases at a time), kube-apiserver cpu {api:.0}%, controller cpu {ctrl:.0}%; {rate}"

@@ -212,7 +212,20 @@ async fn lane_inner(
         // Start the waiter at a random phase against the holder's renewals.
         jitter(t.interval).await;
         let waiter = Cand::start(env, &lease, format!("{kind}-{lane}-c{r:03}"), t)?;
-        wait_sees(&waiter, &holder.id, lim).await?;
+        wait_until("the waiter to observe the holder", lim, || {
+            waiter.sees(&holder.id) || waiter.leader_at().is_some()
+        })
+        .await
+        .map_err(|e| err(format!("{e} ({})", waiter.describe())))?;
+        if waiter.leader_at().is_some() {
+            // The holder's renewal was late and the new waiter took the lease.
+            out.spurious.push(format!(
+                "{} took the lease from {} before the round started",
+                waiter.id, holder.id
+            ));
+            holder = waiter;
+            continue;
+        }
         // Randomise the release instant against the waiter's poll phase.
         jitter(t.interval).await;
         holder.stop_loop(lim).await?;

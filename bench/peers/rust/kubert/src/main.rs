@@ -257,7 +257,20 @@ async fn lane_inner(
             params.clone(),
         )
         .await?;
-        wait_sees(&waiter, &holder.id, lim).await?;
+        wait_until("the waiter to observe the holder", lim, || {
+            waiter.sees(&holder.id) || waiter.leader_at().is_some()
+        })
+        .await
+        .map_err(|e| err(format!("{e} ({})", waiter.describe())))?;
+        if waiter.leader_at().is_some() {
+            // The holder's renewal was late and the new waiter took the lease.
+            out.spurious.push(format!(
+                "{} took the lease from {} before the round started",
+                waiter.id, holder.id
+            ));
+            holder = waiter;
+            continue;
+        }
         let t0;
         let mut expiry_wall = None;
         if expiry {
