@@ -158,10 +158,12 @@ bench-rust-peers: cluster
 	@mkdir -p $(BENCH_DIR)
 	cd bench/peers/rust/kube-leader-election && CARGO_TARGET_DIR=$(RUST_PEERS_TARGET) cargo build --release --locked
 	cd bench/peers/rust/kubert && CARGO_TARGET_DIR=$(RUST_PEERS_TARGET) cargo build --release --locked
+	@failed=""; \
 	$(RUST_PEERS_TARGET)/release/rustpeer-kle --kubeconfig $(KUBECONFIG_TEST) \
-		--out $(BENCH_DIR)/rust-peers-kle.json $(RUST_PEER_ARGS)
+		--out $(BENCH_DIR)/rust-peers-kle.json $(RUST_PEER_ARGS) || failed="$$failed kube-leader-election"; \
 	$(RUST_PEERS_TARGET)/release/rustpeer-kubert --kubeconfig $(KUBECONFIG_TEST) \
-		--out $(BENCH_DIR)/rust-peers-kubert.json $(RUST_PEER_ARGS)
+		--out $(BENCH_DIR)/rust-peers-kubert.json $(RUST_PEER_ARGS) || failed="$$failed kubert"; \
+	if [ -n "$$failed" ]; then echo "bench-rust-peers: failed:$$failed" >&2; exit 1; fi
 
 # The fault-injection suite on a control plane of its own (it crashes kube-apiserver
 # and etcd). `make test` runs it for 90 s with seed 1; this runs DURATION with a new

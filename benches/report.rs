@@ -387,7 +387,9 @@ fn decades(lo: f64, hi: f64, mantissas: &[f64]) -> Vec<f64> {
 
 /// A log axis label.
 fn axis_label(v: &f64) -> String {
-    if *v >= 1.0 {
+    if *v <= FLOOR_MS {
+        format!("≤{FLOOR_MS}")
+    } else if *v >= 1.0 {
         format!("{v:.0}")
     } else {
         format!("{v:.1}")
@@ -577,8 +579,9 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-/// The smallest value drawn on the log axis; smaller ones (an expiry right on time) sit on it.
-const FLOOR_MS: f64 = 0.1;
+/// The smallest value drawn on the log axis; smaller ones (an expiry right on time, or
+/// "early" by the clock skew between two observers) sit on it, labelled "≤1".
+const FLOOR_MS: f64 = 1.0;
 
 /// One panel per scenario: the ECDF of each system/config, log-scale x.
 fn chart(path: &Path, latency: &[Latency], smoke: bool) -> Result<(), String> {
@@ -648,6 +651,12 @@ fn chart(path: &Path, latency: &[Latency], smoke: bool) -> Result<(), String> {
                 (lo, hi)
             }
         };
+        // 1, 2 and 5 times the powers of ten when they fit, else the powers alone
+        let labelled: &[f64] = if hi / lo <= 300.0 {
+            &[1.0, 2.0, 5.0]
+        } else {
+            &[1.0]
+        };
         let mut chart = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 30))
             .margin(20)
@@ -656,8 +665,8 @@ fn chart(path: &Path, latency: &[Latency], smoke: bool) -> Result<(), String> {
             .build_cartesian_2d(
                 (lo..hi)
                     .log_scale()
-                    .with_key_points(decades(lo, hi, &[1.0, 2.0, 5.0]))
-                    .with_light_points(decades(lo, hi, &[3.0, 4.0, 6.0, 7.0, 8.0, 9.0])),
+                    .with_key_points(decades(lo, hi, labelled))
+                    .with_light_points(decades(lo, hi, &[2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])),
                 0.0..1.0,
             )
             .map_err(|e| err(&e))?;
