@@ -9,7 +9,6 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams};
 use palisade::api::{Lease, LeaseClaim};
 use palisade::fence::{ParseTokenError, parse_token};
 use palisade::lock::{parse_duration, parse_lease_duration};
@@ -198,7 +197,6 @@ async fn invalid_manifests_are_rejected_by_the_api_server_naming_the_field() {
     let ns = TestNamespace::new("bad-input").await;
     let leases = ns.api::<Lease>();
     let claims = ns.api::<LeaseClaim>();
-    let strict = PatchParams::apply("palisade-tests").validation_strict();
     let long = "a".repeat(64);
     let cases: Vec<(&str, Value, &str)> = vec![
         (
@@ -267,21 +265,8 @@ async fn invalid_manifests_are_rejected_by_the_api_server_naming_the_field() {
             "spec.leaseName",
         ),
     ];
-    for (case, mut body, field) in cases {
-        body["apiVersion"] = json!("palisade.dev/v1alpha1");
-        let name = body["metadata"]["name"].as_str().unwrap().to_string();
-        let result = if body["kind"] == "Lease" {
-            leases
-                .patch(&name, &strict, &Patch::Apply(&body))
-                .await
-                .map(|_| ())
-        } else {
-            claims
-                .patch(&name, &strict, &Patch::Apply(&body))
-                .await
-                .map(|_| ())
-        };
-        let err = result.expect_err(case).to_string();
+    for (case, body, field) in cases {
+        let err = support::apply_rejected(&ns, case, body).await;
         assert!(
             err.contains(field),
             "{case}: the error names {field}: {err}"

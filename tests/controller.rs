@@ -526,7 +526,6 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
     let ns = setup("invalid").await;
     let leases = ns.api::<Lease>();
     let claims = ns.api::<LeaseClaim>();
-    let strict = PatchParams::apply("palisade-tests").validation_strict();
     let cases: Vec<(&str, serde_json::Value, &str)> = vec![
         (
             "zero duration",
@@ -579,22 +578,9 @@ async fn invalid_specs_are_rejected_with_the_field_named() {
             "ttl",
         ),
     ];
-    for (case, mut body, field) in cases {
-        body["apiVersion"] = json!("palisade.dev/v1alpha1");
+    for (case, body, field) in cases {
         let name = body["metadata"]["name"].as_str().unwrap().to_string();
-        let result = if body["kind"] == "Lease" {
-            leases
-                .patch(&name, &strict, &Patch::Apply(&body))
-                .await
-                .map(|_| ())
-        } else {
-            claims
-                .patch(&name, &strict, &Patch::Apply(&body))
-                .await
-                .map(|_| ())
-        };
-        let err = result.expect_err(case);
-        let message = err.to_string();
+        let message = support::apply_rejected(&ns, case, body).await;
         assert!(
             message.contains(field),
             "{case}: the error names {field}: {message}"

@@ -364,3 +364,27 @@ pub async fn create_pod(ns: &TestNamespace, name: &str) -> k8s_openapi::api::cor
         .await
         .unwrap_or_else(|e| panic!("creating Pod {name}: {e}"))
 }
+
+/// Server-side applies an invalid palisade manifest (`kind` Lease or LeaseClaim)
+/// with strict field validation and returns the API server's error message.
+/// Panics, naming `case`, if the server accepted it.
+pub async fn apply_rejected(ns: &TestNamespace, case: &str, mut body: serde_json::Value) -> String {
+    use kube::api::{Patch, PatchParams};
+    use palisade::api::{Lease, LeaseClaim};
+    body["apiVersion"] = serde_json::json!("palisade.dev/v1alpha1");
+    let name = body["metadata"]["name"].as_str().unwrap().to_string();
+    let strict = PatchParams::apply("palisade-tests").validation_strict();
+    let patch = Patch::Apply(&body);
+    let result = if body["kind"] == "Lease" {
+        ns.api::<Lease>()
+            .patch(&name, &strict, &patch)
+            .await
+            .map(|_| ())
+    } else {
+        ns.api::<LeaseClaim>()
+            .patch(&name, &strict, &patch)
+            .await
+            .map(|_| ())
+    };
+    result.expect_err(case).to_string()
+}
