@@ -20,14 +20,14 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::DeserializeGuard;
 use kube::core::error_boundary::InvalidObject;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::api::{CONTROLLER_MANAGER, Lease, LeaseClaim};
+use crate::events::{self, Publisher};
 use crate::grant::{self, ClaimUpdate, Decision, Ending};
 use crate::index::{Index, LeaseKey};
 use crate::telemetry::{Metrics, Readiness, WriteLabels};
@@ -89,23 +89,28 @@ pub async fn run(
         ),
     };
     let wc = watcher::Config::default();
+    // Objects are slimmed as they arrive, before anything holds on to them: the
+    // index and a relist buffer keep only what decisions need (see `crate::watch`).
     let inputs = futures::stream::select_all(vec![
         watcher::watcher(leases, wc.clone())
+            .modify(crate::watch::slim_guarded::<Lease>)
             .backoff(crate::watch::backoff())
             .map(Input::Lease)
             .boxed(),
         watcher::watcher(claims, wc.clone())
+            .modify(crate::watch::slim_guarded::<LeaseClaim>)
             .backoff(crate::watch::backoff())
             .map(Input::Claim)
             .boxed(),
         watcher::watcher(pods, wc)
+            .modify(crate::watch::slim_pod)
             .backoff(crate::watch::backoff())
             .map(Input::Pod)
             .boxed(),
     ]);
     let mut inputs = Box::pin(inputs.take_until(shutdown.clone().cancelled_owned()));
 
-    let events = spawn_event_publisher(client.clone(), &config.instance);
+    let events = Publisher::spawn(client.clone(), &config.instance, metrics.clone());
     let mut state = Loop {
         client,
         config,
@@ -176,7 +181,7 @@ struct Loop {
     client: Client,
     config: ControllerConfig,
     metrics: Arc<Metrics>,
-    events: mpsc::UnboundedSender<(ObjectReference, KubeEvent)>,
+    events: Publisher,
     index: Index,
     /// Leases, claims, pods: initial list delivered.
     synced: [bool; 3],
@@ -242,17 +247,15 @@ impl Loop {
             uid: meta.uid,
             ..Default::default()
         };
-        let event = KubeEvent {
-            type_: EventType::Warning,
-            reason: "InvalidObject".into(),
-            note: Some(format!(
+        self.events.publish(
+            reference,
+            events::Kind::Warning,
+            "InvalidObject",
+            format!(
                 "palisade cannot read this object and ignores it: {}",
                 invalid.error
-            )),
-            action: "Read".into(),
-            secondary: None,
-        };
-        let _ = self.events.send((reference, event));
+            ),
+        );
     }
 
     fn handle_input(&mut self, input: Input, ready: &Readiness) {
@@ -408,7 +411,7 @@ impl Loop {
 struct Writer {
     client: Client,
     metrics: Arc<Metrics>,
-    events: mpsc::UnboundedSender<(ObjectReference, KubeEvent)>,
+    events: Publisher,
 }
 
 impl Writer {
@@ -510,10 +513,10 @@ impl Writer {
         dirty_since: Instant,
     ) {
         if let Some(ended) = &decision.ended {
-            let (counter, type_) = match ended.how {
-                Ending::Released => (&self.metrics.releases, EventType::Normal),
-                Ending::Expired => (&self.metrics.expirations, EventType::Warning),
-                Ending::Revoked(_) => (&self.metrics.revocations, EventType::Warning),
+            let (counter, kind) = match ended.how {
+                Ending::Released => (&self.metrics.releases, events::Kind::Normal),
+                Ending::Expired => (&self.metrics.expirations, events::Kind::Warning),
+                Ending::Revoked(_) => (&self.metrics.revocations, events::Kind::Warning),
             };
             counter.inc();
             let why = match &ended.how {
@@ -522,9 +525,9 @@ impl Writer {
                 Ending::Revoked(why) => why.clone(),
             };
             tracing::info!(lease = %key, claim = %ended.claim, token = ?ended.token, reason = ended.how.reason(), %why, "grant ended");
-            self.publish(
+            self.events.publish_on(
                 written,
-                type_,
+                kind,
                 ended.how.reason(),
                 format!(
                     "grant of {} to {} (token {}) ended: {why}",
@@ -542,9 +545,9 @@ impl Writer {
                     .observe(dirty_since.elapsed().as_secs_f64());
             }
             tracing::info!(lease = %key, claim = %granted.claim, holder = %granted.identity, token = granted.token, "granted");
-            self.publish(
+            self.events.publish_on(
                 written,
-                EventType::Normal,
+                events::Kind::Normal,
                 "Granted",
                 format!(
                     "granted to {} (claim {}) with fencing token {}",
@@ -552,17 +555,6 @@ impl Writer {
                 ),
             );
         }
-    }
-
-    fn publish(&self, lease: &Lease, type_: EventType, reason: &str, note: String) {
-        let event = KubeEvent {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: reason.to_string(),
-            secondary: None,
-        };
-        let _ = self.events.send((lease.object_ref(&()), event));
     }
 
     /// After a failed write: read the Lease again and decide once more.
@@ -625,27 +617,4 @@ fn is_invalid(e: &kube::Error) -> bool {
 
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-/// Events are published off the write path, in order, by one recorder (so they are de-duplicated).
-fn spawn_event_publisher(
-    client: Client,
-    instance: &str,
-) -> mpsc::UnboundedSender<(ObjectReference, KubeEvent)> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(ObjectReference, KubeEvent)>();
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: CONTROLLER_MANAGER.to_string(),
-            instance: Some(instance.to_string()),
-        },
-    );
-    tokio::spawn(async move {
-        while let Some((reference, event)) = rx.recv().await {
-            if let Err(e) = recorder.publish(&event, &reference).await {
-                tracing::debug!(error = %e, "publishing event failed");
-            }
-        }
-    });
-    tx
 }

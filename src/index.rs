@@ -98,7 +98,8 @@ struct PodEntry {
 #[derive(Debug, Default)]
 struct LeaseEntry {
     lease: Option<Arc<Lease>>,
-    claims: BTreeMap<String, ClaimEntry>,
+    /// Boxed: a B-tree node holds eleven values inline even for one or two claims.
+    claims: BTreeMap<String, Box<ClaimEntry>>,
     /// The holder's claim UID and when the index first saw it hold the lease.
     holder_since: Option<(String, Instant)>,
 }
@@ -130,18 +131,47 @@ pub struct Index {
     pods: HashMap<(String, String), PodEntry>,
     /// (namespace, pod name) -> leases with a claim naming that pod.
     pod_leases: HashMap<(String, String), BTreeSet<LeaseKey>>,
+    /// Kept up to date on every change, so the gauges cost nothing per event at 10,000 Leases.
+    counts: Counts,
+}
+
+/// How many entries have a Lease object, and how many of those a holder.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub leases: usize,
+    pub held: usize,
+}
+
+impl Counts {
+    fn of(entry: &LeaseEntry) -> Counts {
+        Counts {
+            leases: usize::from(entry.lease.is_some()),
+            held: usize::from(entry.holder_since.is_some()),
+        }
+    }
+
+    /// Replaces one entry's share `before` with `after`.
+    fn replace(&mut self, before: Counts, after: Counts) {
+        self.leases = self.leases + after.leases - before.leases;
+        self.held = self.held + after.held - before.held;
+    }
 }
 
 impl Index {
     pub fn lease_count(&self) -> usize {
-        self.leases.values().filter(|e| e.lease.is_some()).count()
+        self.counts.leases
     }
 
     pub fn held_count(&self) -> usize {
-        self.leases
-            .values()
-            .filter(|e| e.holder_since.is_some())
-            .count()
+        self.counts.held
+    }
+
+    /// The counts recomputed from every entry; tests check the running ones against it.
+    pub fn counts_by_walking(&self) -> Counts {
+        self.leases.values().fold(Counts::default(), |mut sum, e| {
+            sum.replace(Counts::default(), Counts::of(e));
+            sum
+        })
     }
 
     /// After a restart or failover every holder gets a fresh full duration (DESIGN rule 4).
@@ -179,6 +209,7 @@ impl Index {
                 return None;
             }
         }
+        let before = Counts::of(entry);
         let holder_uid = lease
             .status
             .as_ref()
@@ -190,6 +221,7 @@ impl Index {
             (None, _) => None,
         };
         entry.lease = Some(Arc::new(lease));
+        self.counts.replace(before, Counts::of(entry));
         Some(key)
     }
 
@@ -200,6 +232,7 @@ impl Index {
         if entry.lease.as_ref().map(|l| &l.metadata.uid) != Some(&lease.metadata.uid) {
             return None;
         }
+        self.counts.replace(Counts::of(entry), Counts::default());
         entry.lease = None;
         entry.holder_since = None;
         self.forget_if_empty(&key);
@@ -255,7 +288,7 @@ impl Index {
             first_seen,
             renew_observed_at,
         };
-        if previous == Some(&new) {
+        if previous.map(|p| &**p) == Some(&new) {
             return touched;
         }
         if let Some(pod) = &new.pod {
@@ -264,7 +297,7 @@ impl Index {
                 .or_default()
                 .insert(key.clone());
         }
-        entry.claims.insert(name.clone(), new);
+        entry.claims.insert(name.clone(), Box::new(new));
         self.claim_lease
             .insert((namespace, name), claim.spec.lease_name);
         touched.push(key);
@@ -355,6 +388,7 @@ impl Index {
         let mut touched: Vec<LeaseKey> = Vec::new();
         for (key, entry) in self.leases.iter_mut() {
             if entry.lease.is_some() && !listed.contains(key) {
+                self.counts.replace(Counts::of(entry), Counts::default());
                 entry.lease = None;
                 entry.holder_since = None;
                 touched.push(key.clone());

@@ -52,6 +52,10 @@ pub struct Metrics {
     pub leases: Gauge,
     pub is_leader: Gauge,
     pub invalid_objects: Counter,
+    /// Events not published because the queue was full (the API server lagging behind).
+    pub events_dropped: Counter,
+    /// Events the API server refused or that failed in transit.
+    pub events_failed: Counter,
 }
 
 impl Default for Metrics {
@@ -71,6 +75,8 @@ impl Default for Metrics {
         let leases = Gauge::default();
         let is_leader = Gauge::default();
         let invalid_objects = Counter::default();
+        let events_dropped = Counter::default();
+        let events_failed = Counter::default();
         registry.register(
             "grants",
             "Grants made (each with a new fencing token)",
@@ -123,6 +129,16 @@ impl Default for Metrics {
             "Watched objects that could not be read and were skipped",
             invalid_objects.clone(),
         );
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events dropped because the publish queue was full",
+            events_dropped.clone(),
+        );
+        registry.register(
+            "events_failed",
+            "Kubernetes Events whose create failed",
+            events_failed.clone(),
+        );
         Self {
             registry,
             grants,
@@ -136,6 +152,8 @@ impl Default for Metrics {
             leases,
             is_leader,
             invalid_objects,
+            events_dropped,
+            events_failed,
         }
     }
 }

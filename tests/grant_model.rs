@@ -399,6 +399,9 @@ proptest! {
                 Op::Sync(n) => {
                     let changes = std::mem::take(&mut world.pending[n]);
                     deliver(&mut controllers[n], changes, now);
+                    let running = (controllers[n].lease_count(), controllers[n].held_count());
+                    let walked = controllers[n].counts_by_walking();
+                    prop_assert_eq!(running, (walked.leases, walked.held), "running counts drifted");
                 }
                 Op::Decide(n) => {
                     let k = key();

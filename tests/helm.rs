@@ -587,7 +587,7 @@ fn rendered_rbac_grants_exactly_the_calls_the_controller_and_clients_make() {
             ("palisade.dev", "leases/status", &["get", "update"], ""),
             ("palisade.dev", "leaseclaims/status", &["patch"], ""),
             ("", "pods", &["get", "list", "watch"], ""),
-            ("events.k8s.io", "events", &["create", "patch"], ""),
+            ("events.k8s.io", "events", &["create"], ""),
         ])
     );
     let binding = find(&objects, "ClusterRoleBinding", "palisade-controller");
@@ -1500,7 +1500,6 @@ async fn rbac_allows_exactly_the_needed_verbs() {
         ("watch", "", "pods", "", all, "", true),
         ("get", "", "pods", "", elsewhere, "x", true),
         ("create", ev, "events", "", elsewhere, "", true),
-        ("patch", ev, "events", "", elsewhere, "x", true),
         ("create", c, "leases", "", n, "", true),
         ("get", c, "leases", "", n, &election, true),
         ("update", c, "leases", "", n, &election, true),
@@ -1522,6 +1521,7 @@ async fn rbac_allows_exactly_the_needed_verbs() {
         ("delete", "", "pods", "", elsewhere, "x", false),
         ("create", "", "events", "", elsewhere, "", false),
         ("delete", ev, "events", "", elsewhere, "x", false),
+        ("patch", ev, "events", "", elsewhere, "x", false),
         ("update", ev, "events", "", elsewhere, "x", false),
         ("list", c, "leases", "", n, "", false),
         ("delete", c, "leases", "", n, &election, false),
