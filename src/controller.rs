@@ -169,12 +169,22 @@ pub async fn run(
     tracing::info!("controller stopped");
 }
 
-/// Objects buffered during a watch (re)list, applied atomically at InitDone.
+/// What a watch (re)list has delivered so far. Its objects go into the index as they
+/// come (holding 30,000 of them until the list ends would double the controller's
+/// memory at 10,000 Leases); at its end, whatever it did not list is forgotten.
 #[derive(Default)]
 struct Relist {
-    leases: Vec<Lease>,
-    claims: Vec<LeaseClaim>,
-    pods: Vec<Pod>,
+    leases: HashSet<LeaseKey>,
+    claims: HashSet<(String, String)>,
+    pods: HashSet<(String, String)>,
+}
+
+fn name_of(object: &impl Resource) -> (String, String) {
+    let meta = object.meta();
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
 }
 
 struct Loop {
@@ -270,13 +280,14 @@ impl Loop {
                     Vec::new()
                 }
                 Some(Event::InitApply(l)) => {
-                    self.relist.leases.push(l);
-                    Vec::new()
+                    let (namespace, name) = name_of(&l);
+                    self.relist.leases.insert(LeaseKey { namespace, name });
+                    self.index.apply_lease(l, now).into_iter().collect()
                 }
                 Some(Event::InitDone) => {
                     self.synced[0] = true;
                     self.index
-                        .reset_leases(std::mem::take(&mut self.relist.leases), now)
+                        .retain_leases(&std::mem::take(&mut self.relist.leases))
                 }
             },
             Input::Claim(Ok(ev)) => match self.screen(ev) {
@@ -288,13 +299,13 @@ impl Loop {
                     Vec::new()
                 }
                 Some(Event::InitApply(c)) => {
-                    self.relist.claims.push(c);
-                    Vec::new()
+                    self.relist.claims.insert(name_of(&c));
+                    self.index.apply_claim(c, now)
                 }
                 Some(Event::InitDone) => {
                     self.synced[1] = true;
                     self.index
-                        .reset_claims(std::mem::take(&mut self.relist.claims), now)
+                        .retain_claims(&std::mem::take(&mut self.relist.claims))
                 }
             },
             Input::Pod(Ok(ev)) => match ev {
@@ -305,12 +316,13 @@ impl Loop {
                     Vec::new()
                 }
                 Event::InitApply(p) => {
-                    self.relist.pods.push(p);
-                    Vec::new()
+                    self.relist.pods.insert(name_of(&p));
+                    self.index.apply_pod(&p)
                 }
                 Event::InitDone => {
                     self.synced[2] = true;
-                    self.index.reset_pods(std::mem::take(&mut self.relist.pods))
+                    self.index
+                        .retain_pods(&std::mem::take(&mut self.relist.pods))
                 }
             },
             Input::Lease(Err(e)) | Input::Claim(Err(e)) | Input::Pod(Err(e)) => {

@@ -6,7 +6,7 @@
 //! clock) at which it last *observed* each claim's renewal, and since when it
 //! has seen each holder. Tests feed it objects directly.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -379,12 +379,9 @@ impl Index {
             .unwrap_or_default()
     }
 
-    /// Replaces all Leases with a fresh listing (watch re-list), returning every key touched.
-    pub fn reset_leases(&mut self, leases: Vec<Lease>, now: Instant) -> Vec<LeaseKey> {
-        let listed: BTreeSet<LeaseKey> = leases
-            .iter()
-            .map(|l| LeaseKey::new(l.namespace().unwrap_or_default(), l.name_any()))
-            .collect();
+    /// After a watch (re)list, whose objects were applied as they came: forgets the
+    /// Leases it did not list (deleted while the watch was down). Returns the keys touched.
+    pub fn retain_leases(&mut self, listed: &HashSet<LeaseKey>) -> Vec<LeaseKey> {
         let mut touched: Vec<LeaseKey> = Vec::new();
         for (key, entry) in self.leases.iter_mut() {
             if entry.lease.is_some() && !listed.contains(key) {
@@ -394,17 +391,14 @@ impl Index {
                 touched.push(key.clone());
             }
         }
-        for lease in leases {
-            touched.extend(self.apply_lease(lease, now));
+        for key in &touched {
+            self.forget_if_empty(key);
         }
         touched
     }
 
-    pub fn reset_claims(&mut self, claims: Vec<LeaseClaim>, now: Instant) -> Vec<LeaseKey> {
-        let listed: BTreeSet<(String, String)> = claims
-            .iter()
-            .map(|c| (c.namespace().unwrap_or_default(), c.name_any()))
-            .collect();
+    /// [`Index::retain_leases`] for claims, by (namespace, name).
+    pub fn retain_claims(&mut self, listed: &HashSet<(String, String)>) -> Vec<LeaseKey> {
         let gone: Vec<(String, String)> = self
             .claim_lease
             .keys()
@@ -415,17 +409,11 @@ impl Index {
         for (ns, name) in gone {
             touched.extend(self.remove_claim(&ns, &name));
         }
-        for claim in claims {
-            touched.extend(self.apply_claim(claim, now));
-        }
         touched
     }
 
-    pub fn reset_pods(&mut self, pods: Vec<Pod>) -> Vec<LeaseKey> {
-        let listed: BTreeSet<(String, String)> = pods
-            .iter()
-            .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
-            .collect();
+    /// [`Index::retain_leases`] for pods, by (namespace, name).
+    pub fn retain_pods(&mut self, listed: &HashSet<(String, String)>) -> Vec<LeaseKey> {
         let gone: Vec<(String, String)> = self
             .pods
             .keys()
@@ -436,9 +424,6 @@ impl Index {
         for key in gone {
             self.pods.remove(&key);
             touched.extend(self.leases_of_pod(&key));
-        }
-        for pod in &pods {
-            touched.extend(self.apply_pod(pod));
         }
         touched
     }

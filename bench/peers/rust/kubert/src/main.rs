@@ -550,7 +550,7 @@ async fn run(env: Arc<Env>, args: &Args, o: &mut Output) -> Res<()> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args = parse_args("/work/main/target/bench/rust-peers-kubert.json", 58);
+    let args = parse_args("rust-peers-kubert.json", 58);
     let started = Instant::now();
     let cfg = match load_config(&args.kubeconfig).await {
         Ok(c) => c,
