@@ -281,7 +281,7 @@ impl Loop {
                 }
                 Some(Event::InitApply(l)) => {
                     let (namespace, name) = name_of(&l);
-                    self.relist.leases.insert(LeaseKey { namespace, name });
+                    self.relist.leases.insert(LeaseKey::new(namespace, name));
                     self.index.apply_lease(l, now).into_iter().collect()
                 }
                 Some(Event::InitDone) => {

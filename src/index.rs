@@ -6,7 +6,7 @@
 //! clock) at which it last *observed* each claim's renewal, and since when it
 //! has seen each holder. Tests feed it objects directly.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,14 +18,17 @@ use crate::api::{Lease, LeaseClaim, LeaseClaimStatus, PodRef};
 use crate::token::resource_version_newer;
 
 /// A Lease by namespace and name; also the unit of work of the controller.
+///
+/// Shared strings: the controller holds a key in its index, queue, timers and
+/// claim map at once, and at 10,000 Leases each copy of two Strings adds up.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl LeaseKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
@@ -98,10 +101,33 @@ struct PodEntry {
 #[derive(Debug, Default)]
 struct LeaseEntry {
     lease: Option<Arc<Lease>>,
-    /// Boxed: a B-tree node holds eleven values inline even for one or two claims.
-    claims: BTreeMap<String, Box<ClaimEntry>>,
+    /// Most Leases have a few claims: a list of boxes costs 8 bytes a claim where a
+    /// map's node holds room for eleven; the decision sorts them itself. Boxed
+    /// because a Vec's spare capacity (four slots after the first push) would
+    /// otherwise hold 352-byte entries.
+    #[allow(clippy::vec_box)]
+    claims: Vec<Box<ClaimEntry>>,
     /// The holder's claim UID and when the index first saw it hold the lease.
     holder_since: Option<(String, Instant)>,
+}
+
+impl LeaseEntry {
+    fn claim(&self, name: &str) -> Option<&ClaimEntry> {
+        self.claims.iter().find(|c| c.name == name).map(|c| &**c)
+    }
+
+    /// Inserts or replaces the claim of that name.
+    fn put_claim(&mut self, claim: ClaimEntry) {
+        match self.claims.iter_mut().find(|c| c.name == claim.name) {
+            Some(slot) => **slot = claim,
+            None => self.claims.push(Box::new(claim)),
+        }
+    }
+
+    fn take_claim(&mut self, name: &str) -> Option<Box<ClaimEntry>> {
+        let position = self.claims.iter().position(|c| c.name == name)?;
+        Some(self.claims.swap_remove(position))
+    }
 }
 
 /// A claim together with what its pod says about it, as the grant decision sees it.
@@ -126,8 +152,8 @@ pub struct LeaseView<'a> {
 #[derive(Debug, Default)]
 pub struct Index {
     leases: HashMap<LeaseKey, LeaseEntry>,
-    /// (namespace, claim name) -> lease name, to find a claim on deletion.
-    claim_lease: HashMap<(String, String), String>,
+    /// (namespace, claim name) -> its Lease, to find a claim on deletion.
+    claim_lease: HashMap<(String, String), LeaseKey>,
     pods: HashMap<(String, String), PodEntry>,
     /// (namespace, pod name) -> leases with a claim naming that pod.
     pod_leases: HashMap<(String, String), BTreeSet<LeaseKey>>,
@@ -183,6 +209,13 @@ impl Index {
         }
     }
 
+    /// The index's own copy of `key` when it has one, so copies share their strings.
+    fn shared(&self, key: LeaseKey) -> LeaseKey {
+        self.leases
+            .get_key_value(&key)
+            .map_or(key, |(k, _)| k.clone())
+    }
+
     pub fn keys(&self) -> Vec<LeaseKey> {
         self.leases.keys().cloned().collect()
     }
@@ -194,7 +227,10 @@ impl Index {
     /// Applies a Lease; an object older than the one held (by resourceVersion) is ignored,
     /// so a late watch event never undoes the controller's own newer write.
     pub fn apply_lease(&mut self, lease: Lease, now: Instant) -> Option<LeaseKey> {
-        let key = LeaseKey::new(lease.namespace().unwrap_or_default(), lease.name_any());
+        let key = self.shared(LeaseKey::new(
+            lease.namespace().unwrap_or_default(),
+            lease.name_any(),
+        ));
         let entry = self.leases.entry(key.clone()).or_default();
         if let Some(current) = &entry.lease {
             let same_object = current.metadata.uid == lease.metadata.uid;
@@ -248,13 +284,16 @@ impl Index {
             .claim_lease
             .get(&(namespace.clone(), name.clone()))
             .cloned()
-            && old_lease != claim.spec.lease_name
+            && *old_lease.name != *claim.spec.lease_name
         {
             touched.extend(self.remove_claim(&namespace, &name));
         }
-        let key = LeaseKey::new(&namespace, &claim.spec.lease_name);
+        let key = self.shared(LeaseKey::new(
+            namespace.as_str(),
+            claim.spec.lease_name.as_str(),
+        ));
         let entry = self.leases.entry(key.clone()).or_default();
-        let previous = entry.claims.get(&name);
+        let previous = entry.claim(&name);
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         // The controller applies its own writes before their watch events arrive:
         // an event older than what we hold must not roll the claim back.
@@ -288,7 +327,7 @@ impl Index {
             first_seen,
             renew_observed_at,
         };
-        if previous.map(|p| &**p) == Some(&new) {
+        if previous == Some(&new) {
             return touched;
         }
         if let Some(pod) = &new.pod {
@@ -297,9 +336,8 @@ impl Index {
                 .or_default()
                 .insert(key.clone());
         }
-        entry.claims.insert(name.clone(), Box::new(new));
-        self.claim_lease
-            .insert((namespace, name), claim.spec.lease_name);
+        entry.put_claim(new);
+        self.claim_lease.insert((namespace, name), key.clone());
         touched.push(key);
         touched
     }
@@ -311,8 +349,8 @@ impl Index {
         let held_uid = self
             .claim_lease
             .get(&(namespace.clone(), name.clone()))
-            .and_then(|lease| self.leases.get(&LeaseKey::new(&namespace, lease)))
-            .and_then(|e| e.claims.get(&name))
+            .and_then(|key| self.leases.get(key))
+            .and_then(|e| e.claim(&name))
             .map(|c| c.uid.clone());
         if held_uid.is_some() && held_uid != claim.metadata.uid {
             return Vec::new();
@@ -321,21 +359,20 @@ impl Index {
     }
 
     fn remove_claim(&mut self, namespace: &str, name: &str) -> Vec<LeaseKey> {
-        let Some(lease) = self
+        let Some(key) = self
             .claim_lease
             .remove(&(namespace.to_string(), name.to_string()))
         else {
             return Vec::new();
         };
-        let key = LeaseKey::new(namespace, lease);
         if let Some(entry) = self.leases.get_mut(&key)
-            && let Some(removed) = entry.claims.remove(name)
+            && let Some(removed) = entry.take_claim(name)
             && let Some(pod) = removed.pod
         {
             let pod_key = (namespace.to_string(), pod.name);
             let still_named = entry
                 .claims
-                .values()
+                .iter()
                 .any(|c| c.pod.as_ref().map(|p| &p.name) == Some(&pod_key.1));
             if !still_named && let Some(set) = self.pod_leases.get_mut(&pod_key) {
                 set.remove(&key);
@@ -443,8 +480,9 @@ impl Index {
         let holder_uid = entry.holder_since.as_ref().map(|(uid, _)| uid.as_str());
         let claims: Vec<ClaimView<'a>> = entry
             .claims
-            .values()
+            .iter()
             .map(|claim| {
+                let claim: &ClaimEntry = claim;
                 let mut pod_problem = self.pod_problem(&key.namespace, claim, now);
                 // The holder's pod was seen when it was granted (or in the complete
                 // list after a restart): if it is missing now, it is gone.
@@ -492,7 +530,7 @@ impl Index {
     fn holder_deadline(&self, entry: &LeaseEntry) -> Option<Instant> {
         let lease = entry.lease.as_ref()?;
         let (uid, since) = entry.holder_since.as_ref()?;
-        let claim = entry.claims.values().find(|c| &c.uid == uid);
+        let claim = entry.claims.iter().find(|c| &c.uid == uid);
         let last_seen_alive = claim.map_or(*since, |c| c.renew_observed_at.max(*since));
         let duration =
             Duration::from_secs(lease.spec.lease_duration_seconds.clamp(1, 86_400) as u64);
