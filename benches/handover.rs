@@ -105,7 +105,7 @@ async fn main() {
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .unwrap();
-    let client = Client::try_from(config.clone()).unwrap();
+    let client = palisade::kube_client::client(config.clone()).unwrap();
     install_crds(&client).await;
     let ns = format!("bench-{}", std::process::id());
     Api::<Namespace>::all(client.clone())

@@ -30,7 +30,7 @@ use crate::telemetry::Metrics;
 /// Events waiting to be created; beyond this they are dropped and counted.
 pub const QUEUE: usize = 1024;
 /// Event creates in flight at once.
-pub const CONCURRENCY: usize = 4;
+pub const CONCURRENCY: usize = 2;
 
 /// `Normal` or `Warning`, the two types Kubernetes knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,6 +13,7 @@ pub mod events;
 pub mod fence;
 pub mod grant;
 pub mod index;
+pub mod kube_client;
 pub mod lock;
 pub mod telemetry;
 pub mod token;

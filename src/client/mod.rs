@@ -197,7 +197,7 @@ impl LeaseClient {
     /// A client from `KUBECONFIG` (or the in-cluster config), in `namespace` or else
     /// the configuration's default namespace.
     pub async fn try_default(namespace: Option<&str>) -> Result<Self, kube::Error> {
-        let client = Client::try_default().await?;
+        let client = crate::kube_client::try_default().await?;
         let namespace = namespace
             .map(str::to_string)
             .unwrap_or_else(|| client.default_namespace().to_string());
