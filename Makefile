@@ -116,6 +116,7 @@ test: cluster
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
 		--steady 1 --warmup 0 --baseline 1 --out target/bench-smoke
+	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
 	cargo test --locked --bench report -- --dir target/bench-smoke --smoke
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
 
