@@ -1,11 +1,12 @@
 //! Kubernetes Events (`events.k8s.io/v1`) about Leases, published off the write path.
 //!
-//! Written by hand rather than with kube-runtime's `Recorder` because:
-//! - the Recorder folds events into a series by (reason, object), not by note, so
-//!   "granted with token 7" would be shown as a repeat of "granted with token 6";
-//! - it keeps every event of the last six minutes and scans them all on each
-//!   publish, so at thousands of grants per minute it costs O(n) per Event and
-//!   holds megabytes.
+//! Written by hand rather than with kube-runtime's `Recorder`, which keys its
+//! series on (reason, object reference) and not on the note:
+//! - with the Lease's resourceVersion in the reference (as `object_ref` gives it),
+//!   no two Events ever match, yet it keeps every Event of the last six minutes
+//!   and scans them all on each publish: O(n) per Event and megabytes at
+//!   thousands of grants a minute;
+//! - without it, "granted with token 7" would be folded into the Event of token 6.
 //!
 //! Events are best effort: a bounded queue, a few creates in flight, and when the
 //! API server cannot keep up, Events are dropped and counted
