@@ -3,12 +3,7 @@
 //! conditioned on the resourceVersion it was computed from (DESIGN rule 2).
 //!
 //! One task owns the index and the work queue, so no locks; the API writes run
-//! concurrently (never two Lease writes for the same Lease) and report back to that
-//! task. A decision's claim status writes (the mirrors) run after its Lease write
-//! and do not hold up the next decision on that Lease: a handover that follows at
-//! once waits for one Lease write, not for the previous decision's claim writes.
-//! They stay in order per Lease (a fair lock taken before the Lease is released to
-//! the next decision), so an older mirror never lands after a newer one.
+//! concurrently (never two for the same Lease) and report back to that task.
 //! We use kube-runtime's watcher (relist, backoff) but not its `Controller`:
 //! our unit of work is a Lease *name*, which claims may name before the Lease
 //! exists, and expiry needs per-holder timers on the controller's own clock.
@@ -55,30 +50,20 @@ enum Input {
     Pod(Result<Event<Pod>, watcher::Error>),
 }
 
-/// What one write pass reports back to the loop once its Lease is settled.
+/// What one write pass reports back to the loop.
 struct Outcome {
     key: LeaseKey,
     /// The Lease as written, or as freshly read after a conflict.
     lease: Option<Lease>,
     /// The Lease no longer exists (read after a conflict).
     lease_gone: bool,
-    retry_after: Option<Duration>,
-    handed_over: bool,
-    /// The pass's claim status writes, still to run (holding the Lease's claim lock),
-    /// and the statuses they write.
-    claim_writes: Option<BoxFuture<'static, ClaimOutcome>>,
-    intended: Vec<ClaimUpdate>,
-}
-
-/// What a pass's claim status writes report back.
-struct ClaimOutcome {
-    key: LeaseKey,
-    /// Claims as written.
+    /// Claims as written by this pass.
     claims: Vec<LeaseClaim>,
     retry_after: Option<Duration>,
+    handed_over: bool,
 }
 
-/// Claim status writes in flight at once for one decision.
+/// Claim status writes in flight at once for one pass.
 const CLAIM_WRITE_CONCURRENCY: usize = 4;
 
 /// Runs until `shutdown`; grants only while `leading` is true.
@@ -141,13 +126,10 @@ pub async fn run(
         queued: HashSet::new(),
         dirty_since: HashMap::new(),
         in_flight: HashSet::new(),
-        claim_locks: HashMap::new(),
         timers: DelayQueue::new(),
         timer_keys: HashMap::new(),
     };
     let mut writes = FuturesUnordered::new();
-    let mut claim_writes: FuturesUnordered<BoxFuture<'static, ClaimOutcome>> =
-        FuturesUnordered::new();
     let mut was_leading = false;
 
     loop {
@@ -176,12 +158,7 @@ pub async fn run(
                 state.timer_keys.remove(&key);
                 state.mark_dirty(key, Instant::now());
             }
-            Some(outcome) = writes.next() => {
-                if let Some(more) = state.finish(outcome) {
-                    claim_writes.push(more);
-                }
-            }
-            Some(outcome) = claim_writes.next() => state.finish_claims(outcome),
+            Some(outcome) = writes.next() => state.finish(outcome),
             changed = leading.changed() => {
                 if changed.is_err() { break; }
             }
@@ -189,15 +166,8 @@ pub async fn run(
     }
     // Stop granting; let in-flight writes finish so no decision is left half-written.
     ready.set(false);
-    while !writes.is_empty() || !claim_writes.is_empty() {
-        tokio::select! {
-            Some(outcome) = writes.next() => {
-                if let Some(more) = state.finish(outcome) {
-                    claim_writes.push(more);
-                }
-            }
-            Some(outcome) = claim_writes.next() => state.finish_claims(outcome),
-        }
+    while let Some(outcome) = writes.next().await {
+        state.finish(outcome);
     }
     tracing::info!("controller stopped");
 }
@@ -234,8 +204,6 @@ struct Loop {
     /// When each queued key first became dirty: the start of a handover's latency.
     dirty_since: HashMap<LeaseKey, Instant>,
     in_flight: HashSet<LeaseKey>,
-    /// Per Lease, held by the pass whose claim writes run (or are next): keeps them in order.
-    claim_locks: HashMap<LeaseKey, Arc<tokio::sync::Mutex<()>>>,
     timers: DelayQueue<LeaseKey>,
     timer_keys: HashMap<LeaseKey, delay_queue::Key>,
 }
@@ -406,17 +374,11 @@ impl Loop {
                 metrics: self.metrics.clone(),
                 events: self.events.clone(),
             };
-            let claim_lock = self.claim_locks.entry(key.clone()).or_default().clone();
-            return Some(
-                writer
-                    .write(key, lease, decision, dirty_since, claim_lock)
-                    .boxed(),
-            );
+            return Some(writer.write(key, lease, decision, dirty_since).boxed());
         }
     }
 
-    /// Takes in a pass whose Lease is settled; returns its claim writes, still to run.
-    fn finish(&mut self, outcome: Outcome) -> Option<BoxFuture<'static, ClaimOutcome>> {
+    fn finish(&mut self, outcome: Outcome) {
         let now = Instant::now();
         self.in_flight.remove(&outcome.key);
         if let Some(lease) = outcome.lease {
@@ -430,14 +392,11 @@ impl Loop {
         {
             self.index.delete_lease(&lease);
         }
+        for claim in outcome.claims {
+            self.index.apply_claim(claim, now);
+        }
         if outcome.handed_over {
             self.metrics.leases_held.set(self.index.held_count() as i64);
-        }
-        // The next decision on this Lease may come before these writes' events: it
-        // starts from the mirrors as this pass writes them (an ended claim stays ended).
-        for update in &outcome.intended {
-            self.index
-                .expect_claim_status(&outcome.key, &update.name, &update.uid, &update.status);
         }
         match outcome.retry_after {
             Some(delay) if delay.is_zero() => self.mark_dirty(outcome.key, now),
@@ -449,27 +408,6 @@ impl Loop {
                     .and_then(|v| earliest(v.holder_deadline, v.pod_recheck));
                 self.schedule(&outcome.key, deadline);
             }
-        }
-        outcome.claim_writes
-    }
-
-    fn finish_claims(&mut self, outcome: ClaimOutcome) {
-        let now = Instant::now();
-        for claim in outcome.claims {
-            self.index.apply_claim(claim, now);
-        }
-        // The loop's copy is the only one left: no pass is writing or waiting to write.
-        if self
-            .claim_locks
-            .get(&outcome.key)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1)
-        {
-            self.claim_locks.remove(&outcome.key);
-        }
-        match outcome.retry_after {
-            Some(delay) => self.schedule(&outcome.key, Some(now + delay)),
-            // The next decision on this Lease may have been made without these mirrors.
-            None => self.mark_dirty(outcome.key, now),
         }
     }
 
@@ -498,17 +436,15 @@ impl Writer {
         lease: Option<Lease>,
         decision: Decision,
         dirty_since: Instant,
-        claim_lock: Arc<tokio::sync::Mutex<()>>,
     ) -> Outcome {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
         let mut outcome = Outcome {
             key: key.clone(),
             lease: None,
             lease_gone: false,
+            claims: Vec::new(),
             retry_after: None,
             handed_over: false,
-            claim_writes: None,
-            intended: Vec::new(),
         };
         let mut wrote_lease = false;
         if let (Some(status), Some(current)) = (&decision.lease_status, &lease) {
@@ -562,47 +498,21 @@ impl Writer {
                 Ok(_) | Err(_) => return self.reread(&leases, outcome, Duration::ZERO).await,
             }
         }
-        outcome.handed_over = wrote_lease;
-        if !decision.claim_updates.is_empty() {
-            // Taken before the loop hears of this pass, so the next pass on this Lease
-            // queues behind these claim writes (the lock is fair).
-            let guard = claim_lock.lock_owned().await;
-            let claims: Api<LeaseClaim> = Api::namespaced(self.client.clone(), &key.namespace);
-            let updates = decision.claim_updates;
-            outcome.intended = updates.clone();
-            outcome.claim_writes = Some(
+        // The claims' mirrors, a few at a time (different claims, so their order is free).
+        let claims: Api<LeaseClaim> = Api::namespaced(self.client.clone(), &key.namespace);
+        let mut results = futures::stream::iter(decision.claim_updates)
+            .map(|update| {
+                let claims = claims.clone();
                 async move {
-                    let outcome = self.write_claims(key, &claims, updates).await;
-                    drop(guard);
-                    outcome
+                    let result = write_claim_status(&claims, &update).await;
+                    (update.name, result)
                 }
-                .boxed(),
-            );
-        }
-        outcome
-    }
-
-    /// The claim status writes of one pass, a few at a time (different claims).
-    async fn write_claims(
-        &self,
-        key: LeaseKey,
-        claims: &Api<LeaseClaim>,
-        updates: Vec<ClaimUpdate>,
-    ) -> ClaimOutcome {
-        let mut outcome = ClaimOutcome {
-            key,
-            claims: Vec::new(),
-            retry_after: None,
-        };
-        let mut results = futures::stream::iter(updates)
-            .map(|update| async move {
-                let result = write_claim_status(claims, &update).await;
-                (update.name, result)
             })
             .buffer_unordered(CLAIM_WRITE_CONCURRENCY);
         while let Some((name, result)) = results.next().await {
             match result {
-                // Keep the index at least as new as our own writes.
+                // Keep the index at least as new as our own writes, so the next
+                // decision does not work from the mirror as it was before them.
                 Ok(written) => outcome.claims.push(written),
                 // Deleted, or re-created (the UID test failed): its own watch event re-decides.
                 Err(e) if is_not_found(&e) || is_conflict(&e) || is_invalid(&e) => {}
@@ -611,11 +521,12 @@ impl Writer {
                         .write_errors
                         .get_or_create(&WriteLabels { kind: "claim" })
                         .inc();
-                    tracing::warn!(lease = %outcome.key, claim = %name, error = %e, "claim status write failed");
+                    tracing::warn!(lease = %key, claim = %name, error = %e, "claim status write failed");
                     outcome.retry_after = Some(Duration::from_millis(500));
                 }
             }
         }
+        outcome.handed_over = wrote_lease;
         outcome
     }
 

@@ -342,25 +342,6 @@ impl Index {
         touched
     }
 
-    /// Sets a claim's status to what this controller is writing, before the write's
-    /// own event arrives (which then replaces it). Nothing if the claim is gone or replaced.
-    pub fn expect_claim_status(
-        &mut self,
-        key: &LeaseKey,
-        name: &str,
-        uid: &str,
-        status: &LeaseClaimStatus,
-    ) {
-        if let Some(claim) = self
-            .leases
-            .get_mut(key)
-            .and_then(|e| e.claims.iter_mut().find(|c| c.name == name))
-            && claim.uid == uid
-        {
-            claim.status = status.clone();
-        }
-    }
-
     pub fn delete_claim(&mut self, claim: &LeaseClaim) -> Vec<LeaseKey> {
         let namespace = claim.namespace().unwrap_or_default();
         let name = claim.name_any();
