@@ -2,7 +2,7 @@
 #
 #   make test           unit + integration tests against a real kube-apiserver (starts it)
 #   make demo           the fencing story, end to end, on the local control plane
-#   make bench          all benchmark figures in one run (~30 min): target/bench/results.{json,md,png}
+#   make bench          all benchmark figures in one run (~23 min on 2 cores): target/bench/results.{json,md,png}
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
