@@ -613,3 +613,150 @@ pub async fn wait_until(what: &str, limit: Duration, mut cond: impl FnMut() -> b
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
+
+/// What a peer binary is, for its output and its namespace.
+pub struct Peer {
+    /// The crate under test, also the system name in the output.
+    pub system: &'static str,
+    /// Short name: output file `rust-peers-<slug>.json`, namespace `rpeer-<slug>-<pid>`.
+    pub slug: &'static str,
+    pub version: &'static str,
+    pub kube: &'static str,
+    pub k8s_openapi: &'static str,
+    /// Where the other peer's figures come from.
+    pub other: &'static str,
+    /// Default `--steady` seconds.
+    pub default_steady: u64,
+}
+
+/// What both binaries' candidates share.
+pub struct Env {
+    pub cfg: kube::Config,
+    pub admin: kube::Client,
+    pub counter: Arc<LeaseCounter>,
+    pub ns: String,
+}
+
+/// A started run: its flags, its namespace (created), and its output so far.
+pub struct Run {
+    pub args: Args,
+    pub env: Arc<Env>,
+    pub output: Output,
+    started: Instant,
+    load0: String,
+}
+
+/// Parses the flags, connects, creates the namespace; exits 1 if any of that fails.
+pub async fn start(peer: &Peer) -> Run {
+    let args = parse_args(
+        &format!("rust-peers-{}.json", peer.slug),
+        peer.default_steady,
+    );
+    let started = Instant::now();
+    let cfg = match load_config(&args.kubeconfig).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fatal: kubeconfig {}: {e}", args.kubeconfig);
+            std::process::exit(1);
+        }
+    };
+    let admin = match kube::Client::try_from(cfg.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fatal: client: {e}");
+            std::process::exit(1);
+        }
+    };
+    let ns = format!("rpeer-{}-{}", peer.slug, std::process::id());
+    let mut o = Output {
+        source: "rust-peers".into(),
+        versions: Default::default(),
+        latency: vec![],
+        figures: vec![],
+        note: format!(
+            "{} only ({}). All candidates \
+             run in one process, each with its own kube::Client (own TLS connection); lanes = independent Leases \
+             measured concurrently (--lanes {}); namespace {ns} (deleted after the run). Flags: release-rounds {}, \
+             expiry-rounds {}, steady {}s, warm-up {}s, baseline {}s, steady attempts <= {}.",
+            peer.system, peer.other, args.lanes, args.release_rounds, args.expiry_rounds, args.steady, args.warmup,
+            args.baseline, args.steady_attempts
+        ),
+    };
+    o.versions.insert(peer.system.into(), peer.version.into());
+    o.versions
+        .insert(format!("kube (for {})", peer.system), peer.kube.into());
+    o.versions.insert(
+        format!("k8s-openapi (for {})", peer.system),
+        peer.k8s_openapi.into(),
+    );
+    o.versions
+        .insert("kubernetes".into(), server_version(&admin).await);
+    println!(
+        "{} {} (kube {}) vs kube-apiserver {}; namespace {ns}",
+        peer.system, peer.version, peer.kube, o.versions["kubernetes"]
+    );
+    if let Err(e) = create_namespace(&admin, &ns).await {
+        eprintln!("fatal: create namespace {ns}: {e}");
+        std::process::exit(1);
+    }
+    let env = Arc::new(Env {
+        cfg,
+        admin,
+        counter: Arc::new(LeaseCounter::default()),
+        ns,
+    });
+    Run {
+        args,
+        env,
+        output: o,
+        started,
+        load0: loadavg(),
+    }
+}
+
+impl Run {
+    /// Runs the measurements within `--timeout` (or until SIGINT); the error, if any.
+    pub async fn bounded(timeout: u64, measure: impl Future<Output = Res<()>>) -> Option<String> {
+        tokio::select! {
+            r = tokio::time::timeout(Duration::from_secs(timeout), measure) => match r {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("overall timeout of {timeout}s reached")),
+            },
+            _ = tokio::signal::ctrl_c() => Some("interrupted (SIGINT)".to_string()),
+        }
+    }
+
+    /// Deletes the namespace, writes and prints the output; exits 1 if the run failed.
+    pub async fn finish(self, failure: Option<String>) {
+        let Run {
+            args,
+            env,
+            output: mut o,
+            started,
+            load0,
+        } = self;
+        o.note.push_str(&format!(
+            " 1-min load average at start {load0}, at end {} (2-core machine shared with other work; the apiserver \
+             serves other clients too).",
+            loadavg()
+        ));
+        delete_namespace(&env.admin, &env.ns).await;
+        if let Some(f) = &failure {
+            o.note.push_str(&format!(" RUN FAILED: {f}"));
+        }
+        if let Err(e) = write_json(&args.out, &o) {
+            eprintln!("write {}: {e}", args.out);
+        }
+        print_table(&o);
+        println!(
+            "wrote {} in {:.1}s",
+            args.out,
+            started.elapsed().as_secs_f64()
+        );
+        if let Some(f) = failure {
+            eprintln!("ERROR: {f}");
+            std::process::exit(1);
+        }
+    }
+}

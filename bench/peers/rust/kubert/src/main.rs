@@ -43,13 +43,6 @@ fn default_15s() -> ClaimParams {
     }
 }
 
-struct Env {
-    cfg: kube::Config,
-    admin: kube::Client,
-    counter: Arc<LeaseCounter>,
-    ns: String,
-}
-
 #[derive(Default)]
 struct CandState {
     /// When this candidate's claim receiver first showed itself as holder.
@@ -548,95 +541,23 @@ async fn run(env: Arc<Env>, args: &Args, o: &mut Output) -> Res<()> {
     }
 }
 
+const PEER: Peer = Peer {
+    system: SYSTEM,
+    slug: "kubert",
+    version: KUBERT_VERSION,
+    kube: KUBE_VERSION,
+    k8s_openapi: K8S_OPENAPI_VERSION,
+    other: "the kube-leader-election figures come from the separate rustpeer-kle binary",
+    default_steady: 58,
+};
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args = parse_args("rust-peers-kubert.json", 58);
-    let started = Instant::now();
-    let cfg = match load_config(&args.kubeconfig).await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("fatal: kubeconfig {}: {e}", args.kubeconfig);
-            std::process::exit(1);
-        }
-    };
-    let admin = match kube::Client::try_from(cfg.clone()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("fatal: client: {e}");
-            std::process::exit(1);
-        }
-    };
-    let ns = format!("rpeer-kubert-{}", std::process::id());
-    let mut o = Output {
-        source: "rust-peers".into(),
-        versions: Default::default(),
-        latency: vec![],
-        figures: vec![],
-        note: format!(
-            "kubert only (the kube-leader-election figures come from the separate rustpeer-kle binary). All candidates \
-             run in one process, each with its own kube::Client (own TLS connection); lanes = independent Leases \
-             measured concurrently (--lanes {}); namespace {ns} (deleted after the run). Flags: release-rounds {}, \
-             expiry-rounds {}, steady {}s, warm-up {}s, baseline {}s, steady attempts <= {}.",
-            args.lanes, args.release_rounds, args.expiry_rounds, args.steady, args.warmup, args.baseline, args.steady_attempts
-        ),
-    };
-    o.versions.insert(SYSTEM.into(), KUBERT_VERSION.into());
-    o.versions
-        .insert("kube (for kubert)".into(), KUBE_VERSION.into());
-    o.versions.insert(
-        "k8s-openapi (for kubert)".into(),
-        K8S_OPENAPI_VERSION.into(),
-    );
-    o.versions
-        .insert("kubernetes".into(), server_version(&admin).await);
-    println!(
-        "kubert {KUBERT_VERSION} (kube {KUBE_VERSION}) vs kube-apiserver {}; namespace {ns}",
-        o.versions["kubernetes"]
-    );
-    if let Err(e) = create_namespace(&admin, &ns).await {
-        eprintln!("fatal: create namespace {ns}: {e}");
-        std::process::exit(1);
-    }
-    let env = Arc::new(Env {
-        cfg,
-        admin: admin.clone(),
-        counter: Arc::new(LeaseCounter::default()),
-        ns: ns.clone(),
-    });
-    let load0 = loadavg();
-    let res = tokio::select! {
-        r = tokio::time::timeout(
-            Duration::from_secs(args.timeout),
-            run(env.clone(), &args, &mut o),
-        ) => match r {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some(format!("overall timeout of {}s reached", args.timeout)),
-        },
-        _ = tokio::signal::ctrl_c() => Some("interrupted (SIGINT)".to_string()),
-    };
-    o.note.push_str(&format!(
-        " 1-min load average at start {load0}, at end {} (2-core machine shared with other work; the apiserver \
-         serves other clients too).",
-        loadavg()
-    ));
-    drop(env);
-    delete_namespace(&admin, &ns).await;
-    let failure = res;
-    if let Some(f) = &failure {
-        o.note.push_str(&format!(" RUN FAILED: {f}"));
-    }
-    if let Err(e) = write_json(&args.out, &o) {
-        eprintln!("write {}: {e}", args.out);
-    }
-    print_table(&o);
-    println!(
-        "wrote {} in {:.1}s",
-        args.out,
-        started.elapsed().as_secs_f64()
-    );
-    if let Some(f) = failure {
-        eprintln!("ERROR: {f}");
-        std::process::exit(1);
-    }
+    let mut session = start(&PEER).await;
+    let failure = Run::bounded(
+        session.args.timeout,
+        run(session.env.clone(), &session.args, &mut session.output),
+    )
+    .await;
+    session.finish(failure).await;
 }
