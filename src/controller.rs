@@ -92,8 +92,8 @@ pub async fn run(
         ),
     };
     let wc = watcher::Config::default();
-    // Objects are slimmed as they arrive, before anything holds on to them: the
-    // index and a relist buffer keep only what decisions need (see `crate::watch`).
+    // Objects are slimmed as they arrive, before the index holds on to them: it
+    // keeps only what decisions need (see `crate::watch`).
     let inputs = futures::stream::select_all(vec![
         watcher::watcher(leases, wc.clone())
             .modify(crate::watch::slim_guarded::<Lease>)

@@ -2,9 +2,9 @@
 //! the controller keeps of the objects they deliver.
 //!
 //! **Slimming.** Every object a watch delivers is trimmed before the controller
-//! keeps it (in its index, or in a relist buffer): `managedFields` are three
-//! quarters of a Lease or claim as served, and of a Pod the controller needs only
-//! its UID, phase and deletion mark. The controller writes a Lease back with a
+//! keeps it in its index: `managedFields` are three quarters of a Lease or claim
+//! as served, and of a Pod the controller needs only its UID, phase and deletion
+//! mark. The controller writes a Lease back with a
 //! PUT of `/status`, which takes nothing but `status` from the request and keeps
 //! the stored `managedFields` when the request has none, so nothing stripped here
 //! is lost.
