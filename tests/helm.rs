@@ -451,6 +451,13 @@ fn bad_values_fail_with_a_message_naming_the_value() {
             &["apiGroups"],
         ),
         (
+            &[
+                "--set",
+                "policies.claimIdentity.allowNonPodCredentials=maybe",
+            ],
+            &["allowNonPodCredentials"],
+        ),
+        (
             &["--set", "policies.fencing.configMaps=false"],
             &["nothing to fence", "policies.fencing.resources"],
         ),
@@ -1038,6 +1045,8 @@ async fn rendered_chart_passes_server_side_validation() {
             &format!("controller.watchNamespace={}", ns.name),
             "--set-json",
             r#"policies.fencing.resources=[{"apiGroups":[""],"apiVersions":["v1"],"resources":["secrets"]},{"apiGroups":["example.com"],"apiVersions":["v1"],"resources":["widgets"],"scope":"Namespaced"}]"#,
+            "--set",
+            "policies.claimIdentity.allowNonPodCredentials=false",
             "--set-json",
             r#"policies.namespaceSelector={"matchLabels":{"team":"payments"}}"#,
             "--set-json",
@@ -1287,9 +1296,12 @@ async fn create_lease(ns: &TestNamespace, name: &str) {
         .expect("create Lease");
 }
 
+/// A claim named `name`; bound to `pod` when given, and then shown as held by that pod (as
+/// the claim-identity policy requires of a pod's own claims), else by `name`.
 fn claim(name: &str, lease: &str, pod: Option<Value>) -> LeaseClaim {
     let mut spec = json!({"leaseName": lease, "holderIdentity": name});
     if let Some(pod) = pod {
+        spec["holderIdentity"] = pod["name"].clone();
         spec["pod"] = pod;
     }
     serde_json::from_value(json!({
@@ -2589,4 +2601,170 @@ async fn subresource_writes_of_fenced_kinds_are_refused() {
         )
         .await
         .expect("/status of an unfenced widget");
+}
+
+// --- claim identity: update, delete, holderIdentity, non-pod credentials ---------------------
+
+/// A claim bound to pod `pod`, shown as held by `identity`.
+fn pod_claim(name: &str, lease: &str, identity: &str, pod: &str) -> LeaseClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
+        "metadata": {"name": name},
+        "spec": {"leaseName": lease, "holderIdentity": identity, "pod": {"name": pod}}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_pod_may_only_renew_or_release_its_own_claims_and_shows_its_own_name() {
+    let ns = setup("helm-own-claims").await;
+    let release = Release::install(&ns, &[&ns.name], &[]);
+    let pods = create_sa_and_pod(&ns, "worker", &["worker-a", "worker-b"]).await;
+    bind_client_role(&ns.name, &ns.client, &release.name, &ns.name, "worker").await;
+    let as_a =
+        support::client_with_token(&service_account_token(&ns, "worker", Some(&pods[0])).await)
+            .await;
+    let as_b =
+        support::client_with_token(&service_account_token(&ns, "worker", Some(&pods[1])).await)
+            .await;
+    let a_claims: Api<LeaseClaim> = Api::namespaced(as_a, &ns.name);
+    let b_claims: Api<LeaseClaim> = Api::namespaced(as_b, &ns.name);
+    let pp = PostParams::default();
+    b_claims
+        .create(&pp, &pod_claim("jobs-b", "jobs", "worker-b", "worker-b"))
+        .await
+        .expect("pod worker-b claims for itself");
+    let (a_ref, b_ref, pp_ref) = (&a_claims, &b_claims, &pp);
+
+    // Pod A deleting B's claim (and so taking B's lease) is refused.
+    let e = until_rejected(
+        "pod worker-a deleting the claim of worker-b",
+        "a pod may only claim for itself",
+        move || async move { a_ref.delete("jobs-b", &DeleteParams::default()).await },
+        move || async move {
+            let _ = b_ref
+                .create(pp_ref, &pod_claim("jobs-b", "jobs", "worker-b", "worker-b"))
+                .await;
+        },
+    )
+    .await;
+    assert_eq!(e.code, 403, "{e:?}");
+    assert!(
+        e.message.contains("delete refused")
+            && e.message.contains("spec.pod.name is worker-b")
+            && e.message.contains("the request comes from pod worker-a"),
+        "{e:?}"
+    );
+    // ... and renewing it.
+    let renew = Patch::Merge(json!({"spec": {"renewTime": "2030-01-01T00:00:00.000000Z"}}));
+    let e = api_error(
+        a_claims
+            .patch("jobs-b", &PatchParams::default(), &renew)
+            .await,
+    );
+    assert!(e.message.contains("update refused"), "{e:?}");
+
+    // A pod's claim shows the pod: holderIdentity must be its name.
+    let e = api_error(
+        a_claims
+            .create(&pp, &pod_claim("jobs-a", "jobs", "worker-b", "worker-a"))
+            .await,
+    );
+    assert!(
+        e.message.contains("spec.holderIdentity is worker-b")
+            && e.message.contains("it must be worker-a"),
+        "{e:?}"
+    );
+    a_claims
+        .create(&pp, &pod_claim("jobs-a", "jobs", "worker-a", "worker-a"))
+        .await
+        .expect("pod worker-a claims for itself, as worker-a");
+    a_claims
+        .patch("jobs-a", &PatchParams::default(), &renew)
+        .await
+        .expect("pod worker-a renews its own claim");
+    a_claims
+        .delete("jobs-a", &DeleteParams::default())
+        .await
+        .expect("pod worker-a releases its own claim");
+    // A claim bound to no pod (made by a user) is not a pod's to delete either.
+    ns.api::<LeaseClaim>()
+        .create(&pp, &claim("by-user", "jobs", None))
+        .await
+        .unwrap();
+    let e = api_error(a_claims.delete("by-user", &DeleteParams::default()).await);
+    assert!(e.message.contains("spec.pod.name must be set"), "{e:?}");
+    b_claims
+        .delete("jobs-b", &DeleteParams::default())
+        .await
+        .expect("pod worker-b releases its own claim");
+}
+
+#[tokio::test]
+async fn non_pod_credentials_can_be_kept_from_claims() {
+    let ns = setup("helm-no-pod-creds").await;
+    let release = Release::install(
+        &ns,
+        &[&ns.name],
+        &[
+            "--set",
+            "policies.claimIdentity.allowNonPodCredentials=false",
+        ],
+    );
+    let pods = create_sa_and_pod(&ns, "worker", &["worker-a"]).await;
+    bind_client_role(&ns.name, &ns.client, &release.name, &ns.name, "worker").await;
+    let as_pod =
+        support::client_with_token(&service_account_token(&ns, "worker", Some(&pods[0])).await)
+            .await;
+    let unbound =
+        support::client_with_token(&service_account_token(&ns, "worker", None).await).await;
+    let pod_claims: Api<LeaseClaim> = Api::namespaced(as_pod, &ns.name);
+    let unbound_claims: Api<LeaseClaim> = Api::namespaced(unbound, &ns.name);
+    let pp = PostParams::default();
+    let (u_ref, pp_ref) = (&unbound_claims, &pp);
+    let admin_claims = ns.api::<LeaseClaim>();
+    let admin_ref = &admin_claims;
+
+    let e = until_rejected(
+        "a token not bound to a pod creating a claim",
+        "only pods may create LeaseClaims here",
+        move || async move {
+            u_ref
+                .create(pp_ref, &pod_claim("by-ci", "jobs", "worker-a", "worker-a"))
+                .await
+        },
+        move || async move {
+            let _ = admin_ref.delete("by-ci", &DeleteParams::default()).await;
+        },
+    )
+    .await;
+    assert_eq!(e.code, 403, "{e:?}");
+    assert!(
+        e.message.contains("allowNonPodCredentials is false")
+            && e.message
+                .contains(&format!("system:serviceaccount:{}:worker", ns.name)),
+        "{e:?}"
+    );
+    pod_claims
+        .create(&pp, &pod_claim("jobs-a", "jobs", "worker-a", "worker-a"))
+        .await
+        .expect("the pod claims for itself");
+    let renew = Patch::Merge(json!({"spec": {"renewTime": "2030-01-01T00:00:00.000000Z"}}));
+    let e = api_error(
+        unbound_claims
+            .patch("jobs-a", &PatchParams::default(), &renew)
+            .await,
+    );
+    assert!(e.message.contains("only pods may update"), "{e:?}");
+    let e = api_error(
+        unbound_claims
+            .delete("jobs-a", &DeleteParams::default())
+            .await,
+    );
+    assert!(e.message.contains("only pods may delete"), "{e:?}");
+    // Cluster administrators (system:masters) remain able to clean up.
+    admin_claims
+        .delete("jobs-a", &DeleteParams::default())
+        .await
+        .expect("system:masters may delete any claim");
 }
