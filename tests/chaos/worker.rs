@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
@@ -19,6 +19,9 @@ use serde_json::json;
 
 use crate::history::{Event, JournalWrite, Outcome, Recorder};
 use crate::rng::{Rng, now_ns};
+
+/// Stale-writer rounds per worker process (each at most three requests).
+const STALE_ROUNDS: u32 = 3;
 
 /// How long one write may take before its outcome counts as unknown.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -102,6 +105,8 @@ pub async fn run(args: WorkerArgs) {
     let mut history = Recorder::create(&args.history).expect("creating the history file");
     let mut rng = Rng::new(args.seed);
     let mut seq = 0u64;
+    // Stale-writer rounds left (see `stale_writes`): bounded per worker process.
+    let mut stale_rounds = STALE_ROUNDS;
     loop {
         let lease = &args.leases[rng.range(0, args.leases.len() as u64) as usize];
         let options = AcquireOptions {
@@ -130,7 +135,21 @@ pub async fn run(args: WorkerArgs) {
             let event = write_file(&fence, &args.identity, lease, token, seq);
             history.record(&event);
             let event = write_configmap(&configmaps, &args.identity, lease, token, seq).await;
+            let lost = matches!(
+                event,
+                Event::Write {
+                    outcome: Outcome::Stale,
+                    ..
+                }
+            );
             history.record(&event);
+            if lost && stale_rounds > 0 && rng.range(0, 2) == 0 {
+                stale_rounds -= 1;
+                for event in stale_writes(&configmaps, &args.identity, lease, token, &mut seq).await
+                {
+                    history.record(&event);
+                }
+            }
             tokio::time::sleep(rng.millis(50, 250)).await;
         }
         if let Err(e) = tokio::time::timeout(WRITE_TIMEOUT, grant.release()).await {
@@ -180,7 +199,8 @@ async fn write_configmap(
     seq: u64,
 ) -> Event {
     let patch = json!({
-        "metadata": {"annotations": {"palisade.dev/fencing-token": token.to_string()}},
+        "metadata": {"annotations": {"palisade.dev/fencing-token": token.to_string(),
+                                     "palisade.dev/write-id": format!("{worker}-{seq}")}},
         "data": {"writer": worker, "seq": seq.to_string(), "token": token.to_string()},
     });
     let start_ns = now_ns();
@@ -220,4 +240,89 @@ async fn write_configmap(
         rv,
         detail,
     }
+}
+
+/// Once a write of ours was refused as stale (our grant is lost), we try what a careless
+/// stale holder does, each recorded as a write with our old token, so an accepted one is a
+/// stale write the checker reports: a merge patch that leaves the token annotation
+/// untouched (it would inherit the object's token); deleting the object (a delete is a
+/// write too: it destroys the newer holder's data); and creating it again with our token.
+async fn stale_writes(
+    configmaps: &Api<ConfigMap>,
+    worker: &str,
+    lease: &str,
+    token: u64,
+    seq: &mut u64,
+) -> Vec<Event> {
+    let name = configmap_name(lease);
+    let mut events = Vec::new();
+    let mut record = |seq: u64, start_ns: u64, result: Result<Option<ConfigMap>, kube::Error>| {
+        let end_ns = now_ns();
+        let (outcome, rv, detail) = match result {
+            Ok(cm) => (
+                Outcome::Accepted,
+                cm.and_then(|cm| cm.resource_version()?.parse().ok()),
+                String::new(),
+            ),
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("fencing token") => {
+                (Outcome::Stale, None, e.message)
+            }
+            Err(e) => (Outcome::Error, None, e.to_string()),
+        };
+        events.push(Event::Write {
+            worker: worker.to_string(),
+            lease: lease.to_string(),
+            store: "configmap".into(),
+            token,
+            seq,
+            start_ns,
+            end_ns,
+            outcome,
+            rv,
+            detail,
+        });
+    };
+
+    *seq += 1;
+    let untouched = json!({"data": {"writer": worker, "seq": seq.to_string(), "token": "none"}});
+    let start_ns = now_ns();
+    let result = timed(configmaps.patch(&name, &PatchParams::default(), &Patch::Merge(&untouched)))
+        .await
+        .map(Some);
+    record(*seq, start_ns, result);
+
+    *seq += 1;
+    let start_ns = now_ns();
+    let result = timed(configmaps.delete(&name, &DeleteParams::default()))
+        .await
+        .map(|_| None);
+    record(*seq, start_ns, result);
+
+    *seq += 1;
+    let recreated: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": {"palisade.dev/fenced-by": lease},
+            "annotations": {"palisade.dev/fencing-token": token.to_string(),
+                            "palisade.dev/write-id": format!("{worker}-{seq}")},
+        },
+        "data": {"writer": worker, "seq": seq.to_string(), "token": token.to_string()},
+    }))
+    .expect("a ConfigMap");
+    let start_ns = now_ns();
+    match timed(configmaps.create(&PostParams::default(), &recreated)).await {
+        // Still there (the delete was refused): the create was not applied, nothing to record.
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        result => record(*seq, start_ns, result.map(Some)),
+    }
+    events
+}
+
+/// `f`, or an error once WRITE_TIMEOUT has passed (its outcome then unknown).
+async fn timed<T>(
+    f: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    tokio::time::timeout(WRITE_TIMEOUT, f)
+        .await
+        .unwrap_or_else(|_| Err(kube::Error::Service("timed out".into())))
 }
