@@ -5,12 +5,17 @@
 #   make bench          all benchmark figures in one run (~23 min on 2 cores): target/bench/results.{json,md,png}
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
-#   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
+#   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1,
+#                       and the node (kube-scheduler, containerd, kubelet; NODE=0: without it)
+#   make node-deps      what the node needs: containerd/runc/CNI packages, kubelet, the pause image
+#   make image-local    the images without a Docker engine, imported into the node
+#   make demo-cluster   the fencing story with real pods on the node
 #   make cluster-down   stop it and remove its state
 #   make check          cargo fmt --check and clippy -D warnings
 #   make crds           regenerate crds/ (and the chart's copy) from the Rust types
 #   make chart-lint     helm lint --strict of charts/palisade
 #   make image          build the container image (needs a Docker engine)
+#   make image-local    the same image (and the example-workload image) without a daemon
 #
 # Control-plane binaries are built from Go modules under tests/controlplane/ and
 # cached outside target/ (CACHE_DIR), keyed by version, so `cargo clean` keeps them.
@@ -44,8 +49,17 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION)
 CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kubectl \
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
+# --- the node (NODE=0: control plane only) ---------------------------------------
+export NODE ?= 1
+IMAGE_DIR := $(CURDIR)/target/images
+NODE_BINS := $(KUBE_BIN)/kubelet $(KUBE_BIN)/kube-scheduler
+ifeq ($(NODE),1)
+CONTROLPLANE_BINS += $(NODE_BINS)
+NODE_DEPS := node-deps
+endif
+
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
-	controlplane-bins demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
+	controlplane-bins node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
 
 all: build
 
@@ -77,12 +91,32 @@ $(HELM_BIN)/helm: tests/controlplane/helm/go.mod tests/controlplane/helm/go.sum
 		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" -o $@.tmp helm.sh/helm/v3/cmd/helm
 	mv $@.tmp $@
 
+# Debian packages of the node, installed when missing (as root, like CI).
+NODE_PACKAGES := containerd runc containernetworking-plugins socat busybox-static
+node-packages:
+	@missing=""; for p in $(NODE_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+node-deps: node-packages $(NODE_BINS) $(IMAGE_DIR)/pause.tar
+
+# The pod sandbox image: a static pause program, imported into containerd by node.sh.
+$(IMAGE_DIR)/pause.tar: tests/controlplane/images/pause.c tests/controlplane/images/docker-archive.sh
+	@rm -rf $(IMAGE_DIR)/pause.root && mkdir -p $(IMAGE_DIR)/pause.root
+	gcc -static -Os -s -o $(IMAGE_DIR)/pause.root/pause $<
+	tests/controlplane/images/docker-archive.sh $@ palisade.local/pause:1 $(IMAGE_DIR)/pause.root \
+		'{"Entrypoint":["/pause"],"User":"65535:65535"}'
+	@rm -rf $(IMAGE_DIR)/pause.root
+
 clean-cache:
 	rm -rf $(CACHE_DIR)
 
 # --- local control plane -------------------------------------------------------
 
-cluster: controlplane-bins
+cluster: controlplane-bins $(NODE_DEPS)
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh up
 
 cluster-down:
