@@ -140,6 +140,44 @@ IMAGE ?= ghcr.io/palisade-dev/palisade:$(shell awk '$$1 == "appVersion:" {gsub(/
 image:
 	docker build -t $(IMAGE) .
 
+# The same image without a daemon: a static glibc build (rustls, no OpenSSL; the musl
+# target of the Dockerfile needs a toolchain download), written as a `docker save`
+# archive by tests/controlplane/images/docker-archive.sh and imported into the node when
+# it runs. EXAMPLE_IMAGE adds busybox's POSIX shell and kubectl for examples/.
+EXAMPLE_IMAGE ?= palisade.local/palisade-example:$(word 2,$(subst :, ,$(lastword $(subst /, ,$(IMAGE)))))
+STATIC_TARGET := x86_64-unknown-linux-gnu
+STATIC_BIN := target/$(STATIC_TARGET)/release/palisade
+image-local: $(IMAGE_DIR)/palisade.tar $(IMAGE_DIR)/palisade-example.tar
+	@if BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh status 2>/dev/null; then \
+		BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh import $^; \
+	else echo "image-local: no node running; make cluster imports $(IMAGE_DIR)/*.tar when it starts"; fi
+
+$(STATIC_BIN): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
+	RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --bin palisade --target $(STATIC_TARGET)
+	@if readelf -lW $@ | grep -q 'program interpreter'; then \
+		echo "$@ is dynamically linked; expected a static binary" >&2; exit 1; fi
+
+$(IMAGE_DIR)/palisade.tar: $(STATIC_BIN) tests/controlplane/images/docker-archive.sh
+	@rm -rf $@.root && mkdir -p $@.root/etc $@.root/tmp && chmod 1777 $@.root/tmp
+	install -m 0755 -s $(STATIC_BIN) $@.root/palisade
+	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > $@.root/etc/passwd
+	printf 'root:x:0:\nnonroot:x:65532:\n' > $@.root/etc/group
+	tests/controlplane/images/docker-archive.sh $@ $(IMAGE) $@.root \
+		'{"User":"65532:65532","Entrypoint":["/palisade"],"Cmd":["controller"],"Env":["PATH=/"]}'
+	@rm -rf $@.root
+
+$(IMAGE_DIR)/palisade-example.tar: $(STATIC_BIN) $(KUBE_BIN)/kubectl tests/controlplane/images/docker-archive.sh
+	@rm -rf $@.root && mkdir -p $@.root/bin $@.root/usr/local/bin $@.root/etc $@.root/tmp && chmod 1777 $@.root/tmp
+	install -m 0755 -s $(STATIC_BIN) $@.root/usr/local/bin/palisade
+	install -m 0755 $(KUBE_BIN)/kubectl $@.root/usr/local/bin/kubectl
+	install -m 0755 /bin/busybox $@.root/bin/busybox
+	for a in $$(/bin/busybox --list); do ln -sf busybox $@.root/bin/$$a; done
+	printf 'root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532:nonroot:/tmp:/bin/sh\n' > $@.root/etc/passwd
+	printf 'root:x:0:\nnonroot:x:65532:\n' > $@.root/etc/group
+	tests/controlplane/images/docker-archive.sh $@ $(EXAMPLE_IMAGE) $@.root \
+		'{"User":"65532:65532","Entrypoint":["/usr/local/bin/palisade"],"Env":["PATH=/usr/local/bin:/bin","HOME=/tmp"]}'
+	@rm -rf $@.root
+
 check:
 	cargo fmt --all --check
 	cargo clippy --locked --all-targets -- -D warnings
