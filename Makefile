@@ -183,7 +183,7 @@ check:
 	cargo clippy --locked --all-targets -- -D warnings
 
 # Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
-test: cluster
+test: cluster $(if $(filter 1,$(NODE)),image-local)
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
@@ -245,6 +245,11 @@ DURATION ?= 10m
 SEED ?= $(shell date +%s)
 chaos: controlplane-bins
 	cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED)
+
+# The fencing story with real pods on the node; see tests/demo/demo-cluster.sh.
+demo-cluster: cluster image-local
+	KUBECONFIG=$(KUBECONFIG_TEST) KUBECTL=$(PALISADE_BIN_DIR)/kubectl HELM=$(PALISADE_BIN_DIR)/helm \
+		tests/demo/demo-cluster.sh
 
 # The fencing story with real processes; see tests/demo/demo.sh.
 demo: cluster
