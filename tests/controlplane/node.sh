@@ -286,7 +286,7 @@ kill_pod_cgroups() {
 
 unmount_under() { # dir
   local m
-  findmnt -rn -o TARGET | grep -F "$1/" | sort -r | while read -r m; do
+  { findmnt -rn -o TARGET | grep -F "$1/" || true; } | sort -r | while read -r m; do
     umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
   done
 }
