@@ -204,7 +204,7 @@ up() {
     start kube-controller-manager --kubeconfig "$STATE_DIR/kcm.kubeconfig" \
       --authentication-kubeconfig "$STATE_DIR/kcm.kubeconfig" --authorization-kubeconfig "$STATE_DIR/kcm.kubeconfig" \
       --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
-      --controllers serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,statefulset-controller,pod-garbage-collector-controller \
+      --controllers serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,statefulset-controller,pod-garbage-collector-controller,node-lifecycle-controller \
       --use-service-account-credentials --service-account-private-key-file "$pki/sa.key" \
       --root-ca-file "$pki/ca.crt" --v 1
     # The serviceaccount controller creates `default` in every namespace; pods need it.
