@@ -171,7 +171,7 @@ $(IMAGE_DIR)/palisade-example.tar: $(STATIC_BIN) $(KUBE_BIN)/kubectl tests/contr
 	install -m 0755 -s $(STATIC_BIN) $@.root/usr/local/bin/palisade
 	install -m 0755 $(KUBE_BIN)/kubectl $@.root/usr/local/bin/kubectl
 	install -m 0755 /bin/busybox $@.root/bin/busybox
-	for a in $$(/bin/busybox --list); do ln -sf busybox $@.root/bin/$$a; done
+	for a in $$(/bin/busybox --list); do [ $$a = busybox ] || ln -sf busybox $@.root/bin/$$a; done
 	printf 'root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532:nonroot:/tmp:/bin/sh\n' > $@.root/etc/passwd
 	printf 'root:x:0:\nnonroot:x:65532:\n' > $@.root/etc/group
 	tests/controlplane/images/docker-archive.sh $@ $(EXAMPLE_IMAGE) $@.root \
