@@ -171,6 +171,7 @@ EOF
     --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC \
     --enable-admission-plugins NodeRestriction,PodNodeSelector --admission-control-config-file "$STATE_DIR/admission.yaml" \
     --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
+    --kubelet-preferred-address-types InternalIP \
     --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
     --service-account-issuer "https://127.0.0.1:$APISERVER_PORT" \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
