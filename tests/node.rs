@@ -526,3 +526,194 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
             .await;
     }
 }
+
+async fn wait_pod<F>(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    check: F,
+) -> Pod
+where
+    F: Fn(&Pod) -> bool,
+{
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + limit;
+    loop {
+        let p = pods.get(name).await.unwrap();
+        if check(&p) {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pod {name}: timed out after {limit:?} waiting for {what}: {:#?}",
+            p.status
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn restricted_pod(name: &str, image: &str, sa: &str, command: &[&str]) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": sa,
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "main", "image": image, "imagePullPolicy": "Never", "command": command,
+                "env": [
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                ],
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// Bad input fails with an error a user can act on, never a hang: a missing image, a chart
+/// value of the wrong type, a workload whose ServiceAccount lacks the client RoleBinding.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_in_the_cluster_fails_with_an_actionable_error() {
+    const NS: &str = "palisade-bad-input";
+    let client = support::client().await;
+    support::install_crds().await;
+    pod_namespace(&client, NS).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pp = PostParams::default();
+
+    // An image that is not on the node.
+    let missing = "palisade.local/palisade-example:does-not-exist";
+    pods.create(
+        &pp,
+        &restricted_pod("missing-image", missing, "default", &["true"]),
+    )
+    .await
+    .unwrap();
+    let p = wait_pod(
+        &client,
+        NS,
+        "missing-image",
+        "a waiting reason",
+        Duration::from_secs(60),
+        |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c[0].state.as_ref())
+                .and_then(|s| s.waiting.as_ref())
+                .is_some_and(|w| w.reason.as_deref() == Some("ErrImageNeverPull"))
+        },
+    )
+    .await;
+    let waiting = p.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .waiting
+        .unwrap();
+    let message = waiting.message.unwrap_or_default();
+    println!("missing image: {message}");
+    assert!(
+        message.contains(missing),
+        "the message does not name the image: {message}"
+    );
+
+    // A chart value of the wrong type: refused before anything is created.
+    let t = Instant::now();
+    let out = run(
+        "helm",
+        &[
+            "install",
+            "palisade-bad",
+            support::repo_root()
+                .join("charts/palisade")
+                .to_str()
+                .unwrap(),
+            "-n",
+            NS,
+            "--set",
+            "replicaCount=two",
+        ],
+    );
+    assert!(
+        !out.status.success(),
+        "helm accepted replicaCount=two: {}",
+        text(&out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!(
+        "wrong-typed value ({:.1}s): {}",
+        t.elapsed().as_secs_f64(),
+        err.trim()
+    );
+    assert!(
+        err.contains("replicaCount"),
+        "the error does not name the value: {err}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "helm took {:?}",
+        t.elapsed()
+    );
+
+    // `palisade lock` from a ServiceAccount without the palisade-client RoleBinding.
+    let image = "palisade.local/palisade-example:0.1.0";
+    pods.create(
+        &pp,
+        &restricted_pod(
+            "no-rolebinding",
+            image,
+            "default",
+            &[
+                "palisade",
+                "lock",
+                "ledger",
+                "--timeout",
+                "20s",
+                "--",
+                "true",
+            ],
+        ),
+    )
+    .await
+    .unwrap();
+    let p = wait_pod(
+        &client,
+        NS,
+        "no-rolebinding",
+        "the container to exit",
+        Duration::from_secs(60),
+        |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|ph| ph == "Failed" || ph == "Succeeded")
+        },
+    )
+    .await;
+    let term = p.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    let logs = pods
+        .logs("no-rolebinding", &Default::default())
+        .await
+        .unwrap();
+    println!("no RoleBinding: exit {}: {}", term.exit_code, logs.trim());
+    assert_eq!(term.exit_code, 1, "expected exit 1 (API error): {logs}");
+    assert!(
+        logs.to_lowercase().contains("forbidden"),
+        "the error does not say forbidden: {logs}"
+    );
+
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(NS, &DeleteParams::background())
+        .await;
+}
