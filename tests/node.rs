@@ -34,6 +34,7 @@ const RELEASE: &str = "palisade";
 const SYSTEM_NS: &str = "palisade-system";
 const LEDGER_NS: &str = "palisade-ledger";
 const NODE_NAME: &str = "palisade-node";
+const EXAMPLE_IMAGE: &str = "palisade.local/palisade-example:0.1.0";
 /// The example's Lease duration (examples/ledger/ledger.yaml).
 const LEASE_SECONDS: u64 = 5;
 
@@ -508,6 +509,56 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         h.last().unwrap().token
     );
 
+    // With its kubelet-issued token, a pod cannot claim for another pod.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), LEDGER_NS);
+    let victim = pods
+        .list(&ListParams::default().labels("app=ledger-writer"))
+        .await
+        .unwrap()
+        .items[0]
+        .name_any();
+    let claim = format!(
+        "{{\"apiVersion\":\"palisade.dev/v1alpha1\",\"kind\":\"LeaseClaim\",\"metadata\":{{\"name\":\"impostor\"}},\
+         \"spec\":{{\"leaseName\":\"ledger\",\"holderIdentity\":\"{victim}\",\"pod\":{{\"name\":\"{victim}\"}}}}}}"
+    );
+    let script = format!("echo '{claim}' | kubectl create -f -");
+    pods.create(
+        &PostParams::default(),
+        &restricted_pod(
+            "impostor",
+            EXAMPLE_IMAGE,
+            "ledger-writer",
+            &["sh", "-c", &script],
+        ),
+    )
+    .await
+    .unwrap();
+    let p = wait_pod(
+        &client,
+        LEDGER_NS,
+        "impostor",
+        "the container to exit",
+        Duration::from_secs(60),
+        |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .is_some_and(|ph| ph == "Failed" || ph == "Succeeded")
+        },
+    )
+    .await;
+    let logs = pods.logs("impostor", &Default::default()).await.unwrap();
+    println!("a pod claiming for {victim}: {}", logs.trim());
+    assert_eq!(
+        p.status.unwrap().phase.as_deref(),
+        Some("Failed"),
+        "the claim for another pod was accepted: {logs}"
+    );
+    assert!(
+        logs.contains("denied"),
+        "not refused by the claim-identity policy: {logs}"
+    );
+
     // helm uninstall keeps Leases and CRDs.
     ok("helm", &["uninstall", RELEASE, "-n", SYSTEM_NS, "--wait"]);
     Api::<Lease>::namespaced(client.clone(), LEDGER_NS)
@@ -662,7 +713,7 @@ async fn bad_input_in_the_cluster_fails_with_an_actionable_error() {
     );
 
     // `palisade lock` from a ServiceAccount without the palisade-client RoleBinding.
-    let image = "palisade.local/palisade-example:0.1.0";
+    let image = EXAMPLE_IMAGE;
     pods.create(
         &pp,
         &restricted_pod(
