@@ -559,6 +559,29 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         "not refused by the claim-identity policy: {logs}"
     );
 
+    // The frozen-holder story (make demo-cluster): stale write refused, exit 75, restart.
+    let demo = {
+        let mut cmd = Command::new("bash");
+        cmd.arg(support::repo_root().join("tests/demo/demo-cluster.sh"))
+            .env("KUBECONFIG", support::kubeconfig_path())
+            .env("KUBECTL", tool("kubectl"))
+            .env("HELM", tool("helm"))
+            .env("DEMO_SYSTEM_NAMESPACE", SYSTEM_NS)
+            .env("DEMO_NAMESPACE", "palisade-demo-test")
+            .stdin(Stdio::null());
+        let home = std::env::temp_dir().join(format!("palisade-node-tests-{}", std::process::id()));
+        cmd.env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_DATA_HOME", home.join("data"));
+        cmd.output().expect("running tests/demo/demo-cluster.sh")
+    };
+    println!("{}", String::from_utf8_lossy(&demo.stdout));
+    assert!(
+        demo.status.success(),
+        "the frozen-holder story failed: {}",
+        text(&demo)
+    );
+
     // helm uninstall keeps Leases and CRDs.
     ok("helm", &["uninstall", RELEASE, "-n", SYSTEM_NS, "--wait"]);
     Api::<Lease>::namespaced(client.clone(), LEDGER_NS)

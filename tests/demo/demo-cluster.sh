@@ -53,9 +53,9 @@ pod_ns "$NS"
 step "$(k -n "$SYSTEM_NS" get deployment palisade --no-headers | awk '{print "deployment palisade: " $2 " ready"}')"
 
 say "2. The workload: examples/ledger, 3 pods contending for Lease ledger"
-k -n "$NS" apply -f "$root/examples/ledger/ledger.yaml" >/dev/null
-# A longer critical section, so the holder can be frozen inside it.
-k -n "$NS" set env deployment/ledger-writer WORK_SECONDS=4 >/dev/null
+# The example as is, with a longer critical section so the holder can be frozen inside it.
+awk '/name: WORK_SECONDS/ {print; getline; sub(/"2"/, "\"4\"")} {print}' "$root/examples/ledger/ledger.yaml" |
+  k -n "$NS" apply -f - >/dev/null
 k -n "$NS" rollout status deployment/ledger-writer --timeout 120s >/dev/null
 wait_for 60 "a holder in its critical section" bash -c "[[ \$($KUBECTL -n $NS get configmap ledger -o jsonpath='{.data.phase}') == enter ]]"
 holder=$(cm .data.holder)
