@@ -284,9 +284,30 @@ async fn ready_replicas(client: &Client) -> i32 {
     }
 }
 
+/// Uninstalls the release when the test ends, passed or not: a cluster-wide controller
+/// left running would interfere with the test binaries that run after this one.
+struct Uninstall;
+
+impl Drop for Uninstall {
+    fn drop(&mut self) {
+        let _ = run("helm", &["uninstall", RELEASE, "-n", SYSTEM_NS, "--wait"]);
+        let _ = run(
+            "kubectl",
+            &[
+                "delete",
+                "namespace",
+                LEDGER_NS,
+                "palisade-demo-test",
+                "--wait=false",
+            ],
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn controller_and_workload_run_as_pods_on_the_node() {
     let client = support::client().await;
+    let _uninstall = Uninstall;
 
     // The node: Ready, schedulable, no taints.
     let node = Api::<Node>::all(client.clone())
@@ -559,6 +580,17 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         "not refused by the claim-identity policy: {logs}"
     );
 
+    // helm uninstall keeps Leases and CRDs.
+    ok("helm", &["uninstall", RELEASE, "-n", SYSTEM_NS, "--wait"]);
+    Api::<Lease>::namespaced(client.clone(), LEDGER_NS)
+        .get("ledger")
+        .await
+        .expect("the Lease survives helm uninstall");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.get("leases.palisade.dev")
+        .await
+        .expect("the CRD survives helm uninstall");
+
     // The frozen-holder story (make demo-cluster): stale write refused, exit 75, restart.
     let demo = {
         let mut cmd = Command::new("bash");
@@ -581,17 +613,6 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         "the frozen-holder story failed: {}",
         text(&demo)
     );
-
-    // helm uninstall keeps Leases and CRDs.
-    ok("helm", &["uninstall", RELEASE, "-n", SYSTEM_NS, "--wait"]);
-    Api::<Lease>::namespaced(client.clone(), LEDGER_NS)
-        .get("ledger")
-        .await
-        .expect("the Lease survives helm uninstall");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.get("leases.palisade.dev")
-        .await
-        .expect("the CRD survives helm uninstall");
 
     // Leave nothing running on the node.
     for ns in [LEDGER_NS, SYSTEM_NS] {

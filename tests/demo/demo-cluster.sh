@@ -21,6 +21,8 @@ frozen=""
 k() { "$KUBECTL" "$@"; }
 cleanup() {
   [[ -n $frozen && -e $frozen/freezer.state ]] && echo THAWED >"$frozen/freezer.state" || true
+  # The release is the demo's own (it refuses to start when one exists): leave none behind.
+  "$HELM" uninstall palisade -n "$SYSTEM_NS" --wait >/dev/null 2>&1 || true
   k delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -45,11 +47,17 @@ pod_ns() { # name: a namespace whose pods run on the node, Pod Security "restric
 }
 
 say "1. The controller: the chart, as pods"
+if "$HELM" status palisade -n "$SYSTEM_NS" >/dev/null 2>&1; then
+  trap - EXIT
+  fail "a release palisade already exists in $SYSTEM_NS; the demo installs its own (helm uninstall palisade -n $SYSTEM_NS)"
+fi
 k delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
 pod_ns "$SYSTEM_NS"
 pod_ns "$NS"
 "$HELM" upgrade --install palisade "$root/charts/palisade" -n "$SYSTEM_NS" \
-  --set image.pullPolicy=Never --wait --timeout 120s >/dev/null
+  --set image.pullPolicy=Never --set controller.watchNamespace="$NS" \
+  --set "policies.namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=$NS" \
+  --wait --timeout 120s >/dev/null
 step "$(k -n "$SYSTEM_NS" get deployment palisade --no-headers | awk '{print "deployment palisade: " $2 " ready"}')"
 
 say "2. The workload: examples/ledger, 3 pods contending for Lease ledger"
