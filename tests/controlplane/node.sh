@@ -31,6 +31,9 @@ IMAGE_DIR=${IMAGE_DIR:-$STATE_DIR/../images}
 START_TIMEOUT=${START_TIMEOUT:-90}
 
 N=$STATE_DIR/node
+# One node per machine (the bridge, the kubelet's ports and the pod cgroups are
+# machine-wide): this file names the cluster state directory that owns it.
+OWNER=/run/palisade-node.owner
 CTRD_SOCK=$N/containerd/containerd.sock
 CNI_BIN_DIR=/usr/lib/cni
 
@@ -246,6 +249,12 @@ up() {
     return 0
   fi
   down_quiet
+  if [[ -f $OWNER ]] && [[ $(cat "$OWNER") != "$STATE_DIR" ]] && [[ -d $(cat "$OWNER")/node ]]; then
+    log "the node of another cluster ($(cat "$OWNER")) runs on this machine; stop it, or start this cluster with NODE=0"
+    exit 1
+  fi
+  mkdir -p "$N"
+  echo "$STATE_DIR" >"$OWNER"
   for b in kubelet kube-scheduler; do
     [[ -x $BIN_DIR/$b ]] || { log "missing $BIN_DIR/$b (run make node-deps)"; exit 1; }
   done
@@ -292,6 +301,8 @@ unmount_under() { # dir
 }
 
 down_quiet() {
+  # Nothing of ours to stop: never touch the machine-wide parts another cluster owns.
+  [[ -d $N ]] || return 0
   # Pods first, through the API, while the kubelet runs: it stops their containers and
   # tears their network down (CNI DEL) like any node would.
   if pid_alive kubelet && kubectl get --raw /readyz >/dev/null 2>&1; then
@@ -328,6 +339,7 @@ down_quiet() {
   done
   if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
   rm -rf "$N"
+  rm -f "$OWNER"
 }
 
 down() {
