@@ -386,11 +386,8 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         tokio::spawn(async move {
             let mut events = watcher(cms, cfg).boxed();
             while let Some(e) = events.next().await {
-                match e {
-                    Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
-                        record(&history, &cm)
-                    }
-                    _ => {}
+                if let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = e {
+                    record(&history, &cm);
                 }
             }
         })
