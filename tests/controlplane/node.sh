@@ -64,6 +64,8 @@ wait_for() { # component description command...
   done
 }
 
+# Each component was started with setsid: its PID is its process group, which also holds
+# what it forked (socat's per-connection children). Shims make sessions of their own.
 stop_pid() { # component
   local f=$STATE_DIR/$1.pid pid
   [[ -f $f ]] || return 0
@@ -74,6 +76,7 @@ stop_pid() { # component
     kill -KILL "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   fi
+  kill -KILL -- "-$pid" 2>/dev/null || true
   rm -f "$f"
 }
 
@@ -347,6 +350,8 @@ down() {
   local left
   left=$(findmnt -rn -o TARGET | grep -F "$N/" || true)
   [[ -z $left ]] || { log "still mounted after down:"; echo "$left" >&2; exit 1; }
+  left=$(pgrep -af -- "$N/|-address $CTRD_SOCK|bind=$KUBERNETES_SERVICE_IP" || true)
+  [[ -z $left ]] || { log "still running after down:"; echo "$left" >&2; exit 1; }
 }
 
 case ${1:-} in
