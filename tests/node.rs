@@ -465,6 +465,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         "kubectl",
         &["-n", SYSTEM_NS, "delete", "pod", &leader, "--wait=false"],
     );
+    let failover = Instant::now();
     let elections: Api<CoordinationLease> = Api::namespaced(client.clone(), SYSTEM_NS);
     wait_until(
         "another controller replica to lead",
@@ -479,12 +480,20 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         },
     )
     .await;
+    println!(
+        "delete leading controller pod {leader} -> another replica leads in {:.2}s",
+        failover.elapsed().as_secs_f64()
+    );
     wait_until(
         "grants after the controller failover",
         Duration::from_secs(60),
         || async { max_token(&history) > before && sections(&history) > 0 },
     )
     .await;
+    println!(
+        "first grant after the failover: {:.2}s",
+        failover.elapsed().as_secs_f64()
+    );
 
     // helm upgrade with a changed value rolls the controller; tokens keep rising.
     let before = max_token(&history);
