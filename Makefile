@@ -5,12 +5,17 @@
 #   make bench          all benchmark figures in one run (~23 min on 2 cores): target/bench/results.{json,md,png}
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
-#   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
+#   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1,
+#                       and the node (kube-scheduler, containerd, kubelet; NODE=0: without it)
+#   make node-deps      what the node needs: containerd/runc/CNI packages, kubelet, the pause image
+#   make image-local    the images without a Docker engine, imported into the node
+#   make demo-cluster   the fencing story with real pods on the node
 #   make cluster-down   stop it and remove its state
 #   make check          cargo fmt --check and clippy -D warnings
 #   make crds           regenerate crds/ (and the chart's copy) from the Rust types
 #   make chart-lint     helm lint --strict of charts/palisade
 #   make image          build the container image (needs a Docker engine)
+#   make image-local    the same image (and the example-workload image) without a daemon
 #
 # Control-plane binaries are built from Go modules under tests/controlplane/ and
 # cached outside target/ (CACHE_DIR), keyed by version, so `cargo clean` keeps them.
@@ -44,8 +49,17 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION)
 CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kubectl \
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
+# --- the node (NODE=0: control plane only) ---------------------------------------
+export NODE ?= 1
+IMAGE_DIR := $(CURDIR)/target/images
+NODE_BINS := $(KUBE_BIN)/kubelet $(KUBE_BIN)/kube-scheduler
+ifeq ($(NODE),1)
+CONTROLPLANE_BINS += $(NODE_BINS)
+NODE_DEPS := node-deps
+endif
+
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
-	controlplane-bins demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
+	controlplane-bins node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
 
 all: build
 
@@ -77,12 +91,32 @@ $(HELM_BIN)/helm: tests/controlplane/helm/go.mod tests/controlplane/helm/go.sum
 		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" -o $@.tmp helm.sh/helm/v3/cmd/helm
 	mv $@.tmp $@
 
+# Debian packages of the node, installed when missing (as root, like CI).
+NODE_PACKAGES := containerd runc containernetworking-plugins socat busybox-static
+node-packages:
+	@missing=""; for p in $(NODE_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+node-deps: node-packages $(NODE_BINS) $(IMAGE_DIR)/pause.tar
+
+# The pod sandbox image: a static pause program, imported into containerd by node.sh.
+$(IMAGE_DIR)/pause.tar: tests/controlplane/images/pause.c tests/controlplane/images/docker-archive.sh
+	@rm -rf $(IMAGE_DIR)/pause.root && mkdir -p $(IMAGE_DIR)/pause.root
+	gcc -static -Os -s -o $(IMAGE_DIR)/pause.root/pause $<
+	tests/controlplane/images/docker-archive.sh $@ palisade.local/pause:1 $(IMAGE_DIR)/pause.root \
+		'{"Entrypoint":["/pause"],"User":"65535:65535"}'
+	@rm -rf $(IMAGE_DIR)/pause.root
+
 clean-cache:
 	rm -rf $(CACHE_DIR)
 
 # --- local control plane -------------------------------------------------------
 
-cluster: controlplane-bins
+cluster: controlplane-bins $(NODE_DEPS)
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh up
 
 cluster-down:
@@ -106,12 +140,50 @@ IMAGE ?= ghcr.io/palisade-dev/palisade:$(shell awk '$$1 == "appVersion:" {gsub(/
 image:
 	docker build -t $(IMAGE) .
 
+# The same image without a daemon: a static glibc build (rustls, no OpenSSL; the musl
+# target of the Dockerfile needs a toolchain download), written as a `docker save`
+# archive by tests/controlplane/images/docker-archive.sh and imported into the node when
+# it runs. EXAMPLE_IMAGE adds busybox's POSIX shell and kubectl for examples/.
+EXAMPLE_IMAGE ?= palisade.local/palisade-example:$(word 2,$(subst :, ,$(lastword $(subst /, ,$(IMAGE)))))
+STATIC_TARGET := x86_64-unknown-linux-gnu
+STATIC_BIN := target/$(STATIC_TARGET)/release/palisade
+image-local: $(IMAGE_DIR)/palisade.tar $(IMAGE_DIR)/palisade-example.tar
+	@if BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh status 2>/dev/null; then \
+		BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh import $^; \
+	else echo "image-local: no node running; make cluster imports $(IMAGE_DIR)/*.tar when it starts"; fi
+
+$(STATIC_BIN): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
+	RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --bin palisade --target $(STATIC_TARGET)
+	@if readelf -lW $@ | grep -q 'program interpreter'; then \
+		echo "$@ is dynamically linked; expected a static binary" >&2; exit 1; fi
+
+$(IMAGE_DIR)/palisade.tar: $(STATIC_BIN) tests/controlplane/images/docker-archive.sh
+	@rm -rf $@.root && mkdir -p $@.root/etc $@.root/tmp && chmod 1777 $@.root/tmp
+	install -m 0755 -s $(STATIC_BIN) $@.root/palisade
+	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > $@.root/etc/passwd
+	printf 'root:x:0:\nnonroot:x:65532:\n' > $@.root/etc/group
+	tests/controlplane/images/docker-archive.sh $@ $(IMAGE) $@.root \
+		'{"User":"65532:65532","Entrypoint":["/palisade"],"Cmd":["controller"],"Env":["PATH=/"]}'
+	@rm -rf $@.root
+
+$(IMAGE_DIR)/palisade-example.tar: $(STATIC_BIN) $(KUBE_BIN)/kubectl tests/controlplane/images/docker-archive.sh
+	@rm -rf $@.root && mkdir -p $@.root/bin $@.root/usr/local/bin $@.root/etc $@.root/tmp && chmod 1777 $@.root/tmp
+	install -m 0755 -s $(STATIC_BIN) $@.root/usr/local/bin/palisade
+	install -m 0755 $(KUBE_BIN)/kubectl $@.root/usr/local/bin/kubectl
+	install -m 0755 /bin/busybox $@.root/bin/busybox
+	for a in $$(/bin/busybox --list); do [ $$a = busybox ] || ln -sf busybox $@.root/bin/$$a; done
+	printf 'root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532:nonroot:/tmp:/bin/sh\n' > $@.root/etc/passwd
+	printf 'root:x:0:\nnonroot:x:65532:\n' > $@.root/etc/group
+	tests/controlplane/images/docker-archive.sh $@ $(EXAMPLE_IMAGE) $@.root \
+		'{"User":"65532:65532","Entrypoint":["/usr/local/bin/palisade"],"Env":["PATH=/usr/local/bin:/bin","HOME=/tmp"]}'
+	@rm -rf $@.root
+
 check:
 	cargo fmt --all --check
 	cargo clippy --locked --all-targets -- -D warnings
 
 # Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
-test: cluster
+test: cluster $(if $(filter 1,$(NODE)),image-local)
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
@@ -173,6 +245,11 @@ DURATION ?= 10m
 SEED ?= $(shell date +%s)
 chaos: controlplane-bins
 	cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED)
+
+# The fencing story with real pods on the node; see tests/demo/demo-cluster.sh.
+demo-cluster: cluster image-local
+	KUBECONFIG=$(KUBECONFIG_TEST) KUBECTL=$(PALISADE_BIN_DIR)/kubectl HELM=$(PALISADE_BIN_DIR)/helm \
+		tests/demo/demo-cluster.sh
 
 # The fencing story with real processes; see tests/demo/demo.sh.
 demo: cluster

@@ -203,6 +203,8 @@ impl ControlPlane {
             .env("ETCD_PEER_PORT", ETCD_PEER_PORT.to_string())
             .env("APISERVER_PORT", APISERVER_PORT.to_string())
             .env("KCM_PORT", KCM_PORT.to_string())
+            // The machine's one node belongs to `make cluster`; the suite needs none.
+            .env("NODE", "0")
             .stdout(Stdio::null())
             .status()
             .map_err(|e| format!("cluster.sh: {e}"))?;

@@ -21,6 +21,10 @@ ETCD_PEER_PORT=${ETCD_PEER_PORT:-23800}
 APISERVER_PORT=${APISERVER_PORT:-16443}
 KCM_PORT=${KCM_PORT:-16257}
 START_TIMEOUT=${START_TIMEOUT:-90}
+# NODE=1: also a node (kube-scheduler, containerd, kubelet; tests/controlplane/node.sh).
+NODE=${NODE:-1}
+KUBERNETES_SERVICE_IP=${KUBERNETES_SERVICE_IP:-10.0.0.1}
+export STATE_DIR BIN_DIR APISERVER_PORT START_TIMEOUT KUBERNETES_SERVICE_IP
 
 components=(etcd kube-apiserver kube-controller-manager)
 
@@ -86,7 +90,7 @@ make_pki() {
     -subj "/CN=kube-apiserver" 2>/dev/null
   openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
     -days 365 -out "$pki/apiserver.crt" -extfile <(printf '%s\n' \
-      'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc' \
+      "subjectAltName=IP:127.0.0.1,IP:$KUBERNETES_SERVICE_IP,DNS:localhost,DNS:kubernetes.default.svc" \
       'extendedKeyUsage=serverAuth') 2>/dev/null
   client_cert admin palisade-admin system:masters
   client_cert kcm system:kube-controller-manager ""
@@ -149,10 +153,25 @@ start_etcd() {
 
 start_apiserver() {
   local pki=$STATE_DIR/pki
+  # Pods in a namespace without the annotation scheduler.alpha.kubernetes.io/node-selector
+  # get this node selector, which no node matches: the Pod objects tests create as records
+  # stay unscheduled. Namespaces meant to run pods carry the annotation, empty.
+  cat >"$STATE_DIR/admission.yaml" <<EOF
+apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: PodNodeSelector
+  configuration:
+    podNodeSelectorPluginConfig:
+      clusterDefaultNodeSelector: "palisade.dev/no-node=records-only"
+EOF
   start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-    --client-ca-file "$pki/ca.crt" --authorization-mode RBAC \
+    --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC \
+    --enable-admission-plugins NodeRestriction,PodNodeSelector --admission-control-config-file "$STATE_DIR/admission.yaml" \
+    --kubelet-client-certificate "$pki/admin.crt" --kubelet-client-key "$pki/admin.key" \
+    --kubelet-preferred-address-types InternalIP \
     --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
     --service-account-issuer "https://127.0.0.1:$APISERVER_PORT" \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
@@ -167,6 +186,7 @@ up() {
     for c in "${components[@]}"; do
       [[ -x $BIN_DIR/$c ]] || { log "missing $BIN_DIR/$c (run make controlplane-bins)"; exit 1; }
     done
+    "$root/tests/controlplane/node.sh" down
     stop_all
     rm -rf "$STATE_DIR"
     mkdir -p "$STATE_DIR"
@@ -185,13 +205,14 @@ up() {
     start kube-controller-manager --kubeconfig "$STATE_DIR/kcm.kubeconfig" \
       --authentication-kubeconfig "$STATE_DIR/kcm.kubeconfig" --authorization-kubeconfig "$STATE_DIR/kcm.kubeconfig" \
       --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
-      --controllers serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller \
+      --controllers serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller,clusterrole-aggregation-controller,validatingadmissionpolicy-status-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,statefulset-controller,pod-garbage-collector-controller,node-lifecycle-controller \
       --use-service-account-credentials --service-account-private-key-file "$pki/sa.key" \
       --root-ca-file "$pki/ca.crt" --v 1
     # The serviceaccount controller creates `default` in every namespace; pods need it.
     wait_for kube-controller-manager "the default ServiceAccount" default_sa_exists
     log "started in $((SECONDS - t0))s"
   fi
+  if [[ $NODE == 1 ]]; then "$root/tests/controlplane/node.sh" up; fi
   echo "export KUBECONFIG=$STATE_DIR/kubeconfig"
 }
 
@@ -216,6 +237,7 @@ restart() { # component
 }
 
 down() {
+  "$root/tests/controlplane/node.sh" down
   stop_all
   rm -rf "$STATE_DIR"
   log "stopped"
@@ -229,7 +251,7 @@ flock 9
 case ${1:-} in
   up) up ;;
   down) down ;;
-  status) healthy ;;
+  status) healthy && { [[ $NODE != 1 ]] || "$root/tests/controlplane/node.sh" status; } ;;
   restart)
     case ${2:-} in
       etcd | kube-apiserver) restart "$2" ;;
