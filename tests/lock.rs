@@ -196,7 +196,7 @@ async fn the_command_sees_the_grant_in_its_environment_and_its_status_is_passed_
     // Also admits a write with `palisade fence`, which reads the token and lease from the environment.
     let script = format!(
         r#"env | grep ^PALISADE_ | sort > {d}/env.tmp
-"$PALISADE_BIN" fence --store {d}/fence --payload hello > {d}/fence.out 2>&1 || echo "fence failed" >> {d}/fence.out
+"$PALISADE_BIN" fence --store {d}/fence --create --payload hello > {d}/fence.out 2>&1 || echo "fence failed" >> {d}/fence.out
 mv {d}/env.tmp {d}/env
 i=0; while [ ! -e {d}/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
 exit 7"#

@@ -72,6 +72,7 @@ write "$PALISADE_HOLDER second write"
 EOF
 chmod +x "$WORK/worker.sh"
 export STORE PALISADE
+"$PALISADE" fence --store "$STORE" --create >/dev/null
 
 say "2. worker-a takes the lease ($DURATION) and writes"
 setsid "$PALISADE" lock -n "$NS" --duration "$DURATION" --identity worker-a --grace 10s "$LEASE" -- "$WORK/worker.sh" \
