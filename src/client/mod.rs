@@ -281,6 +281,7 @@ impl LeaseClient {
         let (claim, claim_uid) = (guard.name.clone(), guard.uid.clone());
         let keeper = Keeper {
             duration: lease_duration(&granted),
+            token: status.fencing_token.unwrap_or_default(),
             guard,
             lost: lost_tx,
             stop: stop.clone(),
@@ -662,6 +663,8 @@ async fn wait_for_grant(
 /// the claim when the grant is released or dropped.
 struct Keeper {
     duration: Duration,
+    /// The grant's fencing token: a renewal counts only when the claim shows this grant.
+    token: i64,
     guard: ClaimGuard,
     lost: watch::Sender<Option<LostReason>>,
     stop: CancellationToken,
@@ -694,7 +697,7 @@ impl Keeper {
         // The send time of the last successful renewal; see the module docs for the first one.
         let mut last_renewal = observed_at;
         let mut next_renewal = observed_at;
-        let mut renewing: Option<BoxFuture<'static, Result<Instant, kube::Error>>> = None;
+        let mut renewing: Option<BoxFuture<'static, Result<Instant, RenewalError>>> = None;
         loop {
             let deadline = last_renewal + self.duration * 2 / 3;
             tokio::select! {
@@ -727,6 +730,10 @@ impl Keeper {
                             last_renewal = sent_at;
                             next_renewal = sent_at + self.duration / 3;
                         }
+                        Err(RenewalError::Ended(reason)) => {
+                            tracing::warn!(claim = %self.guard.name, %reason, "a renewal found the grant ended");
+                            return Some(reason);
+                        }
                         Err(e) => {
                             tracing::warn!(claim = %self.guard.name, error = %e, "renewal refused: the claim is gone");
                             return Some(LostReason::ClaimDeleted);
@@ -741,13 +748,17 @@ impl Keeper {
     }
 
     /// One renewal, retried on any failure except "this claim is gone": 404, or 409/422
-    /// when the name now belongs to another object (the UID in the patch cannot change). Returns the send time of the attempt
-    /// that succeeded: the retries never extend the deadline, only a success does.
-    /// Each attempt is bounded, so one hung request cannot use up the whole deadline.
-    fn renewal(&self) -> impl Future<Output = Result<Instant, kube::Error>> + Send + 'static {
+    /// when the name now belongs to another object (the UID in the patch cannot change),
+    /// and except a response that shows the grant ended. Returns the send time of the
+    /// attempt that succeeded: the retries never extend the deadline, only a success
+    /// does, and a success is a response that shows this claim `Granted` with this
+    /// grant's token ([`judge_renewal`]). Each attempt is bounded, so one hung request
+    /// cannot use up the whole deadline.
+    fn renewal(&self) -> impl Future<Output = Result<Instant, RenewalError>> + Send + 'static {
         let claims = self.guard.claims.clone();
         let name = self.guard.name.clone();
         let uid = self.guard.uid.clone();
+        let token = self.token;
         let attempt_limit = self.duration / 6;
         let attempt = move || {
             let (claims, name, uid) = (claims.clone(), name.clone(), uid.clone());
@@ -768,9 +779,9 @@ impl Keeper {
                 )
                 .await
                 {
-                    Ok(Ok(_)) => Ok(sent_at),
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => Err(kube::Error::Service("renewal timed out".into())),
+                    Ok(Ok(claim)) => judge_renewal(&claim, &uid, token).map(|()| sent_at),
+                    Ok(Err(e)) => Err(RenewalError::Api(e)),
+                    Err(_) => Err(RenewalError::TimedOut(attempt_limit)),
                 }
             }
         };
@@ -781,8 +792,54 @@ impl Keeper {
             .with_jitter();
         attempt
             .retry(backoff)
-            .when(|e| !matches!(e, kube::Error::Api(s) if [404, 409, 422].contains(&s.code)))
+            .when(RenewalError::is_retried)
             .notify(|e, after| tracing::debug!(error = %e, ?after, "renewal failed; retrying"))
+    }
+}
+
+/// Why a renewal attempt did not count.
+#[derive(Debug, thiserror::Error)]
+enum RenewalError {
+    #[error(transparent)]
+    Api(kube::Error),
+    #[error("no response within {0:?}")]
+    TimedOut(Duration),
+    /// The claim does not show the grant yet: the controller writes the Lease before
+    /// it mirrors the grant into the claim, so the first renewal may arrive in between.
+    #[error("the claim does not show the grant yet")]
+    NotYetShown,
+    /// The response shows that the grant ended (a final phase, a deletion, another token).
+    #[error("the claim shows the grant ended: {0}")]
+    Ended(LostReason),
+}
+
+impl RenewalError {
+    fn is_retried(&self) -> bool {
+        match self {
+            RenewalError::Api(kube::Error::Api(s)) => ![404, 409, 422].contains(&s.code),
+            RenewalError::Api(_) | RenewalError::TimedOut(_) | RenewalError::NotYetShown => true,
+            RenewalError::Ended(_) => false,
+        }
+    }
+}
+
+/// What the claim in a renewal's response says about the grant with `token`: only
+/// `Granted` with that token is a renewal that counts. A final phase, a deletion
+/// mark or another token is the grant's end, reported at once, even when the
+/// watches (stalled, say) have not said so.
+fn judge_renewal(claim: &LeaseClaim, uid: &str, token: i64) -> Result<(), RenewalError> {
+    if claim.uid().as_deref() != Some(uid) {
+        return Err(RenewalError::Ended(LostReason::ClaimDeleted));
+    }
+    if let Some(reason) = claim_ending(Some(claim)) {
+        return Err(RenewalError::Ended(reason));
+    }
+    let status = claim.status.as_ref();
+    match status.and_then(|s| s.phase) {
+        Some(ClaimPhase::Granted) if status.and_then(|s| s.fencing_token) == Some(token) => Ok(()),
+        // A claim is granted once: Granted with another token is not this grant.
+        Some(ClaimPhase::Granted) => Err(RenewalError::Ended(LostReason::Superseded)),
+        _ => Err(RenewalError::NotYetShown),
     }
 }
 
