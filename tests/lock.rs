@@ -422,6 +422,56 @@ async fn sigkill_of_the_lock_process_kills_the_command() {
     }
 }
 
+/// Waits (bounded) until the process is gone; panics naming `what` otherwise.
+async fn wait_gone(pid: i32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_running(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) outlived palisade lock by 5s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigkill_of_the_lock_process_kills_the_commands_grandchildren() {
+    let (ns, _controller) = setup("lock-tree").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // The shell is the command; `sleep` is its child, a grandchild of palisade lock.
+    let script = format!("sleep 1000 & echo $! > {d}/pid.tmp; mv {d}/pid.tmp {d}/pid; wait");
+    let mut child = lock(&ns.name, &[], "tree", &script).spawn().unwrap();
+    let grandchild: i32 = wait_file(&dir.path().join("pid"))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(process_running(grandchild));
+
+    send_signal(child.id().unwrap(), libc::SIGKILL);
+    child.wait().await.unwrap();
+    wait_gone(grandchild, "the command's child").await;
+}
+
+#[tokio::test]
+async fn nothing_the_command_left_behind_outlives_palisade_lock() {
+    let (ns, _controller) = setup("lock-leftover").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // The command exits at once and leaves a background child running with the token.
+    let script =
+        format!("sleep 1000 >/dev/null 2>&1 & echo $! > {d}/pid.tmp; mv {d}/pid.tmp {d}/pid");
+    let out = output(&mut lock(&ns.name, &[], "leftover", &script)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let leftover: i32 = wait_file(&dir.path().join("pid"))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    wait_gone(leftover, "the command's background child").await;
+}
+
 #[tokio::test]
 async fn a_signal_while_waiting_deletes_the_claim() {
     let (ns, _controller) = setup("lock-sigint").await;

@@ -85,7 +85,7 @@ sed 's/^/  | /' "$WORK/worker-a.log"
 
 say "3. worker-a stalls: SIGSTOP (a long GC pause), for longer than its $DURATION lease"
 # palisade lock (which renews) and the command (its own process group) both freeze.
-A_CMD=$(pgrep -P "$A" | head -n 1)
+A_CMD=$(ps -o pgid= -p "$(pgrep -P "$A" | head -n 1)" | tr -d ' ')
 kill -STOP -- "$A" "-$A_CMD"
 step "worker-a and its renewals are frozen; it still believes it holds token $TOKEN_A"
 
