@@ -421,3 +421,105 @@ async fn a_renewal_that_finds_the_claim_ended_is_a_loss_while_the_watches_are_st
         .expect("a renewal on an Expired claim is reported as a loss");
     assert_eq!(reason, LostReason::Expired, "after {:?}", ended.elapsed());
 }
+
+#[tokio::test]
+async fn calls_on_a_silently_dead_connection_give_up_within_seconds() {
+    let (ns, _controller, _) = setup("client-dead").await;
+    let (leases, proxy) = proxied(&ns).await;
+    leases.ensure_lease("dead", 600).await.unwrap();
+    let grant = acquire(&leases, "dead", "holder").await;
+    // Every connection, open or new, stays open and delivers nothing.
+    proxy.swallow_everything();
+
+    let started = Instant::now();
+    let result = timeout(Duration::from_secs(30), leases.ensure_lease("other", 600)).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Ok(Err(_))) && took < Duration::from_secs(8),
+        "ensure_lease: {result:?} after {took:?}"
+    );
+
+    let started = Instant::now();
+    let result = timeout(
+        Duration::from_secs(30),
+        leases.acquire("other", options("w")),
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Ok(Err(_))) && took < Duration::from_secs(8),
+        "acquire: {result:?} after {took:?}"
+    );
+
+    let started = Instant::now();
+    let result = timeout(Duration::from_secs(60), grant.release()).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Ok(Err(_))) && took < Duration::from_secs(15),
+        "release: {result:?} after {took:?}"
+    );
+    assert!(
+        leases.flush(Duration::from_secs(15)).await,
+        "cleanup finished"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_whose_watch_went_silent_still_sees_its_grant() {
+    let (ns, _controller, direct) = setup("client-stalled-wait").await;
+    direct.ensure_lease("turns", 600).await.unwrap();
+    let holder = acquire(&direct, "turns", "holder").await;
+    let (leases, proxy) = proxied(&ns).await;
+    let waiter = tokio::spawn(async move { leases.acquire("turns", options("waiter")).await });
+    wait_for(ns.api::<Lease>(), "turns", "a waiter", |l| {
+        l.and_then(|l| l.status.as_ref()?.waiting_count) == Some(1)
+    })
+    .await;
+    // The waiter's watches stop delivering; its connections stay open.
+    proxy.freeze_open_connections();
+    holder.release().await.unwrap();
+    let released = Instant::now();
+    let granted = timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter saw its grant")
+        .unwrap()
+        .expect("granted");
+    let took = released.elapsed();
+    assert!(
+        took < Duration::from_secs(12),
+        "saw the grant {took:?} after it was made"
+    );
+    granted.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_longer_lease_duration_never_extends_a_holders_own_deadline() {
+    let (ns, _controller, _) = setup("client-duration-edit").await;
+    let (leases, partition) = proxied(&ns).await;
+    leases.ensure_lease("edited", 3).await.unwrap();
+    let grant = acquire(&leases, "edited", "holder").await;
+    // Someone raises the duration while the grant is held; the holder sees the edit.
+    ns.api::<Lease>()
+        .patch(
+            "edited",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"leaseDurationSeconds": 600}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(grant.lost_reason(), None);
+
+    partition.swallow_everything();
+    let cut = Instant::now();
+    // The deadline stays two thirds of the duration it was granted with (3 s), not 600 s.
+    let reason = timeout(Duration::from_secs(10), grant.lost())
+        .await
+        .expect("gave up on the duration of the grant, not the edited one");
+    assert_eq!(reason, LostReason::LocalDeadline);
+    assert!(
+        cut.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        cut.elapsed()
+    );
+}
