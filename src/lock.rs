@@ -10,7 +10,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::MAX_LEASE_DURATION_SECONDS;
-use crate::client::{AcquireOptions, Error, Grant, LeaseClient, PodBinding};
+use crate::client::{AcquireOptions, Error, Grant, LeaseClient, PodBinding, call};
 
 /// The lease was lost while CMD ran (EX_TEMPFAIL: try again).
 pub const EXIT_LOST: u8 = 75;
@@ -37,7 +37,9 @@ CMD runs in its own process group with these variables in its environment:
   PALISADE_NAMESPACE      the namespace
 
 The lease is renewed while CMD runs. If it is lost (revoked, expired, deleted, or
-not renewed in time), CMD's process group gets SIGTERM, then SIGKILL after --grace.
+not renewed in time), CMD's process group gets SIGTERM, then SIGKILL after --grace
+(by default a sixth of the lease duration; a --grace over a quarter of it is refused,
+so that CMD is gone before the controller can hand the lease on).
 When this process exits, or dies by any signal (even SIGKILL), whatever is left of
 CMD's process group gets SIGKILL at once: CMD's children and grandchildren too, but
 not a process that left the group on purpose (setsid, setpgid).
@@ -72,9 +74,11 @@ pub struct LockArgs {
     #[arg(long)]
     pub identity: Option<String>,
 
-    /// How long CMD may take to exit after SIGTERM before it gets SIGKILL (e.g. 500ms, 10s).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub grace: Duration,
+    /// How long CMD may take to exit after SIGTERM before it gets SIGKILL (e.g. 500ms)
+    /// [default: a sixth of the lease duration]. At most a quarter of the lease
+    /// duration, so that CMD is stopped before the controller can hand the lease on.
+    #[arg(long, value_parser = parse_duration)]
+    pub grace: Option<Duration>,
 
     /// Give up (exit 76) when the lease is not granted within this long [default: wait].
     #[arg(long, value_parser = parse_duration)]
@@ -151,6 +155,23 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
             _ => EXIT_ERROR,
         };
     }
+    // Refused before a claim exists when the Lease's duration already rules it out.
+    let duration = match call(
+        || format!("reading lease {lease}"),
+        leases.leases().get(lease),
+    )
+    .await
+    {
+        Ok(l) => Duration::from_secs(l.spec.lease_duration_seconds.clamp(1, 86_400) as u64),
+        Err(e) => {
+            eprintln!("palisade lock: cannot read lease {lease} in namespace {ns}: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    if let Err(message) = check_grace(args.grace, lease, duration) {
+        eprintln!("palisade lock: {message}");
+        return EXIT_USAGE;
+    }
     let options = AcquireOptions {
         identity: args.identity.clone(),
         pod: PodBinding::FromEnv,
@@ -180,6 +201,12 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
         token = grant.token(),
         "acquired"
     );
+    // The duration may have been edited since it was read.
+    if let Err(message) = check_grace(args.grace, lease, grant.lease_duration()) {
+        eprintln!("palisade lock: {message}");
+        release(grant).await;
+        return EXIT_USAGE;
+    }
 
     let mut group = match Group::new() {
         Ok(group) => group,
@@ -210,12 +237,12 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
                 "palisade lock: lost lease {lease} (fencing token {}): {reason}; stopping the command",
                 grant.token()
             );
-            stop(&mut child, &group, args.grace).await;
+            stop(&mut child, &group, grace(args.grace, grant.lease_duration())).await;
             EXIT_LOST
         }
         signal = signals.recv() => {
             eprintln!("palisade lock: signal {signal}: stopping the command, then releasing lease {lease}");
-            exit_code(stop(&mut child, &group, args.grace).await)
+            exit_code(stop(&mut child, &group, grace(args.grace, grant.lease_duration())).await)
         }
         status = child.wait() => match status {
             Ok(status) => exit_code(Some(status)),
@@ -384,6 +411,47 @@ async fn stop(child: &mut Child, group: &Group, grace: Duration) -> Option<ExitS
     child.wait().await.ok()
 }
 
+/// The longest `--grace` for a lease duration: a quarter of it. A holder gives up at
+/// its local deadline a third of the duration before the controller can hand the
+/// lease on (the safety margin); CMD must be gone within it, and the last quarter of
+/// the margin is left for SIGKILL and for timers that fire late.
+pub fn max_grace(duration: Duration) -> Duration {
+    duration / 4
+}
+
+/// The grace period to use now: `--grace`, else a sixth of the duration, and never
+/// more than [`max_grace`] of the duration the grant is held under (which an edit
+/// of the Lease can shorten while CMD runs).
+fn grace(requested: Option<Duration>, duration: Duration) -> Duration {
+    requested.unwrap_or(duration / 6).min(max_grace(duration))
+}
+
+/// A `--grace` longer than [`max_grace`] of the lease's duration is refused.
+fn check_grace(requested: Option<Duration>, lease: &str, duration: Duration) -> Result<(), String> {
+    match requested {
+        Some(g) if g > max_grace(duration) => Err(format!(
+            "--grace {} is longer than a quarter of lease {lease}'s duration ({}): the command \
+             must be stopped before the controller can hand the lease on, a third of the \
+             duration after this process gives up; use --grace {} or less, or a Lease with a \
+             longer leaseDurationSeconds",
+            show_duration(g),
+            show_duration(duration),
+            show_duration(max_grace(duration)),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `2s`, `750ms`: as `parse_duration` reads it.
+fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
 /// The shell's convention: the exit code, or 128 + the signal that killed it.
 fn exit_code(status: Option<ExitStatus>) -> u8 {
     use std::os::unix::process::ExitStatusExt;
@@ -501,6 +569,28 @@ mod tests {
             let err = parse_lease_duration(bad).expect_err(bad);
             assert!(err.contains("whole seconds from 1s to 24h"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn grace_defaults_to_a_sixth_and_never_exceeds_a_quarter_of_the_duration() {
+        let d = Duration::from_secs(15);
+        assert_eq!(grace(None, d), Duration::from_millis(2500));
+        assert_eq!(
+            grace(Some(Duration::from_secs(1)), d),
+            Duration::from_secs(1)
+        );
+        // A Lease shortened while CMD runs clamps an accepted --grace.
+        assert_eq!(
+            grace(Some(Duration::from_secs(3)), Duration::from_secs(4)),
+            Duration::from_secs(1)
+        );
+        assert!(check_grace(Some(Duration::from_millis(3750)), "l", d).is_ok());
+        let err = check_grace(Some(Duration::from_secs(4)), "l", d).unwrap_err();
+        assert!(
+            err.contains("--grace 4s") && err.contains("(15s)") && err.contains("3750ms"),
+            "{err}"
+        );
+        assert!(check_grace(None, "l", Duration::from_secs(1)).is_ok());
     }
 
     #[test]
