@@ -1045,6 +1045,45 @@ mod tests {
     }
 
     #[test]
+    fn a_renewal_counts_only_when_the_claim_shows_this_grant() {
+        let mut claim = LeaseClaim::new("c", LeaseClaimSpec::default());
+        claim.metadata.uid = Some("u1".into());
+        let with = |phase, token| crate::api::LeaseClaimStatus {
+            phase: Some(phase),
+            fencing_token: token,
+            ..Default::default()
+        };
+        claim.status = Some(with(ClaimPhase::Granted, Some(7)));
+        assert!(judge_renewal(&claim, "u1", 7).is_ok());
+        // Another object under the name, or another grant: not this one.
+        assert!(matches!(
+            judge_renewal(&claim, "u2", 7),
+            Err(RenewalError::Ended(LostReason::ClaimDeleted))
+        ));
+        assert!(matches!(
+            judge_renewal(&claim, "u1", 8),
+            Err(RenewalError::Ended(LostReason::Superseded))
+        ));
+        // The mirror is not written yet: retried, the deadline does not move.
+        claim.status = Some(with(ClaimPhase::Pending, None));
+        let not_yet = judge_renewal(&claim, "u1", 7).unwrap_err();
+        assert!(matches!(not_yet, RenewalError::NotYetShown) && not_yet.is_retried());
+        for (phase, reason) in [
+            (ClaimPhase::Expired, LostReason::Expired),
+            (ClaimPhase::Revoked, LostReason::Revoked),
+            (ClaimPhase::Released, LostReason::ClaimDeleted),
+        ] {
+            claim.status = Some(with(phase, Some(7)));
+            let ended = judge_renewal(&claim, "u1", 7).unwrap_err();
+            assert!(!ended.is_retried(), "{phase:?}");
+            assert!(
+                matches!(ended, RenewalError::Ended(r) if r == reason),
+                "{phase:?}"
+            );
+        }
+    }
+
+    #[test]
     fn only_final_claim_phases_end_a_grant() {
         let mut claim = LeaseClaim::new("c", LeaseClaimSpec::default());
         assert_eq!(claim_ending(Some(&claim)), None);
