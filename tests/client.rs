@@ -419,6 +419,10 @@ async fn a_renewal_that_finds_the_claim_ended_is_a_loss_while_the_watches_are_st
     let reason = timeout(Duration::from_secs(9), grant.lost())
         .await
         .expect("a renewal on an Expired claim is reported as a loss");
+    println!(
+        "ended claim: loss reported {:?} after the claim was marked Expired",
+        ended.elapsed()
+    );
     assert_eq!(reason, LostReason::Expired, "after {:?}", ended.elapsed());
 }
 
@@ -434,6 +438,7 @@ async fn calls_on_a_silently_dead_connection_give_up_within_seconds() {
     let started = Instant::now();
     let result = timeout(Duration::from_secs(30), leases.ensure_lease("other", 600)).await;
     let took = started.elapsed();
+    println!("dead connection: ensure_lease gave up after {took:?}");
     assert!(
         matches!(result, Ok(Err(_))) && took < Duration::from_secs(8),
         "ensure_lease: {result:?} after {took:?}"
@@ -446,6 +451,7 @@ async fn calls_on_a_silently_dead_connection_give_up_within_seconds() {
     )
     .await;
     let took = started.elapsed();
+    println!("dead connection: acquire gave up after {took:?}");
     assert!(
         matches!(result, Ok(Err(_))) && took < Duration::from_secs(8),
         "acquire: {result:?} after {took:?}"
@@ -454,6 +460,7 @@ async fn calls_on_a_silently_dead_connection_give_up_within_seconds() {
     let started = Instant::now();
     let result = timeout(Duration::from_secs(60), grant.release()).await;
     let took = started.elapsed();
+    println!("dead connection: release gave up after {took:?}");
     assert!(
         matches!(result, Ok(Err(_))) && took < Duration::from_secs(15),
         "release: {result:?} after {took:?}"
@@ -485,6 +492,7 @@ async fn a_waiter_whose_watch_went_silent_still_sees_its_grant() {
         .unwrap()
         .expect("granted");
     let took = released.elapsed();
+    println!("stalled watch: the waiter saw its grant {took:?} after the release");
     assert!(
         took < Duration::from_secs(12),
         "saw the grant {took:?} after it was made"
