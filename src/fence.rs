@@ -11,11 +11,13 @@
 //! directory on disk that survives crashes and may be shared by several processes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +68,23 @@ pub enum FenceError {
     },
     #[error("fence store file {} is corrupt: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
+    /// Nothing to open: [`FileStore::open`] never creates a store, so a mistyped or
+    /// deleted store is never mistaken for a new one that starts over at zero.
+    #[error(
+        "no fence store at {}: {reason}; create one explicitly (FileStore::create, \
+         or palisade fence --create)",
+        path.display()
+    )]
+    NoStore { path: PathBuf, reason: String },
+    #[error("cannot create a fence store at {}: it exists and is not empty", path.display())]
+    AlreadyExists { path: PathBuf },
+    /// Another writer held the store's lock for longer than the lock timeout (for
+    /// example a writer paused inside an admit).
+    #[error(
+        "fence store {} is locked by another writer; gave up after {waited:?}",
+        path.display()
+    )]
+    Locked { path: PathBuf, waited: Duration },
 }
 
 fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> FenceError {
@@ -208,6 +227,9 @@ struct MarksFile {
     highest: Marks,
 }
 
+/// How long [`FileStore`] waits for another writer to let go of the store's lock.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Marks in a directory, durable across crashes and shared by any number of
 /// processes on one host.
 ///
@@ -219,40 +241,147 @@ struct MarksFile {
 /// - `marks.json`: `{"highest": {"<key>": <token>, ...}}`, replaced whole by rename, so a
 ///   reader sees the old or the new file, never a mix.
 /// - `lock`: empty; an exclusive `flock` on it guards every read-check-write. The
-///   kernel drops the lock when its holder dies, even by SIGKILL.
+///   kernel drops the lock when its holder dies, even by SIGKILL. Waiting for it is
+///   bounded ([`FileStore::with_lock_timeout`]): a writer paused while holding it
+///   makes the others fail with [`FenceError::Locked`], never hang.
 /// - `journal.jsonl`: one JSON [`JournalEntry`] per line, appended in admit order.
+///
+/// A store is made only by [`FileStore::create`] (or [`FileStore::open_or_create`]),
+/// whole: it is filled in a temporary directory next to it and renamed into place,
+/// so a store directory either has every file or was never a store. [`FileStore::open`]
+/// creates nothing: a missing directory or a missing file is an error, never a
+/// store that starts over at zero.
 #[derive(Debug, Clone)]
 pub struct FileStore {
     dir: PathBuf,
+    lock_timeout: Duration,
 }
 
 impl FileStore {
-    /// Opens the store at `dir`, creating it (but not its parent) on first use.
+    /// Opens the existing store at `dir`. A missing or empty directory is
+    /// [`FenceError::NoStore`]; a store with a file missing is [`FenceError::Corrupt`].
     pub fn open(dir: impl Into<PathBuf>) -> Result<Self, FenceError> {
-        let store = FileStore { dir: dir.into() };
-        match fs::create_dir(&store.dir) {
-            // The new directory's own entry must survive a crash too, or a reboot
-            // could bring back an empty store after tokens were admitted.
-            Ok(()) => sync_dir(parent_dir(&store.dir))?,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_error("create fence store directory", &store.dir)(e)),
-        }
-        let _lock = store.lock()?;
-        let marks = store.marks_path();
-        let initialised = marks.try_exists().map_err(io_error("look for", &marks))?;
-        if !initialised {
-            // The journal is created before the marks file, so an existing marks
-            // file means a complete store, and a file missing later is damage to
-            // report, never a fresh store to start from zero.
-            let journal = store.journal_path();
-            OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&journal)
-                .map_err(io_error("create", &journal))?;
-            store.write_marks(Marks::new())?;
-        }
+        let store = FileStore {
+            dir: dir.into(),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        };
+        store.check_complete()?;
         Ok(store)
+    }
+
+    /// Creates a new, empty store at `dir`, which must not exist or be an empty
+    /// directory (its parent must exist); otherwise [`FenceError::AlreadyExists`].
+    pub fn create(dir: impl Into<PathBuf>) -> Result<Self, FenceError> {
+        let dir = dir.into();
+        let parent = parent_dir(&dir).to_path_buf();
+        let name = dir.file_name().ok_or_else(|| FenceError::NoStore {
+            path: dir.clone(),
+            reason: "the path names no directory".into(),
+        })?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let mut temp_name = OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(format!(".creating-{}-{nanos}", std::process::id()));
+        let temp = parent.join(temp_name);
+        fs::create_dir(&temp).map_err(io_error("create fence store directory", &temp))?;
+        let filled = FileStore {
+            dir: temp.clone(),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        };
+        let made = filled.fill().and_then(|()| {
+            // Renaming onto an empty directory replaces it; onto anything else fails.
+            match fs::rename(&temp, &dir) {
+                Ok(()) => Ok(()),
+                Err(e)
+                    if e.kind() == io::ErrorKind::DirectoryNotEmpty
+                        || e.kind() == io::ErrorKind::AlreadyExists
+                        || e.kind() == io::ErrorKind::NotADirectory =>
+                {
+                    Err(FenceError::AlreadyExists { path: dir.clone() })
+                }
+                Err(e) => Err(io_error("move into place the new fence store", &dir)(e)),
+            }
+        });
+        if let Err(e) = made {
+            let _ = fs::remove_dir_all(&temp);
+            return Err(e);
+        }
+        // The new directory's own entry must survive a crash too, or a reboot
+        // could bring back no store after tokens were admitted.
+        sync_dir(&parent)?;
+        Ok(FileStore {
+            dir,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        })
+    }
+
+    /// Opens the store at `dir`, creating it first when the directory does not
+    /// exist or is empty. A damaged store is an error here too.
+    pub fn open_or_create(dir: impl Into<PathBuf>) -> Result<Self, FenceError> {
+        let dir = dir.into();
+        match FileStore::open(&dir) {
+            Err(FenceError::NoStore { .. }) => match FileStore::create(&dir) {
+                // Another process created it meanwhile.
+                Err(FenceError::AlreadyExists { .. }) => FileStore::open(&dir),
+                created => created,
+            },
+            opened => opened,
+        }
+    }
+
+    /// How long an admit waits for another writer to let go of the store's lock
+    /// before it fails with [`FenceError::Locked`]; default [`DEFAULT_LOCK_TIMEOUT`].
+    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// The files of a new store, in a directory nobody else sees yet.
+    fn fill(&self) -> Result<(), FenceError> {
+        let lock = self.dir.join(LOCK_FILE);
+        File::create(&lock).map_err(io_error("create", &lock))?;
+        let journal = self.journal_path();
+        File::create(&journal)
+            .and_then(|f| f.sync_all())
+            .map_err(io_error("create", &journal))?;
+        self.write_marks(Marks::new())
+    }
+
+    /// The directory holds a whole store: both data files are there.
+    fn check_complete(&self) -> Result<(), FenceError> {
+        let no_store = |reason: String| FenceError::NoStore {
+            path: self.dir.clone(),
+            reason,
+        };
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(no_store("the directory does not exist".into()));
+            }
+            Err(e) => return Err(io_error("open fence store directory", &self.dir)(e)),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io_error("list fence store directory", &self.dir))?;
+            names.push(entry.file_name());
+        }
+        if names.is_empty() {
+            return Err(no_store("the directory is empty".into()));
+        }
+        for file in [MARKS_FILE, JOURNAL_FILE] {
+            if !names.iter().any(|n| n == file) {
+                return Err(FenceError::Corrupt {
+                    path: self.dir.join(file),
+                    reason: "the file is missing (deleted, or this is not a fence store); \
+                             a store is never started over: restore it, or remove the \
+                             directory and create a new store on purpose"
+                        .into(),
+                });
+            }
+        }
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -267,8 +396,13 @@ impl FileStore {
         self.dir.join(JOURNAL_FILE)
     }
 
-    /// Blocks until this process holds the store's exclusive lock; dropping the
-    /// returned file releases it.
+    /// Waits (at most the lock timeout) until this process holds the store's
+    /// exclusive lock; dropping the returned file releases it.
+    ///
+    /// `flock(2)` has no timeout of its own, so this polls `try_lock` with short
+    /// sleeps (1 ms, doubling to 4 ms): a blocking `flock` could only be bounded
+    /// from another thread or with a signal, and would then still take the lock
+    /// after its caller gave up.
     fn lock(&self) -> Result<File, FenceError> {
         let path = self.dir.join(LOCK_FILE);
         let file = OpenOptions::new()
@@ -277,13 +411,29 @@ impl FileStore {
             .truncate(false)
             .open(&path)
             .map_err(io_error("open lock file", &path))?;
-        file.lock().map_err(io_error("lock", &path))?;
-        Ok(file)
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(file),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => return Err(io_error("lock", &path)(e)),
+            }
+            let waited = started.elapsed();
+            if waited >= self.lock_timeout {
+                return Err(FenceError::Locked {
+                    path: self.dir.clone(),
+                    waited,
+                });
+            }
+            std::thread::sleep(pause.min(self.lock_timeout - waited));
+            pause = (pause * 2).min(Duration::from_millis(4));
+        }
     }
 
     fn read_marks(&self) -> Result<Marks, FenceError> {
         let path = self.marks_path();
-        // A missing file is an error too: `open` created it.
+        // A missing file is an error too: a store is created whole.
         let bytes = fs::read(&path).map_err(io_error("read", &path))?;
         match serde_json::from_slice::<MarksFile>(&bytes) {
             Ok(file) => Ok(file.highest),
@@ -312,7 +462,7 @@ impl FileStore {
 
     fn append_journal(&self, entry: &JournalEntry) -> Result<(), FenceError> {
         let path = self.journal_path();
-        // No `create`: `open` made the journal, so a missing one is damage.
+        // No `create`: a store is created whole, so a missing journal is damage.
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -463,7 +613,7 @@ pub const EXIT_USAGE: u8 = 2;
 /// `palisade fence`: admit a fencing token against a file-backed fence, from the shell.
 ///
 /// Exit codes:
-/// - 0: admitted (or, with `--show`, the marks were printed);
+/// - 0: admitted (or, with `--show`, the marks were printed; with `--create` alone, the store is ready);
 /// - 1: the store could not be read or written (I/O error, corrupt file);
 /// - 2: bad arguments, e.g. a token that is not an unsigned decimal integer;
 /// - 3: rejected: the token is lower than the highest admitted for the key.
@@ -472,9 +622,20 @@ pub const EXIT_USAGE: u8 = 2;
     after_help = "Exit codes: 0 admitted, 1 store error, 2 bad arguments, 3 stale token rejected."
 )]
 pub struct FenceArgs {
-    /// Directory of the fence store; created on first use (its parent must exist).
+    /// Directory of the fence store. It must exist unless --create is given.
     #[arg(long, value_name = "DIR")]
     pub store: PathBuf,
+
+    /// Create the store first if the directory does not exist or is empty (its
+    /// parent must exist). Without a token, only that. A damaged store is an error
+    /// even so. Meant for setting a store up, not for every write: a writer that
+    /// always passes it would start a deleted store over at zero.
+    #[arg(long, conflicts_with = "show")]
+    pub create: bool,
+
+    /// How long to wait for another writer to let go of the store's lock (e.g. 500ms, 5s).
+    #[arg(long, default_value = "5s", value_parser = crate::lock::parse_duration)]
+    pub lock_timeout: Duration,
 
     /// What the token fences, e.g. the resource written; defaults to the lease name.
     #[arg(long, env = "PALISADE_LEASE", default_value = "default")]
@@ -487,7 +648,7 @@ pub struct FenceArgs {
         value_parser = parse_token,
         // So that `--token -1` reaches parse_token and gets its clear message.
         allow_negative_numbers = true,
-        required_unless_present = "show"
+        required_unless_present_any = ["show", "create"]
     )]
     pub token: Option<u64>,
 
@@ -502,9 +663,11 @@ pub struct FenceArgs {
 
 pub fn run(args: FenceArgs) -> ExitCode {
     let result = if args.show {
-        show(&args.store)
+        show(&args)
     } else if let Some(token) = args.token {
         admit_from_cli(&args, token)
+    } else if args.create {
+        open_from_cli(&args).map(|_| format!("fence store {} is ready", args.store.display()))
     } else {
         // clap requires the token; this guards callers that build FenceArgs by hand.
         eprintln!("palisade fence: --token (or PALISADE_FENCING_TOKEN) is required");
@@ -526,8 +689,17 @@ pub fn run(args: FenceArgs) -> ExitCode {
     }
 }
 
+fn open_from_cli(args: &FenceArgs) -> Result<FileStore, FenceError> {
+    let store = if args.create {
+        FileStore::open_or_create(&args.store)?
+    } else {
+        FileStore::open(&args.store)?
+    };
+    Ok(store.with_lock_timeout(args.lock_timeout))
+}
+
 fn admit_from_cli(args: &FenceArgs, token: u64) -> Result<String, FenceError> {
-    let fence = Fence::new(FileStore::open(&args.store)?);
+    let fence = Fence::new(open_from_cli(args)?);
     let admitted = match &args.payload {
         Some(payload) => fence.admit_write(&args.key, token, payload)?,
         None => fence.admit(&args.key, token)?,
@@ -543,10 +715,9 @@ fn admit_from_cli(args: &FenceArgs, token: u64) -> Result<String, FenceError> {
     ))
 }
 
-fn show(dir: &Path) -> Result<String, FenceError> {
-    // Looking must not create a store at a mistyped path.
-    fs::metadata(dir).map_err(io_error("open fence store directory", dir))?;
-    let marks = Fence::new(FileStore::open(dir)?).marks()?;
+fn show(args: &FenceArgs) -> Result<String, FenceError> {
+    // `open` creates nothing, so looking never makes a store at a mistyped path.
+    let marks = Fence::new(open_from_cli(args)?).marks()?;
     Ok(serde_json::to_string_pretty(&marks)
         .expect("a map from strings to integers always serializes"))
 }
@@ -786,7 +957,7 @@ mod tests {
             ops in prop::collection::vec((0u8..3, 0u64..20), 0..40)
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let file = Fence::new(FileStore::open(dir.path().join("store")).unwrap());
+            let file = Fence::new(FileStore::create(dir.path().join("store")).unwrap());
             let from_file = check_against_model(&file, &ops)?;
             let from_memory = check_against_model(&memory_fence(), &ops)?;
             prop_assert_eq!(from_file, from_memory);

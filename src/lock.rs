@@ -10,7 +10,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::api::MAX_LEASE_DURATION_SECONDS;
-use crate::client::{AcquireOptions, Error, Grant, LeaseClient, PodBinding};
+use crate::client::{AcquireOptions, Error, Grant, LeaseClient, PodBinding, call};
 
 /// The lease was lost while CMD ran (EX_TEMPFAIL: try again).
 pub const EXIT_LOST: u8 = 75;
@@ -37,8 +37,12 @@ CMD runs in its own process group with these variables in its environment:
   PALISADE_NAMESPACE      the namespace
 
 The lease is renewed while CMD runs. If it is lost (revoked, expired, deleted, or
-not renewed in time), CMD's process group gets SIGTERM, then SIGKILL after --grace.
-If this process itself dies (even by SIGKILL), CMD gets SIGKILL at once.
+not renewed in time), CMD's process group gets SIGTERM, then SIGKILL after --grace
+(by default a sixth of the lease duration; a --grace over a quarter of it is refused,
+so that CMD is gone before the controller can hand the lease on).
+When this process exits, or dies by any signal (even SIGKILL), whatever is left of
+CMD's process group gets SIGKILL at once: CMD's children and grandchildren too, but
+not a process that left the group on purpose (setsid, setpgid).
 SIGINT, SIGTERM and SIGHUP to this process are forwarded to CMD as SIGTERM (SIGKILL
 after --grace). The claim is deleted (the lease released) on every way out.
 
@@ -70,9 +74,11 @@ pub struct LockArgs {
     #[arg(long)]
     pub identity: Option<String>,
 
-    /// How long CMD may take to exit after SIGTERM before it gets SIGKILL (e.g. 500ms, 10s).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub grace: Duration,
+    /// How long CMD may take to exit after SIGTERM before it gets SIGKILL (e.g. 500ms)
+    /// [default: a sixth of the lease duration]. At most a quarter of the lease
+    /// duration, so that CMD is stopped before the controller can hand the lease on.
+    #[arg(long, value_parser = parse_duration)]
+    pub grace: Option<Duration>,
 
     /// Give up (exit 76) when the lease is not granted within this long [default: wait].
     #[arg(long, value_parser = parse_duration)]
@@ -149,6 +155,23 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
             _ => EXIT_ERROR,
         };
     }
+    // Refused before a claim exists when the Lease's duration already rules it out.
+    let duration = match call(
+        || format!("reading lease {lease}"),
+        leases.leases().get(lease),
+    )
+    .await
+    {
+        Ok(l) => Duration::from_secs(l.spec.lease_duration_seconds.clamp(1, 86_400) as u64),
+        Err(e) => {
+            eprintln!("palisade lock: cannot read lease {lease} in namespace {ns}: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    if let Err(message) = check_grace(args.grace, lease, duration) {
+        eprintln!("palisade lock: {message}");
+        return EXIT_USAGE;
+    }
     let options = AcquireOptions {
         identity: args.identity.clone(),
         pod: PodBinding::FromEnv,
@@ -178,11 +201,26 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
         token = grant.token(),
         "acquired"
     );
+    // The duration may have been edited since it was read.
+    if let Err(message) = check_grace(args.grace, lease, grant.lease_duration()) {
+        eprintln!("palisade lock: {message}");
+        release(grant).await;
+        return EXIT_USAGE;
+    }
 
-    let mut child = match spawn(&args.command, &grant) {
+    let mut group = match Group::new() {
+        Ok(group) => group,
+        Err(e) => {
+            eprintln!("palisade lock: cannot start the command's watchdog: {e}");
+            release(grant).await;
+            return EXIT_ERROR;
+        }
+    };
+    let mut child = match spawn(&args.command, &grant, &group) {
         Ok(child) => child,
         Err(e) => {
             eprintln!("palisade lock: cannot run {:?}: {e}", args.command[0]);
+            group.finish();
             release(grant).await;
             return match e.kind() {
                 std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
@@ -199,12 +237,12 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
                 "palisade lock: lost lease {lease} (fencing token {}): {reason}; stopping the command",
                 grant.token()
             );
-            stop(&mut child, args.grace).await;
+            stop(&mut child, &group, grace(args.grace, grant.lease_duration())).await;
             EXIT_LOST
         }
         signal = signals.recv() => {
             eprintln!("palisade lock: signal {signal}: stopping the command, then releasing lease {lease}");
-            exit_code(stop(&mut child, args.grace).await)
+            exit_code(stop(&mut child, &group, grace(args.grace, grant.lease_duration())).await)
         }
         status = child.wait() => match status {
             Ok(status) => exit_code(Some(status)),
@@ -214,6 +252,9 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
             }
         },
     };
+    // Whatever CMD left running in its group would go on writing with the token
+    // after the release: it is killed first.
+    group.finish();
     release(grant).await;
     code
 }
@@ -225,11 +266,116 @@ async fn release(grant: Grant) {
     }
 }
 
-fn spawn(command: &[OsString], grant: &Grant) -> std::io::Result<Child> {
+/// CMD's process group: CMD and everything it starts that stays in the group.
+///
+/// Its leader is a watchdog, forked from this process before CMD starts. It holds the
+/// read end of a pipe whose only write end this process holds, and waits for EOF:
+/// when this process exits or dies by any signal (SIGKILL and the OOM killer
+/// included), the kernel closes the write end and the watchdog SIGKILLs the whole
+/// group, itself included. `PR_SET_PDEATHSIG` alone reaches only the direct child;
+/// the group reaches grandchildren too. A process that leaves the group on purpose
+/// (`setsid`, `setpgid`) is out of reach.
+///
+/// A forked process without `exec`, because the watchdog must need nothing from the
+/// filesystem (no shell in a distroless image) and does only async-signal-safe calls.
+struct Group {
+    /// The watchdog's pid, which is also the group's id. Never reaped before the
+    /// group is finished with, so the id cannot be reused while we signal it.
+    leader: libc::pid_t,
+    /// Dropping it tells the watchdog to kill the group.
+    alive: Option<std::io::PipeWriter>,
+}
+
+impl Group {
+    fn new() -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd;
+        // Both ends close on exec: CMD inherits neither.
+        let (reader, writer) = std::io::pipe()?;
+        let (read_fd, write_fd) = (reader.as_raw_fd(), writer.as_raw_fd());
+        // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask get valid pointers.
+        let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+        let mut previous: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // Signals stay blocked across the fork, so that none runs this process's
+        // handlers (tokio's) in the watchdog before it ignores them.
+        unsafe {
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut previous);
+        }
+        // SAFETY: the child only makes async-signal-safe calls (signal, sigmask,
+        // setpgid, close, read, kill, _exit) and never returns.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            unsafe { watchdog(read_fd, write_fd, &previous) }
+        }
+        // SAFETY: restores the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut()) };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Also here, so that CMD can join the group whichever process runs first.
+        // SAFETY: setpgid on our own child.
+        unsafe { libc::setpgid(pid, pid) };
+        drop(reader);
+        Ok(Self {
+            leader: pid,
+            alive: Some(writer),
+        })
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid names the group.
+        unsafe { libc::kill(-self.leader, signal) };
+    }
+
+    /// SIGKILLs whatever is left of the group and reaps the watchdog.
+    fn finish(&mut self) {
+        if self.alive.take().is_some() {
+            self.signal(libc::SIGKILL);
+            // SAFETY: reaps our own child, which SIGKILL has ended (or is ending).
+            unsafe { libc::waitpid(self.leader, std::ptr::null_mut(), 0) };
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// The watchdog process: waits for EOF on `read_fd`, then SIGKILLs its process group.
+///
+/// # Safety
+/// Only in the child of a fork, with all signals blocked.
+unsafe fn watchdog(read_fd: libc::c_int, write_fd: libc::c_int, mask: &libc::sigset_t) -> ! {
+    unsafe {
+        // Signals forwarded to the group, or from a terminal, must not end the
+        // watchdog: only SIGKILL (which ends the whole group anyway) may.
+        for signal in 1..32 {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP && signal != libc::SIGCONT {
+                libc::signal(signal, libc::SIG_IGN);
+            }
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut());
+        libc::setpgid(0, 0);
+        libc::close(write_fd);
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(read_fd, (&raw mut byte).cast(), 1);
+            if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+                break;
+            }
+        }
+        libc::kill(0, libc::SIGKILL);
+        libc::_exit(0)
+    }
+}
+
+fn spawn(command: &[OsString], grant: &Grant, group: &Group) -> std::io::Result<Child> {
     let mut cmd = Command::new(&command[0]);
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-    // If this process dies without stopping CMD (SIGKILL, OOM kill), nobody renews
-    // the lease any more: CMD must not outlive it and keep writing as the holder.
+    // The group's watchdog covers the whole tree; this also covers CMD itself
+    // should the watchdog be gone.
     // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, _exit).
     unsafe {
         cmd.pre_exec(move || {
@@ -249,29 +395,60 @@ fn spawn(command: &[OsString], grant: &Grant) -> std::io::Result<Child> {
         .env("PALISADE_HOLDER", grant.identity())
         .env("PALISADE_CLAIM", grant.claim_name())
         .env("PALISADE_NAMESPACE", grant.namespace())
-        // Its own group, so that stopping it stops everything it started (a shell's children too).
-        .process_group(0)
+        // The watchdog's group, so that stopping it stops everything CMD started.
+        .process_group(group.leader)
         .kill_on_drop(true)
         .spawn()
 }
 
 /// SIGTERM to CMD's process group, SIGKILL after `grace`; returns CMD's status.
-async fn stop(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
-    signal_group(child, libc::SIGTERM);
+async fn stop(child: &mut Child, group: &Group, grace: Duration) -> Option<ExitStatus> {
+    group.signal(libc::SIGTERM);
     if let Ok(Ok(status)) = tokio::time::timeout(grace, child.wait()).await {
         return Some(status);
     }
-    signal_group(child, libc::SIGKILL);
+    group.signal(libc::SIGKILL);
     child.wait().await.ok()
 }
 
-fn signal_group(child: &Child, signal: libc::c_int) {
-    // `id` is None once the child was reaped: never signal a group whose id may be reused.
-    if let Some(pid) = child.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
-        // SAFETY: kill(2) has no memory-safety preconditions; a negative pid names the group.
-        unsafe {
-            libc::kill(-pid, signal);
-        }
+/// The longest `--grace` for a lease duration: a quarter of it. A holder gives up at
+/// its local deadline a third of the duration before the controller can hand the
+/// lease on (the safety margin); CMD must be gone within it, and the last quarter of
+/// the margin is left for SIGKILL and for timers that fire late.
+pub fn max_grace(duration: Duration) -> Duration {
+    duration / 4
+}
+
+/// The grace period to use now: `--grace`, else a sixth of the duration, and never
+/// more than [`max_grace`] of the duration the grant is held under (which an edit
+/// of the Lease can shorten while CMD runs).
+fn grace(requested: Option<Duration>, duration: Duration) -> Duration {
+    requested.unwrap_or(duration / 6).min(max_grace(duration))
+}
+
+/// A `--grace` longer than [`max_grace`] of the lease's duration is refused.
+fn check_grace(requested: Option<Duration>, lease: &str, duration: Duration) -> Result<(), String> {
+    match requested {
+        Some(g) if g > max_grace(duration) => Err(format!(
+            "--grace {} is longer than a quarter of lease {lease}'s duration ({}): the command \
+             must be stopped before the controller can hand the lease on, a third of the \
+             duration after this process gives up; use --grace {} or less, or a Lease with a \
+             longer leaseDurationSeconds",
+            show_duration(g),
+            show_duration(duration),
+            show_duration(max_grace(duration)),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `2s`, `750ms`: as `parse_duration` reads it.
+fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
     }
 }
 
@@ -392,6 +569,28 @@ mod tests {
             let err = parse_lease_duration(bad).expect_err(bad);
             assert!(err.contains("whole seconds from 1s to 24h"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn grace_defaults_to_a_sixth_and_never_exceeds_a_quarter_of_the_duration() {
+        let d = Duration::from_secs(15);
+        assert_eq!(grace(None, d), Duration::from_millis(2500));
+        assert_eq!(
+            grace(Some(Duration::from_secs(1)), d),
+            Duration::from_secs(1)
+        );
+        // A Lease shortened while CMD runs clamps an accepted --grace.
+        assert_eq!(
+            grace(Some(Duration::from_secs(3)), Duration::from_secs(4)),
+            Duration::from_secs(1)
+        );
+        assert!(check_grace(Some(Duration::from_millis(3750)), "l", d).is_ok());
+        let err = check_grace(Some(Duration::from_secs(4)), "l", d).unwrap_err();
+        assert!(
+            err.contains("--grace 4s") && err.contains("(15s)") && err.contains("3750ms"),
+            "{err}"
+        );
+        assert!(check_grace(None, "l", Duration::from_secs(1)).is_ok());
     }
 
     #[test]

@@ -171,7 +171,7 @@ proptest! {
     fn fence_cli_token_from_environment(token in "[0-9]{1,3}|[^\\x00]{0,8}") {
         let dir = tempfile::tempdir().unwrap();
         let output = Command::new(env!("CARGO_BIN_EXE_palisade"))
-            .args(["fence", "--store"])
+            .args(["fence", "--create", "--store"])
             .arg(dir.path().join("store"))
             .env("PALISADE_FENCING_TOKEN", &token)
             .env("PALISADE_LEASE", "k")

@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use kube::api::DeleteParams;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use palisade::client::{AcquireOptions, Error, Grant, LeaseClient, LostReason, PodBinding};
+use support::blackhole::Blackhole;
 use support::{ControllerProcess, TestNamespace, WAIT, claim_names, wait_for};
 use tokio::time::timeout;
 
@@ -35,6 +36,13 @@ async fn acquire(leases: &LeaseClient, lease: &str, identity: &str) -> Grant {
         .await
         .unwrap_or_else(|_| panic!("{identity}: lease {lease} not granted within {WAIT:?}"))
         .unwrap_or_else(|e| panic!("{identity}: acquiring lease {lease}: {e}"))
+}
+
+/// A client whose connections go through a proxy that can make them die silently.
+async fn proxied(ns: &TestNamespace) -> (LeaseClient, Blackhole) {
+    let (config, proxy) = support::blackhole::proxied_config(&ns.name).await;
+    let leases = LeaseClient::new(kube::Client::try_from(config).unwrap(), &ns.name);
+    (leases, proxy)
 }
 
 fn holder_uid(lease: &Lease) -> Option<String> {
@@ -345,49 +353,10 @@ async fn a_cancelled_acquire_deletes_its_claim() {
     holder.release().await.unwrap();
 }
 
-/// A TCP proxy to the API server that can be cut, to partition one client.
-/// TLS passes through untouched (the server certificate is for 127.0.0.1).
-struct Partition {
-    url: String,
-    cut: tokio_util::sync::CancellationToken,
-}
-
-impl Partition {
-    async fn start(upstream: String) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("https://{}", listener.local_addr().unwrap());
-        let cut = tokio_util::sync::CancellationToken::new();
-        let cut_all = cut.clone();
-        tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                if cut_all.is_cancelled() {
-                    continue; // dropped: connection reset
-                }
-                let (upstream, cut) = (upstream.clone(), cut_all.clone());
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = cut.cancelled() => {}
-                    }
-                });
-            }
-        });
-        Self { url, cut }
-    }
-}
-
 #[tokio::test]
 async fn a_partitioned_holder_gives_up_before_the_controller_expires_it() {
     let (ns, _controller, _) = setup("client-partition").await;
-    let mut config = support::admin_config().await;
-    let upstream = config.cluster_url.authority().unwrap().to_string();
-    let partition = Partition::start(upstream).await;
-    config.cluster_url = partition.url.parse().unwrap();
-    config.default_namespace = ns.name.clone();
-    let leases = LeaseClient::new(kube::Client::try_from(config).unwrap(), &ns.name);
+    let (leases, partition) = proxied(&ns).await;
     leases.ensure_lease("remote", 3).await.unwrap();
     let grant = acquire(&leases, "remote", "partitioned").await;
     let lost = grant.lost();
@@ -396,7 +365,7 @@ async fn a_partitioned_holder_gives_up_before_the_controller_expires_it() {
     assert_eq!(grant.lost_reason(), None);
 
     // ...then nothing gets through.
-    partition.cut.cancel();
+    partition.swallow_everything();
     let cut_at = Instant::now();
     let reason = timeout(WAIT, lost).await.expect("lost() fired");
     let gave_up_after = cut_at.elapsed();
@@ -418,4 +387,147 @@ async fn a_partitioned_holder_gives_up_before_the_controller_expires_it() {
         c.and_then(|c| c.status.as_ref()?.phase) == Some(ClaimPhase::Expired)
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_renewal_that_finds_the_claim_ended_is_a_loss_while_the_watches_are_stalled() {
+    let (ns, mut controller, _) = setup("client-ended").await;
+    let (leases, proxy) = proxied(&ns).await;
+    leases.ensure_lease("stalled", 15).await.unwrap();
+    let grant = acquire(&leases, "stalled", "holder").await;
+    wait_for(ns.api::<LeaseClaim>(), grant.claim_name(), "Granted", |c| {
+        c.and_then(|c| c.status.as_ref()?.phase) == Some(ClaimPhase::Granted)
+    })
+    .await;
+    // Nobody will put the mirror right again; the holder's watches stop delivering
+    // (their connections stay open), while its renewals go out on new connections.
+    controller.kill();
+    controller.child.wait().await.unwrap();
+    proxy.freeze_open_connections();
+    ns.api::<LeaseClaim>()
+        .patch_status(
+            grant.claim_name(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Expired"}})),
+        )
+        .await
+        .unwrap();
+    let ended = Instant::now();
+    // The next renewal (a third of 15 s, plus one attempt that may hang on a frozen
+    // pooled connection for a sixth) sees the claim Expired: well before the local
+    // deadline of two thirds.
+    let reason = timeout(Duration::from_secs(9), grant.lost())
+        .await
+        .expect("a renewal on an Expired claim is reported as a loss");
+    println!(
+        "ended claim: loss reported {:?} after the claim was marked Expired",
+        ended.elapsed()
+    );
+    assert_eq!(reason, LostReason::Expired, "after {:?}", ended.elapsed());
+}
+
+#[tokio::test]
+async fn calls_on_a_silently_dead_connection_give_up_within_seconds() {
+    let (ns, _controller, _) = setup("client-dead").await;
+    let (leases, proxy) = proxied(&ns).await;
+    leases.ensure_lease("dead", 600).await.unwrap();
+    let grant = acquire(&leases, "dead", "holder").await;
+    // Every connection, open or new, stays open and delivers nothing.
+    proxy.swallow_everything();
+
+    let started = Instant::now();
+    let result = timeout(Duration::from_secs(30), leases.ensure_lease("other", 600)).await;
+    let took = started.elapsed();
+    println!("dead connection: ensure_lease gave up after {took:?}");
+    assert!(
+        matches!(result, Ok(Err(_))) && took < Duration::from_secs(8),
+        "ensure_lease: {result:?} after {took:?}"
+    );
+
+    let started = Instant::now();
+    let result = timeout(
+        Duration::from_secs(30),
+        leases.acquire("other", options("w")),
+    )
+    .await;
+    let took = started.elapsed();
+    println!("dead connection: acquire gave up after {took:?}");
+    assert!(
+        matches!(result, Ok(Err(_))) && took < Duration::from_secs(8),
+        "acquire: {result:?} after {took:?}"
+    );
+
+    let started = Instant::now();
+    let result = timeout(Duration::from_secs(60), grant.release()).await;
+    let took = started.elapsed();
+    println!("dead connection: release gave up after {took:?}");
+    assert!(
+        matches!(result, Ok(Err(_))) && took < Duration::from_secs(15),
+        "release: {result:?} after {took:?}"
+    );
+    assert!(
+        leases.flush(Duration::from_secs(15)).await,
+        "cleanup finished"
+    );
+}
+
+#[tokio::test]
+async fn a_waiter_whose_watch_went_silent_still_sees_its_grant() {
+    let (ns, _controller, direct) = setup("client-stalled-wait").await;
+    direct.ensure_lease("turns", 600).await.unwrap();
+    let holder = acquire(&direct, "turns", "holder").await;
+    let (leases, proxy) = proxied(&ns).await;
+    let waiter = tokio::spawn(async move { leases.acquire("turns", options("waiter")).await });
+    wait_for(ns.api::<Lease>(), "turns", "a waiter", |l| {
+        l.and_then(|l| l.status.as_ref()?.waiting_count) == Some(1)
+    })
+    .await;
+    // The waiter's watches stop delivering; its connections stay open.
+    proxy.freeze_open_connections();
+    holder.release().await.unwrap();
+    let released = Instant::now();
+    let granted = timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter saw its grant")
+        .unwrap()
+        .expect("granted");
+    let took = released.elapsed();
+    println!("stalled watch: the waiter saw its grant {took:?} after the release");
+    assert!(
+        took < Duration::from_secs(12),
+        "saw the grant {took:?} after it was made"
+    );
+    granted.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_longer_lease_duration_never_extends_a_holders_own_deadline() {
+    let (ns, _controller, _) = setup("client-duration-edit").await;
+    let (leases, partition) = proxied(&ns).await;
+    leases.ensure_lease("edited", 3).await.unwrap();
+    let grant = acquire(&leases, "edited", "holder").await;
+    // Someone raises the duration while the grant is held; the holder sees the edit.
+    ns.api::<Lease>()
+        .patch(
+            "edited",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"leaseDurationSeconds": 600}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(grant.lost_reason(), None);
+
+    partition.swallow_everything();
+    let cut = Instant::now();
+    // The deadline stays two thirds of the duration it was granted with (3 s), not 600 s.
+    let reason = timeout(Duration::from_secs(10), grant.lost())
+        .await
+        .expect("gave up on the duration of the grant, not the edited one");
+    assert_eq!(reason, LostReason::LocalDeadline);
+    assert!(
+        cut.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        cut.elapsed()
+    );
 }

@@ -21,7 +21,12 @@ fn store_dir() -> (tempfile::TempDir, PathBuf) {
 }
 
 fn open(store: &Path) -> Fence<FileStore> {
-    Fence::new(FileStore::open(store).expect("open store"))
+    Fence::new(FileStore::open_or_create(store).expect("open store"))
+}
+
+/// A new store.
+fn open_new(store: &Path) -> Fence<FileStore> {
+    Fence::new(FileStore::create(store).expect("create store"))
 }
 
 /// The real binary, with none of the variables `palisade lock` would set leaking
@@ -191,7 +196,7 @@ fn torn_journal_tail_is_skipped_and_cut_before_the_next_append() {
 #[test]
 fn threads_with_separate_handles_never_admit_a_lower_token() {
     let (_tmp, store) = store_dir();
-    FileStore::open(&store).unwrap();
+    FileStore::create(&store).unwrap();
     let next = AtomicU64::new(1);
     let deadline = Instant::now() + Duration::from_secs(60);
     let results = Mutex::new(Vec::new());
@@ -240,7 +245,7 @@ fn threads_with_separate_handles_never_admit_a_lower_token() {
 #[test]
 fn processes_sharing_a_store_never_admit_a_lower_token() {
     let (_tmp, store) = store_dir();
-    FileStore::open(&store).unwrap();
+    FileStore::create(&store).unwrap();
     let next = AtomicU64::new(1);
     let deadline = Instant::now() + Duration::from_secs(90);
     let results = Mutex::new(Vec::new());
@@ -303,7 +308,7 @@ fn processes_sharing_a_store_never_admit_a_lower_token() {
 #[test]
 fn sigkill_mid_admit_leaves_a_store_that_still_refuses_stale_tokens() {
     let (_tmp, store) = store_dir();
-    FileStore::open(&store).unwrap();
+    FileStore::create(&store).unwrap();
     let admit = |token: u64| {
         let mut command = palisade();
         command
@@ -400,7 +405,15 @@ fn cli_admits_and_exits_0_with_one_line() {
     let (_tmp, store) = store_dir();
     let output = fence_cmd(
         &store,
-        &["--key", "x", "--token", "34", "--payload", "hello"],
+        &[
+            "--create",
+            "--key",
+            "x",
+            "--token",
+            "34",
+            "--payload",
+            "hello",
+        ],
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let stdout = String::from_utf8(output.stdout).unwrap();
@@ -416,6 +429,7 @@ fn cli_admits_and_exits_0_with_one_line() {
 #[test]
 fn cli_rejects_a_stale_token_with_exit_3_and_both_tokens() {
     let (_tmp, store) = store_dir();
+    FileStore::create(&store).unwrap();
     assert!(
         fence_cmd(&store, &["--key", "x", "--token", "34"])
             .status
@@ -489,6 +503,7 @@ fn cli_requires_a_token() {
 #[test]
 fn cli_takes_token_and_key_from_the_lock_environment() {
     let (_tmp, store) = store_dir();
+    FileStore::create(&store).unwrap();
     let run = |token: &str| {
         palisade()
             .args(["fence", "--store"])
@@ -511,6 +526,7 @@ fn cli_takes_token_and_key_from_the_lock_environment() {
 #[test]
 fn cli_show_prints_marks_as_json() {
     let (_tmp, store) = store_dir();
+    FileStore::create(&store).unwrap();
     assert!(
         fence_cmd(&store, &["--key", "a", "--token", "3"])
             .status
@@ -549,4 +565,111 @@ fn cli_store_errors_exit_1_and_show_creates_nothing() {
     let output = fence_cmd(&never_made, &["--show"]);
     assert_eq!(output.status.code(), Some(1));
     assert!(!never_made.exists());
+}
+
+#[test]
+fn opening_a_missing_store_is_an_error_naming_it_and_creates_nothing() {
+    let (_tmp, store) = store_dir();
+    let err = FileStore::open(&store).expect_err("a missing store must not be created by open");
+    assert!(
+        err.to_string().contains(&store.display().to_string()),
+        "{err}"
+    );
+    assert!(!store.exists(), "open created {}", store.display());
+
+    let output = fence_cmd(&store, &["--key", "k", "--token", "5"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(stderr(&output).contains("--create"), "{}", stderr(&output));
+    assert!(
+        !store.exists(),
+        "palisade fence created {}",
+        store.display()
+    );
+}
+
+#[test]
+fn a_journal_without_its_marks_file_is_damage_never_a_new_store() {
+    let (_tmp, store) = store_dir();
+    open_new(&store).admit_write("k", 7, "first").unwrap();
+    fs::remove_file(store.join("marks.json")).unwrap();
+    let err = FileStore::open(&store).expect_err("open started over at zero");
+    assert!(err.to_string().contains("marks.json"), "{err}");
+    assert!(
+        !store.join("marks.json").exists(),
+        "open wrote a new marks file"
+    );
+
+    let output = fence_cmd(&store, &["--key", "k", "--token", "1", "--create"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        !store.join("marks.json").exists(),
+        "--create started over at zero"
+    );
+}
+
+#[test]
+fn a_writer_that_holds_the_store_lock_makes_others_fail_in_bounded_time() {
+    let (_tmp, store) = store_dir();
+    open_new(&store).admit("k", 1).unwrap();
+    // Another writer paused inside admit: it holds the store's lock.
+    let held = fs::File::options()
+        .write(true)
+        .open(store.join("lock"))
+        .unwrap();
+    held.lock().unwrap();
+
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let path = store.clone();
+    thread::spawn(move || {
+        let started = Instant::now();
+        let result = FileStore::open(&path)
+            .map(Fence::new)
+            .and_then(|f| f.admit("k", 2));
+        let _ = done_tx.send((result, started.elapsed()));
+    });
+    let (result, took) = done_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("admit returned while another writer holds the lock");
+    let err = result.expect_err("admitted while another writer holds the lock");
+    assert!(
+        err.to_string().contains(&store.display().to_string()),
+        "{err}"
+    );
+    assert!(err.to_string().contains("locked"), "{err}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+
+    let started = Instant::now();
+    let output = fence_cmd(
+        &store,
+        &["--key", "k", "--token", "3", "--lock-timeout", "200ms"],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(stderr(&output).contains("locked"), "{}", stderr(&output));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(held);
+    assert_eq!(open(&store).highest("k").unwrap(), Some(1));
+}
+
+#[test]
+fn cli_create_makes_a_store_once_and_then_opens_it() {
+    let (_tmp, store) = store_dir();
+    let output = fence_cmd(&store, &["--create"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(store.join("marks.json").exists() && store.join("journal.jsonl").exists());
+    assert!(
+        fence_cmd(&store, &["--key", "k", "--token", "9"])
+            .status
+            .success()
+    );
+    // Again: the store exists, and keeps its marks.
+    assert!(fence_cmd(&store, &["--create"]).status.success());
+    assert_eq!(open(&store).highest("k").unwrap(), Some(9));
+    // An empty directory is made a store too; a directory with other files is not.
+    let (_tmp2, empty) = store_dir();
+    fs::create_dir(&empty).unwrap();
+    assert!(fence_cmd(&empty, &["--create"]).status.success());
+    assert!(matches!(
+        FileStore::create(&store),
+        Err(FenceError::AlreadyExists { .. })
+    ));
 }

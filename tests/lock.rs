@@ -196,7 +196,7 @@ async fn the_command_sees_the_grant_in_its_environment_and_its_status_is_passed_
     // Also admits a write with `palisade fence`, which reads the token and lease from the environment.
     let script = format!(
         r#"env | grep ^PALISADE_ | sort > {d}/env.tmp
-"$PALISADE_BIN" fence --store {d}/fence --payload hello > {d}/fence.out 2>&1 || echo "fence failed" >> {d}/fence.out
+"$PALISADE_BIN" fence --store {d}/fence --create --payload hello > {d}/fence.out 2>&1 || echo "fence failed" >> {d}/fence.out
 mv {d}/env.tmp {d}/env
 i=0; while [ ! -e {d}/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
 exit 7"#
@@ -259,7 +259,7 @@ async fn deleting_the_claim_stops_the_command_and_exits_75() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
     let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
-    let child = lock(&ns.name, &["--grace", "5s"], "revoked", &script)
+    let child = lock(&ns.name, &["--grace", "3s"], "revoked", &script)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -277,9 +277,9 @@ async fn deleting_the_claim_stops_the_command_and_exits_75() {
         .unwrap()
         .unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
-    // SIGTERM did it: well within the 5 s grace before SIGKILL.
+    // SIGTERM did it: well within the 3 s grace before SIGKILL.
     assert!(
-        deleted.elapsed() < Duration::from_secs(4),
+        deleted.elapsed() < Duration::from_millis(2500),
         "took {:?}",
         deleted.elapsed()
     );
@@ -300,7 +300,7 @@ async fn a_paused_lock_process_gives_up_at_its_local_deadline_and_kills_the_comm
     );
     let child = lock(
         &ns.name,
-        &["--duration", "2s", "--grace", "1s"],
+        &["--duration", "2s", "--grace", "500ms"],
         "paused",
         &script,
     )
@@ -324,11 +324,69 @@ async fn a_paused_lock_process_gives_up_at_its_local_deadline_and_kills_the_comm
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
     let took = resumed.elapsed();
     assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
-        "SIGKILL after the 1 s grace, took {took:?}"
+        took >= Duration::from_millis(500) && took < Duration::from_secs(5),
+        "SIGKILL after the 500 ms grace, took {took:?}"
     );
     assert!(!process_exists(pid), "the command (pid {pid}) still runs");
     assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+}
+
+#[tokio::test]
+async fn by_default_a_lost_command_is_killed_within_the_safety_margin() {
+    let (ns, _controller) = setup("lock-grace").await;
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    // Ignores SIGTERM: only the SIGKILL after the default grace stops it.
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; exec sleep 30",
+        pidfile.display()
+    );
+    let child = lock(&ns.name, &["--duration", "3s"], "margin", &script)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
+    let claims = claim_names(&ns).await;
+    let lost = Instant::now();
+    ns.api::<LeaseClaim>()
+        .delete(&claims[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    let out = timeout(WAIT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    // The margin: the controller cannot hand the lease on until a third of the
+    // duration after this process gave up at its local deadline.
+    let took = lost.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the command was killed {took:?} after the loss; the margin at 3s is 1s"
+    );
+    assert!(!process_running(pid));
+}
+
+#[tokio::test]
+async fn a_grace_longer_than_the_safety_margin_is_refused() {
+    let (ns, _controller) = setup("lock-grace-refused").await;
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let out = output(&mut lock(
+        &ns.name,
+        &["--duration", "3s", "--grace", "2s"],
+        "margin",
+        &format!("touch {}", marker.display()),
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--grace 2s") && stderr.contains("3s"),
+        "{stderr}"
+    );
+    assert!(!marker.exists(), "the command ran");
+    assert!(claim_names(&ns).await.is_empty(), "no claim left behind");
 }
 
 #[tokio::test]
@@ -420,6 +478,56 @@ async fn sigkill_of_the_lock_process_kills_the_command() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits (bounded) until the process is gone; panics naming `what` otherwise.
+async fn wait_gone(pid: i32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while process_running(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) outlived palisade lock by 5s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn sigkill_of_the_lock_process_kills_the_commands_grandchildren() {
+    let (ns, _controller) = setup("lock-tree").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // The shell is the command; `sleep` is its child, a grandchild of palisade lock.
+    let script = format!("sleep 1000 & echo $! > {d}/pid.tmp; mv {d}/pid.tmp {d}/pid; wait");
+    let mut child = lock(&ns.name, &[], "tree", &script).spawn().unwrap();
+    let grandchild: i32 = wait_file(&dir.path().join("pid"))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(process_running(grandchild));
+
+    send_signal(child.id().unwrap(), libc::SIGKILL);
+    child.wait().await.unwrap();
+    wait_gone(grandchild, "the command's child").await;
+}
+
+#[tokio::test]
+async fn nothing_the_command_left_behind_outlives_palisade_lock() {
+    let (ns, _controller) = setup("lock-leftover").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // The command exits at once and leaves a background child running with the token.
+    let script =
+        format!("sleep 1000 >/dev/null 2>&1 & echo $! > {d}/pid.tmp; mv {d}/pid.tmp {d}/pid");
+    let out = output(&mut lock(&ns.name, &[], "leftover", &script)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let leftover: i32 = wait_file(&dir.path().join("pid"))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    wait_gone(leftover, "the command's background child").await;
 }
 
 #[tokio::test]
@@ -559,4 +667,51 @@ async fn status_shows_holder_token_and_the_queue_in_grant_order() {
         waiter.abort();
     }
     holder.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn status_and_lock_give_up_within_seconds_on_a_silently_dead_connection() {
+    support::install_crds().await;
+    let ns = TestNamespace::new("lock-dead").await;
+    let (_, proxy) = support::blackhole::proxied_config(&ns.name).await;
+    proxy.swallow_everything();
+    let mut kubeconfig = support::kubeconfig();
+    for cluster in &mut kubeconfig.clusters {
+        if let Some(c) = cluster.cluster.as_mut() {
+            c.server = Some(proxy.url.clone());
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+
+    let started = Instant::now();
+    let out = timeout(
+        Duration::from_secs(60),
+        palisade()
+            .env("KUBECONFIG", &path)
+            .args(["status", "-n", &ns.name])
+            .output(),
+    )
+    .await
+    .expect("palisade status finished")
+    .unwrap();
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(took < Duration::from_secs(10), "status took {took:?}");
+
+    let started = Instant::now();
+    let out = timeout(
+        Duration::from_secs(60),
+        palisade()
+            .env("KUBECONFIG", &path)
+            .args(["lock", "-n", &ns.name, "dead", "--", "true"])
+            .output(),
+    )
+    .await
+    .expect("palisade lock finished")
+    .unwrap();
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(took < Duration::from_secs(10), "lock took {took:?}");
 }

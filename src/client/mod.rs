@@ -26,7 +26,8 @@
 //!   third of `leaseDurationSeconds`. The controller expires a holder a full
 //!   duration after it *observed* a renewal, which is necessarily after the
 //!   renewal was sent; this process gives up two thirds of a duration after it
-//!   *sent* its last successful renewal, on its own monotonic clock. So it stops
+//!   *sent* its last successful renewal, on its own clock (`CLOCK_BOOTTIME`, which
+//!   counts suspensions; see [`clock`]). So it stops
 //!   believing it holds the lease before the controller can hand it to someone else.
 //!   Until the first renewal (sent as soon as the grant is seen) the deadline
 //!   counts from the moment the grant was observed, which assumes that the watch
@@ -39,6 +40,7 @@
 //!   them finish. (A process that is killed outright leaves its claim: a pending
 //!   one waits in the queue, and once granted it expires after one lease duration.)
 
+mod clock;
 pub mod status;
 
 use std::fmt;
@@ -57,6 +59,8 @@ use kube::{Client, ResourceExt};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
+
+use clock::{BootInstant, BootTimer};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -65,9 +69,25 @@ use crate::api::{ClaimPhase, Lease, LeaseClaim, LeaseClaimSpec, LeaseSpec, PodRe
 /// Field manager of the writes made by this library.
 pub const CLIENT_MANAGER: &str = "palisade-client";
 
-/// The longest claim name prefix the API server keeps for `generateName`
-/// (it appends 5 random characters to at most 58).
+/// The longest claim name prefix, as for `generateName` (5 random characters follow).
 const MAX_GENERATE_NAME_PREFIX: usize = 58;
+
+/// The deadline of every single API request this library makes (a claim's create,
+/// renewal patch or delete, a Lease's create, the status reads), so that a
+/// connection that dies silently (no FIN, no RST) costs at most this long: the
+/// request is abandoned with its connection, and a retry opens a new one. Watches
+/// have no deadline of their own; a watch that delivers nothing for
+/// [`WATCH_SILENCE`] is restarted instead.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A watch that delivers nothing for this long is started again (a list of its one
+/// object, then a new watch, on a new connection). A healthy watch of an object
+/// that does not change costs one such restart per period; a dead one is noticed
+/// within it.
+pub const WATCH_SILENCE: Duration = Duration::from_secs(5);
+
+/// How long a claim's deletion is retried (each attempt bounded by [`CALL_TIMEOUT`]).
+const DELETE_LIMIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -83,6 +103,24 @@ pub enum Error {
     },
     #[error("the watch on lease {lease} ended unexpectedly")]
     WatchEnded { lease: String },
+    #[error("{what}: no response from the API server within {after:?}")]
+    Unresponsive { what: String, after: Duration },
+    #[error("cannot set up the deadline timer (CLOCK_BOOTTIME timerfd): {0}")]
+    Clock(#[source] std::io::Error),
+}
+
+/// `fut`, or [`Error::Unresponsive`] naming `what` after [`CALL_TIMEOUT`].
+pub(crate) async fn call<T>(
+    what: impl FnOnce() -> String,
+    fut: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+        Ok(result) => result.map_err(Error::from),
+        Err(_) => Err(Error::Unresponsive {
+            what: what(),
+            after: CALL_TIMEOUT,
+        }),
+    }
 }
 
 /// Why a grant ended, as far as this process can tell. The first signal to arrive wins:
@@ -225,10 +263,15 @@ impl LeaseClient {
                 lease_duration_seconds: duration_secs,
             },
         );
-        match self.leases.create(&post_params(), &lease).await {
+        let created = call(
+            || format!("creating lease {name}"),
+            self.leases.create(&post_params(), &lease),
+        )
+        .await;
+        match created {
             Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-            Err(e) => Err(e.into()),
+            Err(Error::Api(kube::Error::Api(s))) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -242,6 +285,7 @@ impl LeaseClient {
         };
         let identity = options.identity.clone().unwrap_or_else(default_identity);
         let claim = new_claim(lease, &identity, options.pod.resolve());
+        let timer = BootTimer::new().map_err(Error::Clock)?;
         let created = within(deadline, self.create_claim(claim))
             .await
             .ok_or_else(timed_out)??;
@@ -273,17 +317,20 @@ impl LeaseClient {
                 return Err(timed_out());
             }
         };
-        let observed_at = Instant::now();
+        let observed_at = BootInstant::now();
         let status = granted.status.clone().unwrap_or_default();
 
         let (lost_tx, lost_rx) = watch::channel(None);
         let stop = CancellationToken::new();
         let (claim, claim_uid) = (guard.name.clone(), guard.uid.clone());
+        let (duration_tx, duration_rx) = watch::channel(lease_duration(&granted));
         let keeper = Keeper {
-            duration: lease_duration(&granted),
+            duration: duration_tx,
+            token: status.fencing_token.unwrap_or_default(),
             guard,
             lost: lost_tx,
             stop: stop.clone(),
+            timer,
         };
         Ok(Grant {
             namespace: self.namespace.clone(),
@@ -293,6 +340,7 @@ impl LeaseClient {
             claim_uid,
             token: status.fencing_token.unwrap_or_default(),
             lost: lost_rx,
+            duration: duration_rx,
             stop,
             keeper: Some(tokio::spawn(keeper.run(
                 observed_at,
@@ -305,22 +353,34 @@ impl LeaseClient {
 
     /// Creates the claim in a task of its own: if this future is dropped while the
     /// request is in flight, that task deletes the claim the API server made anyway.
-    async fn create_claim(&self, claim: LeaseClaim) -> Result<LeaseClaim, kube::Error> {
+    /// The claim's name is chosen here, not by `generateName`, so that a create whose
+    /// response never came (it may have been made all the same) is deleted by name.
+    async fn create_claim(&self, claim: LeaseClaim) -> Result<LeaseClaim, Error> {
         let (created_tx, created_rx) = oneshot::channel();
         let claims = self.claims.clone();
         self.cleanup.spawn(async move {
-            let created = claims.create(&post_params(), &claim).await;
-            if let Err(Ok(orphan)) = created_tx.send(created) {
-                let name = orphan.name_any();
-                let uid = orphan.uid().unwrap_or_default();
-                log_delete_failure(&name, delete_claim(&claims, &name, &uid).await);
-            }
+            let name = claim.name_any();
+            let created = call(
+                || format!("creating claim {name}"),
+                claims.create(&post_params(), &claim),
+            )
+            .await;
+            let timed_out = matches!(created, Err(Error::Unresponsive { .. }));
+            let orphan_uid = match created_tx.send(created) {
+                // Timed out: it may exist all the same. Its UID is unknown, but the name is ours.
+                _ if timed_out => String::new(),
+                // The caller has the claim (and a guard for it), or it was never made.
+                Ok(()) | Err(Err(_)) => return,
+                // The caller is gone: nobody else will delete it.
+                Err(Ok(orphan)) => orphan.uid().unwrap_or_default(),
+            };
+            log_delete_failure(&name, delete_claim(&claims, &name, &orphan_uid).await);
         });
         // The task only fails to send when its runtime shuts down.
         created_rx.await.unwrap_or_else(|_| {
-            Err(kube::Error::Service(
+            Err(Error::Api(kube::Error::Service(
                 "the runtime shut down while creating the claim".into(),
-            ))
+            )))
         })
     }
 
@@ -346,9 +406,10 @@ pub struct Grant {
     claim_uid: String,
     token: i64,
     lost: watch::Receiver<Option<LostReason>>,
+    duration: watch::Receiver<Duration>,
     /// Tells the keeper to stop renewing and delete the claim.
     stop: CancellationToken,
-    keeper: Option<JoinHandle<Result<(), kube::Error>>>,
+    keeper: Option<JoinHandle<Result<(), Error>>>,
     cleanup: TaskTracker,
 }
 
@@ -391,6 +452,13 @@ impl Grant {
         &self.claim_uid
     }
 
+    /// The lease duration this grant is held under: `leaseDurationSeconds` as the
+    /// grant was observed, or a shorter value seen since; an edit never makes it
+    /// longer. The local deadline is two thirds of it after the last renewal sent.
+    pub fn lease_duration(&self) -> Duration {
+        *self.duration.borrow()
+    }
+
     /// Why the grant was lost, if it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         *self.lost.borrow()
@@ -414,7 +482,7 @@ impl Grant {
         self.stop.cancel();
         match self.keeper.take() {
             Some(keeper) => match keeper.await {
-                Ok(deleted) => deleted.map_err(Error::from),
+                Ok(deleted) => deleted,
                 // The keeper panicked or its runtime is shutting down; the controller expires the claim.
                 Err(_) => Ok(()),
             },
@@ -446,7 +514,7 @@ struct ClaimGuard {
 }
 
 impl ClaimGuard {
-    async fn delete(mut self) -> Result<(), kube::Error> {
+    async fn delete(mut self) -> Result<(), Error> {
         self.armed = false;
         delete_claim(&self.claims, &self.name, &self.uid).await
     }
@@ -478,24 +546,31 @@ impl Drop for ClaimGuard {
     }
 }
 
-/// Deletes the claim with this UID (not a namesake created since); gone already is fine.
-async fn delete_claim(claims: &Api<LeaseClaim>, name: &str, uid: &str) -> Result<(), kube::Error> {
+/// Deletes the claim with this UID (not a namesake created since; an empty UID:
+/// whatever has the name); gone already is fine. Retried on transient errors and
+/// unanswered attempts, for at most [`DELETE_LIMIT`].
+async fn delete_claim(claims: &Api<LeaseClaim>, name: &str, uid: &str) -> Result<(), Error> {
     let params = DeleteParams {
-        preconditions: Some(Preconditions {
+        preconditions: (!uid.is_empty()).then(|| Preconditions {
             uid: Some(uid.to_string()),
             resource_version: None,
         }),
         ..DeleteParams::default()
     };
     let attempt = || async {
-        match claims.delete(name, &params).await {
+        match call(
+            || format!("deleting claim {name}"),
+            claims.delete(name, &params),
+        )
+        .await
+        {
             Ok(_) => Ok(()),
             // 404: gone; 409: the UID precondition failed, so this claim is gone too.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+            Err(Error::Api(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => Ok(()),
             Err(e) => Err(e),
         }
     };
-    attempt
+    let retried = attempt
         .retry(
             ExponentialBuilder::default()
                 .with_min_delay(Duration::from_millis(100))
@@ -503,11 +578,21 @@ async fn delete_claim(claims: &Api<LeaseClaim>, name: &str, uid: &str) -> Result
                 .with_max_times(6)
                 .with_jitter(),
         )
-        .when(is_transient)
-        .await
+        .when(|e| match e {
+            Error::Api(e) => is_transient(e),
+            Error::Unresponsive { .. } => true,
+            _ => false,
+        });
+    match tokio::time::timeout(DELETE_LIMIT, retried).await {
+        Ok(result) => result,
+        Err(_) => Err(Error::Unresponsive {
+            what: format!("deleting claim {name}"),
+            after: DELETE_LIMIT,
+        }),
+    }
 }
 
-fn log_delete_failure(claim: &str, result: Result<(), kube::Error>) {
+fn log_delete_failure(claim: &str, result: Result<(), Error>) {
     if let Err(e) = result {
         tracing::warn!(%claim, error = %e, "could not delete the claim; it stays until its lease expires");
     }
@@ -528,7 +613,8 @@ fn post_params() -> PostParams {
     }
 }
 
-/// A claim named `{lease}-{identity}-{5 random characters}` (by `generateName`).
+/// A claim named `{lease}-{identity}-{5 random characters}`, like `generateName`
+/// would, but chosen here (see [`LeaseClient::create_claim`]).
 fn new_claim(lease: &str, identity: &str, pod: Option<(String, String)>) -> LeaseClaim {
     let slug = name_slug(identity);
     let mut prefix = if slug.is_empty() {
@@ -539,7 +625,7 @@ fn new_claim(lease: &str, identity: &str, pod: Option<(String, String)>) -> Leas
     prefix.truncate(MAX_GENERATE_NAME_PREFIX);
     LeaseClaim {
         metadata: ObjectMeta {
-            generate_name: Some(prefix),
+            name: Some(format!("{prefix}{}", random_suffix())),
             owner_references: pod.as_ref().map(|(name, uid)| {
                 vec![OwnerReference {
                     api_version: "v1".into(),
@@ -564,6 +650,28 @@ fn new_claim(lease: &str, identity: &str, pod: Option<(String, String)>) -> Leas
     }
 }
 
+/// 5 characters from the API server's own `generateName` alphabet (no vowels, no
+/// look-alikes). From std's randomly seeded hasher: these names need to be unlikely
+/// to collide, not unpredictable, and a collision is a 409, not a shared claim.
+fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    let mut n = hasher.finish();
+    (0..5)
+        .map(|_| {
+            let c = ALPHABET[(n % ALPHABET.len() as u64) as usize] as char;
+            n /= ALPHABET.len() as u64;
+            c
+        })
+        .collect()
+}
+
 /// `identity` as a piece of an object name: lowercase letters, digits and single dashes.
 fn name_slug(identity: &str) -> String {
     let mut slug = String::with_capacity(identity.len());
@@ -580,14 +688,39 @@ fn name_slug(identity: &str) -> String {
 
 type Events<K> = BoxStream<'static, Result<Option<K>, watcher::Error>>;
 
-/// The object (None: absent) each time it changes; watch errors are retried with backoff.
+/// The object (None: absent) each time it changes; watch errors are retried with
+/// backoff. A watch that delivers nothing for [`WATCH_SILENCE`] is started again, since a
+/// connection that died silently would otherwise leave it waiting for ever (kube's
+/// watcher has no deadline of its own and yields nothing on a healthy idle watch).
 fn watch_one<K>(api: Api<K>, name: &str) -> Events<K>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + fmt::Debug + Send + 'static,
 {
-    watcher::watch_object(api, name)
-        .backoff(crate::watch::backoff())
-        .boxed()
+    fn start<K>(api: &Api<K>, name: &str) -> Events<K>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + fmt::Debug + Send + 'static,
+    {
+        watcher::watch_object(api.clone(), name)
+            .backoff(crate::watch::backoff())
+            .boxed()
+    }
+    let events = start(&api, name);
+    futures::stream::unfold(
+        (api, name.to_string(), events),
+        |(api, name, mut events)| async move {
+            loop {
+                match tokio::time::timeout(WATCH_SILENCE, events.next()).await {
+                    Ok(Some(event)) => return Some((event, (api, name, events))),
+                    Ok(None) => return None,
+                    Err(_) => {
+                        tracing::debug!(%name, "watch silent for {WATCH_SILENCE:?}; starting it again");
+                        events = start(&api, &name);
+                    }
+                }
+            }
+        },
+    )
+    .boxed()
 }
 
 async fn within<T>(deadline: Option<Instant>, fut: impl Future<Output = T>) -> Option<T> {
@@ -661,19 +794,25 @@ async fn wait_for_grant(
 /// The background task of a [`Grant`]: renews, watches for the loss, and deletes
 /// the claim when the grant is released or dropped.
 struct Keeper {
-    duration: Duration,
+    /// The lease duration this grant is held under: the one the grant was observed
+    /// with, lowered by every shorter one seen since, never raised (DESIGN.md).
+    duration: watch::Sender<Duration>,
+    /// The grant's fencing token: a renewal counts only when the claim shows this grant.
+    token: i64,
     guard: ClaimGuard,
     lost: watch::Sender<Option<LostReason>>,
     stop: CancellationToken,
+    /// Fires at the local deadline, on CLOCK_BOOTTIME.
+    timer: BootTimer,
 }
 
 impl Keeper {
     async fn run(
         mut self,
-        observed_at: Instant,
+        observed_at: BootInstant,
         lease_events: Events<Lease>,
         claim_events: Events<LeaseClaim>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<(), Error> {
         // The watches end with `hold`: nothing more to learn once the grant is over.
         if let Some(reason) = self.hold(observed_at, lease_events, claim_events).await {
             tracing::info!(claim = %self.guard.name, %reason, "grant lost");
@@ -684,32 +823,54 @@ impl Keeper {
         self.guard.delete().await
     }
 
+    fn duration(&self) -> Duration {
+        *self.duration.borrow()
+    }
+
     /// Renews until the grant is lost (returns why) or the owner stops it (returns None).
     async fn hold(
         &mut self,
-        observed_at: Instant,
+        observed_at: BootInstant,
         mut lease_events: Events<Lease>,
         mut claim_events: Events<LeaseClaim>,
     ) -> Option<LostReason> {
         // The send time of the last successful renewal; see the module docs for the first one.
         let mut last_renewal = observed_at;
-        let mut next_renewal = observed_at;
-        let mut renewing: Option<BoxFuture<'static, Result<Instant, kube::Error>>> = None;
+        // When to renew next: only a schedule, so tokio's (monotonic) timers do.
+        let mut next_renewal = Instant::now();
+        let mut renewing: Option<BoxFuture<'static, Result<BootInstant, RenewalError>>> = None;
         loop {
-            let deadline = last_renewal + self.duration * 2 / 3;
+            let deadline = last_renewal + self.duration() * 2 / 3;
+            // Every wake-up checks the deadline first: after a pause or a suspension
+            // it has passed, whatever else is ready.
+            if BootInstant::now() >= deadline {
+                return Some(LostReason::LocalDeadline);
+            }
+            if let Err(e) = self.timer.arm(deadline) {
+                tracing::error!(claim = %self.guard.name, error = %e, "cannot arm the deadline timer");
+                return Some(LostReason::LocalDeadline);
+            }
             tokio::select! {
-                // Checked first: after a pause (GC, SIGSTOP) an overdue deadline wins over
-                // any renewal that completes in the same instant.
+                // Checked first: an overdue deadline wins over a renewal that
+                // completes in the same instant.
                 biased;
                 _ = self.stop.cancelled() => return None,
-                _ = sleep_until(deadline) => return Some(LostReason::LocalDeadline),
+                _ = self.timer.fired() => {}
                 Some(event) = lease_events.next() => match event {
                     Ok(None) => return Some(LostReason::LeaseDeleted),
                     Ok(Some(lease)) if !holds(&lease, &self.guard.uid) => {
                         return Some(LostReason::Superseded);
                     }
-                    // The duration may be edited while held; the controller uses the new one at once.
-                    Ok(Some(lease)) => self.duration = lease_duration(&lease),
+                    // An edit may shorten the duration (the controller may apply it at
+                    // once); a longer one is never believed.
+                    Ok(Some(lease)) => {
+                        let seen = lease_duration(&lease);
+                        self.duration.send_if_modified(|d| {
+                            let shorter = seen < *d;
+                            *d = (*d).min(seen);
+                            shorter
+                        });
+                    }
                     Err(e) => tracing::debug!(claim = %self.guard.name, error = %e, "lease watch error; retrying"),
                 },
                 Some(event) = claim_events.next() => match event {
@@ -723,9 +884,17 @@ impl Keeper {
                 renewed = async { renewing.as_mut().expect("guarded by is_some").await }, if renewing.is_some() => {
                     renewing = None;
                     match renewed {
+                        // Too late counts for nothing: the deadline passing is final.
+                        Ok(_) if BootInstant::now() >= deadline => return Some(LostReason::LocalDeadline),
                         Ok(sent_at) => {
                             last_renewal = sent_at;
-                            next_renewal = sent_at + self.duration / 3;
+                            next_renewal = Instant::now()
+                                + (sent_at + self.duration() / 3)
+                                    .saturating_duration_since(BootInstant::now());
+                        }
+                        Err(RenewalError::Ended(reason)) => {
+                            tracing::warn!(claim = %self.guard.name, %reason, "a renewal found the grant ended");
+                            return Some(reason);
                         }
                         Err(e) => {
                             tracing::warn!(claim = %self.guard.name, error = %e, "renewal refused: the claim is gone");
@@ -741,18 +910,22 @@ impl Keeper {
     }
 
     /// One renewal, retried on any failure except "this claim is gone": 404, or 409/422
-    /// when the name now belongs to another object (the UID in the patch cannot change). Returns the send time of the attempt
-    /// that succeeded: the retries never extend the deadline, only a success does.
-    /// Each attempt is bounded, so one hung request cannot use up the whole deadline.
-    fn renewal(&self) -> impl Future<Output = Result<Instant, kube::Error>> + Send + 'static {
+    /// when the name now belongs to another object (the UID in the patch cannot change),
+    /// and except a response that shows the grant ended. Returns the send time of the
+    /// attempt that succeeded: the retries never extend the deadline, only a success
+    /// does, and a success is a response that shows this claim `Granted` with this
+    /// grant's token ([`judge_renewal`]). Each attempt is bounded, so one hung request
+    /// cannot use up the whole deadline.
+    fn renewal(&self) -> impl Future<Output = Result<BootInstant, RenewalError>> + Send + 'static {
         let claims = self.guard.claims.clone();
         let name = self.guard.name.clone();
         let uid = self.guard.uid.clone();
-        let attempt_limit = self.duration / 6;
+        let token = self.token;
+        let attempt_limit = (self.duration() / 6).min(CALL_TIMEOUT);
         let attempt = move || {
             let (claims, name, uid) = (claims.clone(), name.clone(), uid.clone());
             async move {
-                let sent_at = Instant::now();
+                let sent_at = BootInstant::now();
                 // The UID makes the patch fail (422: immutable) on another object of the same name.
                 let patch = serde_json::json!({
                     "metadata": {"uid": uid},
@@ -768,21 +941,67 @@ impl Keeper {
                 )
                 .await
                 {
-                    Ok(Ok(_)) => Ok(sent_at),
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => Err(kube::Error::Service("renewal timed out".into())),
+                    Ok(Ok(claim)) => judge_renewal(&claim, &uid, token).map(|()| sent_at),
+                    Ok(Err(e)) => Err(RenewalError::Api(e)),
+                    Err(_) => Err(RenewalError::TimedOut(attempt_limit)),
                 }
             }
         };
         let backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
-            .with_max_delay((self.duration / 6).max(Duration::from_millis(50)))
+            .with_max_delay((self.duration() / 6).max(Duration::from_millis(50)))
             .without_max_times()
             .with_jitter();
         attempt
             .retry(backoff)
-            .when(|e| !matches!(e, kube::Error::Api(s) if [404, 409, 422].contains(&s.code)))
+            .when(RenewalError::is_retried)
             .notify(|e, after| tracing::debug!(error = %e, ?after, "renewal failed; retrying"))
+    }
+}
+
+/// Why a renewal attempt did not count.
+#[derive(Debug, thiserror::Error)]
+enum RenewalError {
+    #[error(transparent)]
+    Api(kube::Error),
+    #[error("no response within {0:?}")]
+    TimedOut(Duration),
+    /// The claim does not show the grant yet: the controller writes the Lease before
+    /// it mirrors the grant into the claim, so the first renewal may arrive in between.
+    #[error("the claim does not show the grant yet")]
+    NotYetShown,
+    /// The response shows that the grant ended (a final phase, a deletion, another token).
+    #[error("the claim shows the grant ended: {0}")]
+    Ended(LostReason),
+}
+
+impl RenewalError {
+    fn is_retried(&self) -> bool {
+        match self {
+            RenewalError::Api(kube::Error::Api(s)) => ![404, 409, 422].contains(&s.code),
+            RenewalError::Api(_) | RenewalError::TimedOut(_) | RenewalError::NotYetShown => true,
+            RenewalError::Ended(_) => false,
+        }
+    }
+}
+
+/// What the claim in a renewal's response says about the grant with `token`: only
+/// `Granted` with that token is a renewal that counts. A final phase, a deletion
+/// mark or another token is the grant's end, reported at once, even when the
+/// watches (stalled, say) have not said so.
+fn judge_renewal(claim: &LeaseClaim, uid: &str, token: i64) -> Result<(), RenewalError> {
+    if claim.uid().as_deref() != Some(uid) {
+        return Err(RenewalError::Ended(LostReason::ClaimDeleted));
+    }
+    if let Some(reason) = claim_ending(Some(claim)) {
+        return Err(RenewalError::Ended(reason));
+    }
+    let status = claim.status.as_ref();
+    match status.and_then(|s| s.phase) {
+        Some(ClaimPhase::Granted) if status.and_then(|s| s.fencing_token) == Some(token) => Ok(()),
+        // A claim is granted once: Granted with another token is not this grant.
+        Some(ClaimPhase::Granted) => Err(RenewalError::Ended(LostReason::Superseded)),
+        _ => Err(RenewalError::NotYetShown),
     }
 }
 
@@ -793,21 +1012,21 @@ mod tests {
     #[test]
     fn claim_names_are_lease_identity_and_a_random_suffix() {
         let claim = new_claim("billing", "Worker_0.example", None);
-        assert_eq!(
-            claim.metadata.generate_name.as_deref(),
-            Some("billing-worker-0-example-")
-        );
+        let name = claim.metadata.name.unwrap();
+        assert_eq!(name.len(), "billing-worker-0-example-".len() + 5, "{name}");
+        assert!(name.starts_with("billing-worker-0-example-"), "{name}");
         assert_eq!(claim.spec.holder_identity, "Worker_0.example");
         assert!(claim.spec.pod.is_none() && claim.metadata.owner_references.is_none());
 
         let long = "x".repeat(300);
         let claim = new_claim("billing", &long, None);
         assert_eq!(
-            claim.metadata.generate_name.unwrap().len(),
-            MAX_GENERATE_NAME_PREFIX
+            claim.metadata.name.unwrap().len(),
+            MAX_GENERATE_NAME_PREFIX + 5
         );
         let claim = new_claim("billing", "!!!", None);
-        assert_eq!(claim.metadata.generate_name.as_deref(), Some("billing-"));
+        let name = claim.metadata.name.unwrap();
+        assert!(name.starts_with("billing-") && name.len() == 13, "{name}");
     }
 
     #[test]
@@ -823,6 +1042,45 @@ mod tests {
             (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
             ("Pod", "w-0", "uid-1")
         );
+    }
+
+    #[test]
+    fn a_renewal_counts_only_when_the_claim_shows_this_grant() {
+        let mut claim = LeaseClaim::new("c", LeaseClaimSpec::default());
+        claim.metadata.uid = Some("u1".into());
+        let with = |phase, token| crate::api::LeaseClaimStatus {
+            phase: Some(phase),
+            fencing_token: token,
+            ..Default::default()
+        };
+        claim.status = Some(with(ClaimPhase::Granted, Some(7)));
+        assert!(judge_renewal(&claim, "u1", 7).is_ok());
+        // Another object under the name, or another grant: not this one.
+        assert!(matches!(
+            judge_renewal(&claim, "u2", 7),
+            Err(RenewalError::Ended(LostReason::ClaimDeleted))
+        ));
+        assert!(matches!(
+            judge_renewal(&claim, "u1", 8),
+            Err(RenewalError::Ended(LostReason::Superseded))
+        ));
+        // The mirror is not written yet: retried, the deadline does not move.
+        claim.status = Some(with(ClaimPhase::Pending, None));
+        let not_yet = judge_renewal(&claim, "u1", 7).unwrap_err();
+        assert!(matches!(not_yet, RenewalError::NotYetShown) && not_yet.is_retried());
+        for (phase, reason) in [
+            (ClaimPhase::Expired, LostReason::Expired),
+            (ClaimPhase::Revoked, LostReason::Revoked),
+            (ClaimPhase::Released, LostReason::ClaimDeleted),
+        ] {
+            claim.status = Some(with(phase, Some(7)));
+            let ended = judge_renewal(&claim, "u1", 7).unwrap_err();
+            assert!(!ended.is_retried(), "{phase:?}");
+            assert!(
+                matches!(ended, RenewalError::Ended(r) if r == reason),
+                "{phase:?}"
+            );
+        }
     }
 
     #[test]

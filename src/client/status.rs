@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use kube::ResourceExt;
 use kube::api::ListParams;
 
-use super::LeaseClient;
+use super::{LeaseClient, call};
 use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 
 /// Show Leases: holder, fencing token, phase and how many claims wait.
@@ -42,11 +42,12 @@ async fn status(args: StatusArgs) -> Result<String, String> {
         })?;
     let ns = client.namespace().to_string();
     let Some(name) = args.lease else {
-        let leases = client
-            .leases()
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| format!("listing leases in namespace {ns}: {e}"))?;
+        let leases = call(
+            || format!("listing leases in namespace {ns}"),
+            client.leases().list(&ListParams::default()),
+        )
+        .await
+        .map_err(|e| format!("listing leases in namespace {ns}: {e}"))?;
         if leases.items.is_empty() {
             return Ok(format!("No leases found in namespace {ns}.\n"));
         }
@@ -54,18 +55,22 @@ async fn status(args: StatusArgs) -> Result<String, String> {
         leases.sort_by_key(|l| l.name_any());
         return Ok(lease_table(&leases));
     };
-    let lease = client
-        .leases()
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("reading lease {name} in namespace {ns}: {e}"))?
-        .ok_or_else(|| format!("lease {name} not found in namespace {ns}"))?;
+    let lease = call(
+        || format!("reading lease {name}"),
+        client.leases().get_opt(&name),
+    )
+    .await
+    .map_err(|e| format!("reading lease {name} in namespace {ns}: {e}"))?
+    .ok_or_else(|| format!("lease {name} not found in namespace {ns}"))?;
     // spec.leaseName is a selectable field of LeaseClaim.
-    let claims = client
-        .claims()
-        .list(&ListParams::default().fields(&format!("spec.leaseName={name}")))
-        .await
-        .map_err(|e| format!("listing claims of lease {name} in namespace {ns}: {e}"))?;
+    let claims = call(
+        || format!("listing claims of lease {name}"),
+        client
+            .claims()
+            .list(&ListParams::default().fields(&format!("spec.leaseName={name}"))),
+    )
+    .await
+    .map_err(|e| format!("listing claims of lease {name} in namespace {ns}: {e}"))?;
     Ok(format!(
         "{}\n{}",
         lease_table(std::slice::from_ref(&lease)),

@@ -391,7 +391,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         },
     };
     // The store exists before any worker opens it.
-    palisade::fence::FileStore::open(&store).expect("creating the file store");
+    palisade::fence::FileStore::create(&store).expect("creating the file store");
 
     let observers = tokio::spawn(observe(admin.clone(), out.clone()));
     procs.controller =

@@ -72,9 +72,10 @@ write "$PALISADE_HOLDER second write"
 EOF
 chmod +x "$WORK/worker.sh"
 export STORE PALISADE
+"$PALISADE" fence --store "$STORE" --create >/dev/null
 
 say "2. worker-a takes the lease ($DURATION) and writes"
-setsid "$PALISADE" lock -n "$NS" --duration "$DURATION" --identity worker-a --grace 10s "$LEASE" -- "$WORK/worker.sh" \
+setsid "$PALISADE" lock -n "$NS" --duration "$DURATION" --identity worker-a "$LEASE" -- "$WORK/worker.sh" \
   >"$WORK/worker-a.log" 2>&1 &
 A=$!
 pids+=("$A")
@@ -84,7 +85,7 @@ sed 's/^/  | /' "$WORK/worker-a.log"
 
 say "3. worker-a stalls: SIGSTOP (a long GC pause), for longer than its $DURATION lease"
 # palisade lock (which renews) and the command (its own process group) both freeze.
-A_CMD=$(pgrep -P "$A" | head -n 1)
+A_CMD=$(ps -o pgid= -p "$(pgrep -P "$A" | head -n 1)" | tr -d ' ')
 kill -STOP -- "$A" "-$A_CMD"
 step "worker-a and its renewals are frozen; it still believes it holds token $TOKEN_A"
 
@@ -100,8 +101,11 @@ wait_for 30 "worker-b's first write" journal_has "worker-b first write"
 sed 's/^/  | /' "$WORK/worker-b.log"
 "$KUBECTL" -n "$NS" get leases.palisade.dev "$LEASE" | sed 's/^/  /'
 
-say "5. worker-a wakes up (SIGCONT) and carries on writing with token $TOKEN_A"
+say "5. worker-a's command wakes up (SIGCONT) and carries on writing with token $TOKEN_A"
+# The command first, while its palisade lock is still frozen (had it woken too, it
+# would have killed the command within its grace, a sixth of the lease, first).
 kill -CONT -- "-$A_CMD"
+wait_for 30 "worker-a's second write" grep -q "worker-a second write" "$WORK/worker-a.log"
 kill -CONT "$A"
 set +e
 wait "$A"
