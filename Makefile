@@ -6,7 +6,8 @@
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1
-#   make cluster-down   stop it and remove its state
+#   make cluster-down   stop it and remove its state (and the databases')
+#   make databases      start (or reuse) PostgreSQL and Redis on 127.0.0.1 (PG_PORT, REDIS_PORT)
 #   make check          cargo fmt --check and clippy -D warnings
 #   make crds           regenerate crds/ (and the chart's copy) from the Rust types
 #   make chart-lint     helm lint --strict of charts/palisade
@@ -44,6 +45,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION)
 CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kubectl \
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
+.PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
 	controlplane-bins demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
 
@@ -85,11 +87,30 @@ clean-cache:
 cluster: controlplane-bins
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh up
 
-cluster-down:
+cluster-down: databases-down
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh down
 
 cluster-status:
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh status
+
+# --- test databases (fencing in PostgreSQL and Redis) ------------------------------
+# tests/databases/databases.sh: installs the Debian packages when missing, data in
+# DATABASES_DIR; tests find them through the two URLs below.
+PG_PORT ?= 15432
+REDIS_PORT ?= 16379
+DATABASES_DIR := $(CURDIR)/target/databases
+export PALISADE_TEST_POSTGRES := postgres://postgres@127.0.0.1:$(PG_PORT)/postgres
+export PALISADE_TEST_REDIS := redis://127.0.0.1:$(REDIS_PORT)/
+DATABASES_ENV = STATE_DIR=$(DATABASES_DIR) PG_PORT=$(PG_PORT) REDIS_PORT=$(REDIS_PORT)
+
+databases:
+	@$(DATABASES_ENV) tests/databases/databases.sh up
+
+databases-down:
+	@$(DATABASES_ENV) tests/databases/databases.sh down
+
+databases-status:
+	@$(DATABASES_ENV) tests/databases/databases.sh status
 
 # --- Rust ------------------------------------------------------------------------
 
@@ -111,7 +132,7 @@ check:
 	cargo clippy --locked --all-targets -- -D warnings
 
 # Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
-test: cluster
+test: cluster databases
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
