@@ -100,6 +100,8 @@ pub async fn run(args: WorkerArgs) {
     let configmaps: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
     let fence = Fence::new(FileStore::open(&args.store).expect("opening the file fence"));
     let mut history = Recorder::create(&args.history).expect("creating the history file");
+    // PostgreSQL and Redis, when the harness passed their URLs (dbstores.rs).
+    let mut databases = crate::dbstores::Stores::from_env(&args.identity);
     let mut rng = Rng::new(args.seed);
     let mut seq = 0u64;
     loop {
@@ -131,6 +133,10 @@ pub async fn run(args: WorkerArgs) {
             history.record(&event);
             let event = write_configmap(&configmaps, &args.identity, lease, token, seq).await;
             history.record(&event);
+            if let Some(databases) = databases.as_mut() {
+                let hold = rng.millis(0, 100);
+                databases.write(&mut history, lease, token, seq, hold).await;
+            }
             tokio::time::sleep(rng.millis(50, 250)).await;
         }
         if let Err(e) = tokio::time::timeout(WRITE_TIMEOUT, grant.release()).await {
