@@ -138,6 +138,7 @@ test: cluster databases
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
 		--steady 1 --warmup 0 --baseline 1 --out target/bench-smoke
 	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
+	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench report -- --dir target/bench-smoke --smoke
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
 
@@ -150,7 +151,7 @@ test: cluster databases
 # and fails the target once the report is written.
 BENCH_DIR := target/bench
 RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
-bench: cluster
+bench: cluster databases
 	@rm -f $(BENCH_DIR)/*.json $(BENCH_DIR)/results.md $(BENCH_DIR)/*.png
 	@mkdir -p $(BENCH_DIR)
 	cargo bench --locked --no-run --bench handover --bench report
@@ -163,6 +164,8 @@ bench: cluster
 	echo "make bench: Rust peers done at $$SECONDS s"; \
 	cargo bench --locked --bench scale -- --out $(BENCH_DIR) $(SCALE_ARGS) || failed="$$failed scale"; \
 	echo "make bench: scale done at $$SECONDS s"; \
+	cargo bench --locked --bench fence_db -- --out $(BENCH_DIR) $(FENCE_DB_ARGS) || failed="$$failed fence-db"; \
+	echo "make bench: fencing in PostgreSQL and Redis done at $$SECONDS s"; \
 	cargo bench --locked --bench report -- --dir $(BENCH_DIR) || failed="$$failed report"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 

@@ -26,10 +26,11 @@ pub const PG_ENV: &str = "PALISADE_CHAOS_POSTGRES";
 pub const REDIS_ENV: &str = "PALISADE_CHAOS_REDIS";
 pub const STORES: [&str; 2] = ["postgres", "redis"];
 /// The faults this module adds to the schedule (injected by main.rs's `inject_db`).
-pub const FAULTS: [&str; 3] = [
+pub const FAULTS: [&str; 4] = [
     "restart_postgres",
     "restart_redis",
     "kill_worker_in_transaction",
+    "pause_in_transaction",
 ];
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -153,8 +154,8 @@ impl Servers {
         Ok(journals)
     }
 
-    /// SIGKILLs a worker while it holds a PostgreSQL transaction open (after its
-    /// fenced check, before its commit). Returns the worker's identity.
+    /// A worker that holds a PostgreSQL transaction open right now (after its fenced
+    /// check, before its commit), to be killed or paused there.
     pub async fn worker_in_transaction(&self, candidates: &[String]) -> Option<String> {
         let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
             .await

@@ -426,6 +426,12 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
                     .expect("listed");
                 let last = schedule.len() - 1;
                 schedule.swap(i, last);
+                // And its database twin second, so the database stores see stale writes too.
+                let i = schedule
+                    .iter()
+                    .position(|f| *f == "pause_in_transaction")
+                    .expect("listed");
+                schedule.swap(i, last - 1);
                 first = false;
             }
         }
@@ -906,7 +912,7 @@ async fn inject(
             proxy.set(Mode::Pass);
             format!("for {} ms", span.as_millis())
         }
-        other => return inject_db(other, ctx, procs).await,
+        other => return inject_db(other, ctx, procs, rng).await,
     };
     Ok(Some(target))
 }
@@ -917,6 +923,7 @@ async fn inject_db(
     fault: &str,
     ctx: &FaultContext<'_>,
     procs: &mut Processes,
+    rng: &mut Rng,
 ) -> Result<Option<String>, String> {
     let target = match fault {
         "restart_postgres" | "restart_redis" => {
@@ -938,6 +945,24 @@ async fn inject_db(
             procs.kill_worker(&worker);
             procs.spawn_worker();
             worker
+        }
+        "pause_in_transaction" => {
+            // The classic pause, inside an open transaction: its row lock holds up
+            // the next holder's check until it resumes and commits.
+            let live: Vec<String> = procs.workers.iter().map(|(id, _)| id.clone()).collect();
+            let servers = dbstores::Servers::new(&ctx.plane.root);
+            let Some(worker) = servers.worker_in_transaction(&live).await else {
+                return Ok(None);
+            };
+            let pid = procs
+                .worker_pid(&worker)
+                .expect("picked among live workers");
+            let lease = Duration::from_secs(LEASE_SECONDS).as_millis() as u64;
+            let pause = rng.millis(lease * 5 / 4, lease * 5 / 2);
+            signal(pid, libc::SIGSTOP);
+            tokio::time::sleep(pause).await;
+            signal(pid, libc::SIGCONT);
+            format!("{worker} for {} ms", pause.as_millis())
         }
         other => return Err(format!("unknown fault {other}")),
     };
