@@ -580,3 +580,43 @@ fn immediate_shutdown_and_restart_keep_every_committed_mark() {
         }
     });
 }
+
+/// `palisade fence --store postgres://...`: the exit codes of the file store.
+#[test]
+fn cli_admits_refuses_with_exit_3_and_shows() {
+    let _server = SERVER.read().unwrap();
+    let url = databases::postgres_url();
+    let key = databases::unique("cli");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .env_remove("PALISADE_FENCING_TOKEN")
+            .env_remove("PALISADE_LEASE")
+            .args(["fence", "--store", &url])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let ok = run(&["--key", &key, "--token", "34"]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("admitted: fencing token 34"));
+    let stale = run(&["--key", &key, "--token", "33"]);
+    assert_eq!(stale.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&stale.stderr);
+    assert!(
+        err.contains("33") && err.contains("34") && err.contains(&key),
+        "{err}"
+    );
+    assert_eq!(run(&["--key", "", "--token", "1"]).status.code(), Some(2));
+    assert_eq!(
+        run(&["--key", &key, "--token", "40", "--payload", "x"])
+            .status
+            .code(),
+        Some(2)
+    );
+    let show = run(&["--show"]);
+    assert!(String::from_utf8_lossy(&show.stdout).contains(&format!("\"{key}\": 34")));
+}

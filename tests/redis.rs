@@ -329,3 +329,36 @@ fn sigkill_and_restart_keep_marks_and_writes() {
         ));
     });
 }
+
+/// `palisade fence --store redis://...`: the payload is the protected write.
+#[test]
+fn cli_admits_writes_the_payload_and_refuses_with_exit_3() {
+    let _server = SERVER.read().unwrap();
+    let url = databases::redis_url();
+    let key = databases::unique("redis-cli");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .env_remove("PALISADE_FENCING_TOKEN")
+            .env_remove("PALISADE_LEASE")
+            .args(["fence", "--store", &url])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let ok = run(&["--key", &key, "--token", "34", "--payload", "new"]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let stale = run(&["--key", &key, "--token", "33", "--payload", "stale"]);
+    assert_eq!(stale.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&stale.stderr);
+    assert!(err.contains("33") && err.contains("34"), "{err}");
+    runtime().block_on(async {
+        let mut conn = connect().await;
+        let value = get(&mut conn, &fence_redis::data_key(&key, "value")).await;
+        assert_eq!(value.as_deref(), Some("new"));
+    });
+    assert_eq!(run(&["--key", "", "--token", "1"]).status.code(), Some(2));
+}
