@@ -541,15 +541,7 @@ fn admit_from_cli(args: &FenceArgs, token: u64) -> Result<String, FenceError> {
         Some(payload) => fence.admit_write(&args.key, token, payload)?,
         None => fence.admit(&args.key, token)?,
     };
-    let previous = match admitted.previous {
-        None => "first token for this key".to_owned(),
-        Some(previous) if previous == token => "same as the highest admitted".to_owned(),
-        Some(previous) => format!("highest was {previous}"),
-    };
-    Ok(format!(
-        "admitted: fencing token {token} for key {:?} ({previous})",
-        args.key
-    ))
+    Ok(admitted_line(&args.key, admitted))
 }
 
 fn show(dir: &Path) -> Result<String, FenceError> {
