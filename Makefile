@@ -10,7 +10,8 @@
 #   make node-deps      what the node needs: containerd/runc/CNI packages, kubelet, the pause image
 #   make image-local    the images without a Docker engine, imported into the node
 #   make demo-cluster   the fencing story with real pods on the node
-#   make cluster-down   stop it and remove its state
+#   make cluster-down   stop it and remove its state (and the databases')
+#   make databases      start (or reuse) PostgreSQL and Redis on 127.0.0.1 (PG_PORT, REDIS_PORT)
 #   make check          cargo fmt --check and clippy -D warnings
 #   make crds           regenerate crds/ (and the chart's copy) from the Rust types
 #   make chart-lint     helm lint --strict of charts/palisade
@@ -58,6 +59,7 @@ CONTROLPLANE_BINS += $(NODE_BINS)
 NODE_DEPS := node-deps
 endif
 
+.PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
 	controlplane-bins node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
 
@@ -119,11 +121,30 @@ clean-cache:
 cluster: controlplane-bins $(NODE_DEPS)
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh up
 
-cluster-down:
+cluster-down: databases-down
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh down
 
 cluster-status:
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh status
+
+# --- test databases (fencing in PostgreSQL and Redis) ------------------------------
+# tests/databases/databases.sh: installs the Debian packages when missing, data in
+# DATABASES_DIR; tests find them through the two URLs below.
+PG_PORT ?= 15432
+REDIS_PORT ?= 16379
+DATABASES_DIR := $(CURDIR)/target/databases
+export PALISADE_TEST_POSTGRES := postgres://postgres@127.0.0.1:$(PG_PORT)/postgres
+export PALISADE_TEST_REDIS := redis://127.0.0.1:$(REDIS_PORT)/
+DATABASES_ENV = STATE_DIR=$(DATABASES_DIR) PG_PORT=$(PG_PORT) REDIS_PORT=$(REDIS_PORT)
+
+databases:
+	@$(DATABASES_ENV) tests/databases/databases.sh up
+
+databases-down:
+	@$(DATABASES_ENV) tests/databases/databases.sh down
+
+databases-status:
+	@$(DATABASES_ENV) tests/databases/databases.sh status
 
 # --- Rust ------------------------------------------------------------------------
 
@@ -183,12 +204,13 @@ check:
 	cargo clippy --locked --all-targets -- -D warnings
 
 # Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
-test: cluster $(if $(filter 1,$(NODE)),image-local)
+test: cluster databases $(if $(filter 1,$(NODE)),image-local)
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
 		--steady 1 --warmup 0 --baseline 1 --out target/bench-smoke
 	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
+	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench report -- --dir target/bench-smoke --smoke
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
 
@@ -201,7 +223,7 @@ test: cluster $(if $(filter 1,$(NODE)),image-local)
 # and fails the target once the report is written.
 BENCH_DIR := target/bench
 RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
-bench: cluster
+bench: cluster databases
 	@rm -f $(BENCH_DIR)/*.json $(BENCH_DIR)/results.md $(BENCH_DIR)/*.png
 	@mkdir -p $(BENCH_DIR)
 	cargo bench --locked --no-run --bench handover --bench report
@@ -214,6 +236,8 @@ bench: cluster
 	echo "make bench: Rust peers done at $$SECONDS s"; \
 	cargo bench --locked --bench scale -- --out $(BENCH_DIR) $(SCALE_ARGS) || failed="$$failed scale"; \
 	echo "make bench: scale done at $$SECONDS s"; \
+	cargo bench --locked --bench fence_db -- --out $(BENCH_DIR) $(FENCE_DB_ARGS) || failed="$$failed fence-db"; \
+	echo "make bench: fencing in PostgreSQL and Redis done at $$SECONDS s"; \
 	cargo bench --locked --bench report -- --dir $(BENCH_DIR) || failed="$$failed report"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 

@@ -10,6 +10,11 @@
 //! atomic and durable. [`MemoryStore`] lives in one process; [`FileStore`] is a
 //! directory on disk that survives crashes and may be shared by several processes.
 
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -622,8 +627,9 @@ pub const EXIT_USAGE: u8 = 2;
     after_help = "Exit codes: 0 admitted, 1 store error, 2 bad arguments, 3 stale token rejected."
 )]
 pub struct FenceArgs {
-    /// Directory of the fence store. It must exist unless --create is given.
-    #[arg(long, value_name = "DIR")]
+    /// Where the marks live: a directory (it must exist unless --create is given),
+    /// `postgres://...` (palisade.fence, installed on first use) or `redis://...`.
+    #[arg(long, value_name = "DIR|URL")]
     pub store: PathBuf,
 
     /// Create the store first if the directory does not exist or is empty (its
@@ -662,6 +668,9 @@ pub struct FenceArgs {
 }
 
 pub fn run(args: FenceArgs) -> ExitCode {
+    if let Some(url) = args.store.to_str().filter(|s| is_database_url(s)) {
+        return run_database(&args, url);
+    }
     let result = if args.show {
         show(&args)
     } else if let Some(token) = args.token {
@@ -704,15 +713,7 @@ fn admit_from_cli(args: &FenceArgs, token: u64) -> Result<String, FenceError> {
         Some(payload) => fence.admit_write(&args.key, token, payload)?,
         None => fence.admit(&args.key, token)?,
     };
-    let previous = match admitted.previous {
-        None => "first token for this key".to_owned(),
-        Some(previous) if previous == token => "same as the highest admitted".to_owned(),
-        Some(previous) => format!("highest was {previous}"),
-    };
-    Ok(format!(
-        "admitted: fencing token {token} for key {:?} ({previous})",
-        args.key
-    ))
+    Ok(admitted_line(&args.key, admitted))
 }
 
 fn show(args: &FenceArgs) -> Result<String, FenceError> {
@@ -720,6 +721,155 @@ fn show(args: &FenceArgs) -> Result<String, FenceError> {
     let marks = Fence::new(open_from_cli(args)?).marks()?;
     Ok(serde_json::to_string_pretty(&marks)
         .expect("a map from strings to integers always serializes"))
+}
+
+fn is_database_url(store: &str) -> bool {
+    ["postgres://", "postgresql://", "redis://", "rediss://"]
+        .iter()
+        .any(|scheme| store.starts_with(scheme))
+}
+
+/// What `palisade fence` reports for a database store: the line to print, or the
+/// exit status and message.
+type CliOutcome = Result<String, (u8, String)>;
+
+/// `palisade fence --store postgres://...|redis://...`.
+fn run_database(args: &FenceArgs, url: &str) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("palisade fence: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = if url.starts_with("redis") {
+        runtime.block_on(redis_cli(args, url))
+    } else {
+        runtime.block_on(postgres_cli(args, url))
+    };
+    match result {
+        Ok(out) => {
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err((code, message)) => {
+            eprintln!("{message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn admitted_line(key: &str, admitted: Admitted) -> String {
+    let previous = match admitted.previous {
+        None => "first token for this key".to_owned(),
+        Some(previous) if previous == admitted.token => "same as the highest admitted".to_owned(),
+        Some(previous) => format!("highest was {previous}"),
+    };
+    format!(
+        "admitted: fencing token {} for key {key:?} ({previous})",
+        admitted.token
+    )
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_cli(args: &FenceArgs, url: &str) -> CliOutcome {
+    use postgres::Error;
+    let store_error =
+        |e: &dyn std::error::Error| (1, format!("palisade fence: {}", error_chain(e)));
+    if args.payload.is_some() {
+        return Err((
+            EXIT_USAGE,
+            "palisade fence: --payload is for the file and Redis stores; with PostgreSQL, \
+             call palisade.fence in the transaction that does your write"
+                .into(),
+        ));
+    }
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| store_error(&e))?;
+    tokio::spawn(connection);
+    postgres::install(&client)
+        .await
+        .map_err(|e| store_error(&e))?;
+    if args.show {
+        let marks = postgres::marks(&client)
+            .await
+            .map_err(|e| store_error(&e))?;
+        return Ok(serde_json::to_string_pretty(&marks).expect("marks serialize"));
+    }
+    let Some(token) = args.token else {
+        return Err((
+            EXIT_USAGE,
+            "palisade fence: --token (or PALISADE_FENCING_TOKEN) is required".into(),
+        ));
+    };
+    // Autocommit: the check is a transaction of its own (see sql/palisade-fence.sql).
+    match postgres::admit_with(&client, &args.key, token).await {
+        Ok(admitted) => Ok(admitted_line(&args.key, admitted)),
+        Err(e @ Error::Stale { .. }) => Err((EXIT_STALE, e.to_string())),
+        Err(e @ Error::BadInput(_)) => Err((EXIT_USAGE, format!("palisade fence: {e}"))),
+        Err(e) => Err(store_error(&e)),
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_cli(_: &FenceArgs, _: &str) -> CliOutcome {
+    Err((
+        EXIT_USAGE,
+        "palisade fence: this build has no PostgreSQL store (feature `postgres`)".into(),
+    ))
+}
+
+#[cfg(feature = "redis")]
+async fn redis_cli(args: &FenceArgs, url: &str) -> CliOutcome {
+    use self::redis::{Error, RedisFence, Write};
+    let store_error =
+        |e: &dyn std::error::Error| (1, format!("palisade fence: {}", error_chain(e)));
+    let client = ::redis::Client::open(url).map_err(|e| store_error(&e))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| store_error(&e))?;
+    if args.show {
+        let marks = self::redis::marks(&mut conn)
+            .await
+            .map_err(|e| store_error(&e))?;
+        return Ok(serde_json::to_string_pretty(&marks).expect("marks serialize"));
+    }
+    let Some(token) = args.token else {
+        return Err((
+            EXIT_USAGE,
+            "palisade fence: --token (or PALISADE_FENCING_TOKEN) is required".into(),
+        ));
+    };
+    let value_key = self::redis::data_key(&args.key, "value");
+    let write = match &args.payload {
+        Some(payload) => Write::Set {
+            key: &value_key,
+            value: payload,
+        },
+        None => Write::None,
+    };
+    match RedisFence::new()
+        .admit(&mut conn, &args.key, token, write)
+        .await
+    {
+        Ok(admitted) => Ok(admitted_line(&args.key, admitted)),
+        Err(e @ Error::Stale { .. }) => Err((EXIT_STALE, e.to_string())),
+        Err(e @ Error::BadInput(_)) => Err((EXIT_USAGE, format!("palisade fence: {e}"))),
+        Err(e) => Err(store_error(&e)),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_cli(_: &FenceArgs, _: &str) -> CliOutcome {
+    Err((
+        EXIT_USAGE,
+        "palisade fence: this build has no Redis store (feature `redis`)".into(),
+    ))
 }
 
 fn error_chain(err: &dyn std::error::Error) -> String {

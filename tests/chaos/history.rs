@@ -185,11 +185,25 @@ pub struct Expectations {
 
 /// Judges a history. Every rule that fails adds a violation naming what broke.
 pub fn check(events: &[Event], journal: &[JournalWrite], expect: &Expectations) -> Verdict {
+    check_with_stores(events, journal, &BTreeMap::new(), expect)
+}
+
+/// [`check`], with more stores that keep a commit order of their own (PostgreSQL,
+/// Redis: see dbstores.rs), by store name; the file fence's rules apply to each.
+pub fn check_with_stores(
+    events: &[Event],
+    journal: &[JournalWrite],
+    stores: &BTreeMap<String, Vec<JournalWrite>>,
+    expect: &Expectations,
+) -> Verdict {
     let mut v = Verdict::default();
     check_grants(events, &mut v);
     check_store_order(events, journal, &mut v);
+    for (store, journal) in stores {
+        check_journal_order(store, journal, &mut v);
+    }
     check_stale_accepted(events, &mut v);
-    check_stale_rejections(events, journal, &mut v);
+    check_stale_rejections(events, journal, stores, &mut v);
     check_tokens_issued(events, &mut v);
     check_liveness(events, expect, &mut v);
     for e in events {
@@ -387,12 +401,41 @@ fn check_stale_accepted(events: &[Event], v: &mut Verdict) {
     }
 }
 
+/// In a database store's commit order, tokens per key never decrease.
+fn check_journal_order(store: &str, journal: &[JournalWrite], v: &mut Verdict) {
+    let mut highest: HashMap<&str, &JournalWrite> = HashMap::new();
+    for (i, w) in journal.iter().enumerate() {
+        match highest.get(w.lease.as_str()) {
+            Some(prev) if w.token < prev.token => v.violations.push(format!(
+                "{store} store, key {}: commit {} accepted token {} (worker {} write {}) \
+                 after token {} (worker {} write {})",
+                w.lease, i, w.token, w.worker, w.seq, prev.token, prev.worker, prev.seq
+            )),
+            _ => {
+                highest.insert(&w.lease, w);
+            }
+        }
+    }
+}
+
 /// A write rejected as stale must have met a higher token that the store accepted.
-fn check_stale_rejections(events: &[Event], journal: &[JournalWrite], v: &mut Verdict) {
+fn check_stale_rejections(
+    events: &[Event],
+    journal: &[JournalWrite],
+    stores: &BTreeMap<String, Vec<JournalWrite>>,
+    v: &mut Verdict,
+) {
     let mut accepted: Vec<(&str, &str, u64)> = journal
         .iter()
         .map(|w| ("file", w.lease.as_str(), w.token))
         .collect();
+    for (store, journal) in stores {
+        accepted.extend(
+            journal
+                .iter()
+                .map(|w| (store.as_str(), w.lease.as_str(), w.token)),
+        );
+    }
     for e in events {
         match e {
             Event::ConfigMapSeen { lease, token, .. } => {
@@ -647,9 +690,49 @@ pub fn self_check() -> Result<usize, String> {
             "not granted again",
         ),
     ];
-    let n = cases.len();
+    let mut n = cases.len();
     for (name, events, journal, needle) in cases {
         plant(name, events, journal, needle)?;
+    }
+    // The database stores: their commit order, and a rejection without a higher commit.
+    let stores = |order: Vec<JournalWrite>| BTreeMap::from([("postgres".to_string(), order)]);
+    let db_clean = with(vec![
+        write("a", "postgres", 10, 11, Outcome::Accepted),
+        write("b", "postgres", 20, 41, Outcome::Accepted),
+        write("a", "postgres", 10, 61, Outcome::Stale),
+    ]);
+    let verdict = check_with_stores(
+        &db_clean,
+        &clean_journal,
+        &stores(vec![jw(10, "a"), jw(20, "b")]),
+        &expect,
+    );
+    if !verdict.violations.is_empty() {
+        return Err(format!(
+            "a clean database history was flagged: {:?}",
+            verdict.violations
+        ));
+    }
+    for (name, order, needle) in [
+        (
+            "postgres commit order out of order",
+            vec![jw(10, "a"), jw(20, "b"), jw(10, "a")],
+            "postgres store, key l: commit 2",
+        ),
+        (
+            "postgres rejection without a higher commit",
+            vec![jw(10, "a")],
+            "no higher token was ever accepted",
+        ),
+    ] {
+        let verdict = check_with_stores(&db_clean, &clean_journal, &stores(order), &expect);
+        if !verdict.violations.iter().any(|m| m.contains(needle)) {
+            return Err(format!(
+                "planted violation \"{name}\" was not reported (got {:?})",
+                verdict.violations
+            ));
+        }
+        n += 1;
     }
     Ok(n)
 }

@@ -13,6 +13,7 @@
 //! (the short run); the flags are `--duration 90s --seed 1 --workers 5 --leases 2`.
 //! The same binary, started as `chaos worker ...`, is a worker process.
 
+mod dbstores;
 mod history;
 mod proxy;
 mod rng;
@@ -160,6 +161,7 @@ fn main() -> ExitCode {
     let passed = runtime.block_on(run(&args, &plane));
     if !args.keep_cluster {
         plane.down();
+        dbstores::Servers::new(&plane.root).down();
     }
     // The closing line of a libtest binary, so the suite is counted with the others.
     let (word, passed_n, failed_n) = if passed {
@@ -285,6 +287,8 @@ impl Processes {
             .expect("worker log");
         let child = Command::new(std::env::current_exe().expect("current exe"))
             .args(args.to_args())
+            .env(dbstores::PG_ENV, dbstores::postgres_url())
+            .env(dbstores::REDIS_ENV, dbstores::redis_url())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
@@ -355,6 +359,11 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         eprintln!("chaos: starting the control plane: {e}");
         return false;
     }
+    let servers = dbstores::Servers::new(&plane.root);
+    if let Err(e) = servers.set_up().await {
+        eprintln!("chaos: starting PostgreSQL and Redis: {e}");
+        return false;
+    }
     let admin = worker::client_from(&plane.kubeconfig()).await;
     let leases: Vec<String> = (0..args.leases).map(|i| format!("lease-{i}")).collect();
     if let Err(e) = set_up(&admin, plane, &leases).await {
@@ -409,7 +418,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     let mut first = true;
     while Instant::now() < end {
         if schedule.is_empty() {
-            schedule = FAULTS.to_vec();
+            schedule = FAULTS.iter().chain(&dbstores::FAULTS).copied().collect();
             rng.shuffle(&mut schedule);
             if first {
                 // The classic case comes first, so even a short run has stale writes.
@@ -419,6 +428,12 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
                     .expect("listed");
                 let last = schedule.len() - 1;
                 schedule.swap(i, last);
+                // And its database twin second, so the database stores see stale writes too.
+                let i = schedule
+                    .iter()
+                    .position(|f| *f == "pause_in_transaction")
+                    .expect("listed");
+                schedule.swap(i, last - 1);
                 first = false;
             }
         }
@@ -487,9 +502,17 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
             return false;
         }
     };
-    let verdict = history::check(
+    let db_journals = match servers.journals(&leases).await {
+        Ok(journals) => journals,
+        Err(e) => {
+            eprintln!("chaos: reading the database stores' commit order: {e}");
+            return false;
+        }
+    };
+    let verdict = history::check_with_stores(
         &events,
         &journal,
+        &db_journals,
         &Expectations {
             leases: leases.clone(),
             liveness_ns: (Duration::from_secs(LEASE_SECONDS) + LIVENESS_BOUND).as_nanos() as u64,
@@ -512,6 +535,16 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     if !verdict.violations.is_empty() {
         println!("chaos: FAILED; history kept in {}", out.display());
         return false;
+    }
+    for store in dbstores::STORES {
+        if verdict.stale_rejected.get(store).copied().unwrap_or(0) == 0 {
+            println!(
+                "chaos: FAILED: the {store} store rejected no stale write, so this run proves \
+                 nothing about it (history in {})",
+                out.display()
+            );
+            return false;
+        }
     }
     if verdict.stale_rejected_total() == 0 {
         println!(
@@ -880,6 +913,58 @@ async fn inject(
             tokio::time::sleep(span).await;
             proxy.set(Mode::Pass);
             format!("for {} ms", span.as_millis())
+        }
+        other => return inject_db(other, ctx, procs, rng).await,
+    };
+    Ok(Some(target))
+}
+
+/// The database faults (dbstores.rs): restart PostgreSQL (immediate shutdown) or
+/// Redis (SIGKILL), or SIGKILL a worker inside an open PostgreSQL transaction.
+async fn inject_db(
+    fault: &str,
+    ctx: &FaultContext<'_>,
+    procs: &mut Processes,
+    rng: &mut Rng,
+) -> Result<Option<String>, String> {
+    let target = match fault {
+        "restart_postgres" | "restart_redis" => {
+            let which = fault.trim_start_matches("restart_").to_string();
+            let servers = dbstores::Servers::new(&ctx.plane.root);
+            let started = Instant::now();
+            let arg = which.clone();
+            tokio::task::spawn_blocking(move || servers.script(&["restart", &arg]))
+                .await
+                .map_err(|e| e.to_string())??;
+            format!("{which} back in {} ms", started.elapsed().as_millis())
+        }
+        "kill_worker_in_transaction" => {
+            let live: Vec<String> = procs.workers.iter().map(|(id, _)| id.clone()).collect();
+            let servers = dbstores::Servers::new(&ctx.plane.root);
+            let Some(worker) = servers.worker_in_transaction(&live).await else {
+                return Ok(None);
+            };
+            procs.kill_worker(&worker);
+            procs.spawn_worker();
+            worker
+        }
+        "pause_in_transaction" => {
+            // The classic pause, inside an open transaction: its row lock holds up
+            // the next holder's check until it resumes and commits.
+            let live: Vec<String> = procs.workers.iter().map(|(id, _)| id.clone()).collect();
+            let servers = dbstores::Servers::new(&ctx.plane.root);
+            let Some(worker) = servers.worker_in_transaction(&live).await else {
+                return Ok(None);
+            };
+            let pid = procs
+                .worker_pid(&worker)
+                .expect("picked among live workers");
+            let lease = Duration::from_secs(LEASE_SECONDS).as_millis() as u64;
+            let pause = rng.millis(lease * 5 / 4, lease * 5 / 2);
+            signal(pid, libc::SIGSTOP);
+            tokio::time::sleep(pause).await;
+            signal(pid, libc::SIGCONT);
+            format!("{worker} for {} ms", pause.as_millis())
         }
         other => return Err(format!("unknown fault {other}")),
     };

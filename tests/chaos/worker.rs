@@ -103,6 +103,8 @@ pub async fn run(args: WorkerArgs) {
     let configmaps: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
     let fence = Fence::new(FileStore::open(&args.store).expect("opening the file fence"));
     let mut history = Recorder::create(&args.history).expect("creating the history file");
+    // PostgreSQL and Redis, when the harness passed their URLs (dbstores.rs).
+    let mut databases = crate::dbstores::Stores::from_env(&args.identity);
     let mut rng = Rng::new(args.seed);
     let mut seq = 0u64;
     // Stale-writer rounds left (see `stale_writes`): bounded per worker process.
@@ -143,6 +145,10 @@ pub async fn run(args: WorkerArgs) {
                 }
             );
             history.record(&event);
+            if let Some(databases) = databases.as_mut() {
+                let hold = rng.millis(0, 100);
+                databases.write(&mut history, lease, token, seq, hold).await;
+            }
             if lost && stale_rounds > 0 && rng.range(0, 2) == 0 {
                 stale_rounds -= 1;
                 for event in stale_writes(&configmaps, &args.identity, lease, token, &mut seq).await

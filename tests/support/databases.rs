@@ -1,0 +1,86 @@
+//! The test databases (`make databases`): started once per test binary or reused;
+//! a test fails with the reason when they cannot be started, never skips.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn ensure_started() {
+    static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
+    let result = STARTED.get_or_init(|| {
+        let out = Command::new("make")
+            .args(["-s", "--no-print-directory", "databases"])
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+            .output()
+            .map_err(|e| format!("running make databases: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "make databases failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// The PostgreSQL URL (`make test` exports it; the Makefile's default otherwise).
+pub fn postgres_url() -> String {
+    ensure_started();
+    std::env::var("PALISADE_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:15432/postgres".into())
+}
+
+pub fn redis_url() -> String {
+    ensure_started();
+    std::env::var("PALISADE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:16379/".into())
+}
+
+/// `databases.sh restart postgres|redis` on the rig's state directory (what
+/// `make databases` started), for the crash tests.
+pub fn restart(which: &str) {
+    ensure_started();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let port = |url: String| {
+        url.rsplit(':')
+            .next()
+            .unwrap_or_default()
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let out = Command::new(root.join("tests/databases/databases.sh"))
+        .args(["restart", which])
+        .env("STATE_DIR", root.join("target/databases"))
+        .env("PG_PORT", port(postgres_url()))
+        .env("REDIS_PORT", port(redis_url()))
+        .output()
+        .expect("running databases.sh");
+    assert!(
+        out.status.success(),
+        "databases.sh restart {which}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{prefix}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
