@@ -655,3 +655,81 @@ async fn an_unreadable_claim_is_reported_and_does_not_wedge_the_controller() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A client whose LeaseClaim watches never answer: the controller lists the claims
+/// once and then hears nothing more of them (a claim watch cut while the Lease watch
+/// and writes work, as after a failover or a link that healed for some streams only).
+fn stalled_claim_watch(inner: kube::Client) -> kube::Client {
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let inner = inner.clone();
+        async move {
+            let uri = request.uri();
+            let claim_watch = uri.path().ends_with("/leaseclaims")
+                && uri
+                    .query()
+                    .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
+            if claim_watch {
+                futures::future::pending::<()>().await;
+            }
+            inner.send(request).await
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+/// Issue 13, item 1: a holder whose renewals land must keep its grant, whatever the
+/// controller's caches say; once it stops renewing, it still expires.
+#[tokio::test]
+async fn a_renewing_holder_keeps_the_lease_while_the_controllers_claim_watch_is_stalled() {
+    let ns = setup("stale-claims").await;
+    create_lease(&ns, "db", 2).await;
+    create_claim(&ns, "holder", "db", None).await;
+    create_claim(&ns, "next", "db", None).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (_leading_tx, leading) = tokio::sync::watch::channel(true);
+    let controller = tokio::spawn(palisade::controller::run(
+        stalled_claim_watch(support::client().await),
+        palisade::controller::ControllerConfig {
+            namespace: Some(ns.name.clone()),
+            concurrency: 4,
+            instance: "stalled-claim-watch".into(),
+        },
+        Arc::new(palisade::telemetry::Metrics::default()),
+        palisade::telemetry::Readiness::default(),
+        leading,
+        shutdown.clone(),
+    ));
+    let granted = wait_holder(&ns, "db", "holder").await;
+    // Renew every third of the duration, straight to the API server, for three durations.
+    let leases = ns.api::<Lease>();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(6) {
+        renew(&ns, "holder").await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let lease = leases.get("db").await.expect("get lease");
+        assert_eq!(
+            holder_claim(&lease).as_deref(),
+            Some("holder"),
+            "a renewing holder lost its grant after {:?}: {:?}",
+            start.elapsed(),
+            lease.status
+        );
+        assert_eq!(token(&lease), token(&granted));
+    }
+    let claim = ns.api::<LeaseClaim>().get("holder").await.unwrap();
+    assert_eq!(
+        claim.status.and_then(|s| s.phase),
+        Some(ClaimPhase::Granted)
+    );
+    // Silent from now on: expired within its duration and a little, handed to the waiter.
+    let silent = Instant::now();
+    wait_holder(&ns, "db", "next").await;
+    assert!(
+        silent.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        silent.elapsed()
+    );
+    wait_claim_phase(&ns, "holder", ClaimPhase::Expired).await;
+    shutdown.cancel();
+    controller.await.unwrap();
+}
