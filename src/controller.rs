@@ -30,6 +30,7 @@ use crate::api::{CONTROLLER_MANAGER, Lease, LeaseClaim};
 use crate::events::{self, Publisher};
 use crate::grant::{self, Check, ClaimUpdate, Decision, Ending};
 use crate::index::{Index, LeaseKey};
+use crate::kube_client::{CALL_DEADLINE, WATCH_TIMEOUT_SECS, within};
 use crate::telemetry::{Metrics, Readiness, WriteLabels};
 
 #[derive(Debug, Clone)]
@@ -104,7 +105,9 @@ pub async fn run(
             Api::all(client.clone()),
         ),
     };
-    let wc = watcher::Config::default();
+    // Short server-side timeouts, so the read timeout of the controller's client
+    // (`crate::kube_client`) notices a dead watch connection within seconds.
+    let wc = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
     // Objects are slimmed as they arrive, before the index holds on to them: it
     // keeps only what decisions need (see `crate::watch`).
     let inputs = futures::stream::select_all(vec![
@@ -530,7 +533,7 @@ impl Writer {
                 Err(e) if is_not_found(&e) => {}
                 Err(e) if is_conflict(&e) || is_invalid(&e) => {
                     tracing::info!(lease = %key, claim = %update.name, "the holder's claim changed since the decision (a renewal?); deciding again");
-                    match claims.get_opt(&update.name).await {
+                    match within(CALL_DEADLINE, claims.get_opt(&update.name)).await {
                         Ok(Some(fresh)) => outcome.fresh_claims.push(fresh),
                         Ok(None) => {}
                         Err(e) => {
@@ -557,9 +560,11 @@ impl Writer {
             desired.status = Some(status.clone());
             // PUT /status carries metadata.resourceVersion: the API server refuses it
             // with 409 if the Lease changed since we decided (DESIGN rule 2).
-            match leases
-                .replace_status(&key.name, &post_params(), &desired)
-                .await
+            match within(
+                CALL_DEADLINE,
+                leases.replace_status(&key.name, &post_params(), &desired),
+            )
+            .await
             {
                 Ok(written) => {
                     wrote_lease = true;
@@ -692,7 +697,7 @@ impl Writer {
             match check {
                 Check::ClaimGone { name, uid } => {
                     let api: Api<LeaseClaim> = Api::namespaced(self.client.clone(), &key.namespace);
-                    if let Some(claim) = api.get_opt(name).await?
+                    if let Some(claim) = within(CALL_DEADLINE, api.get_opt(name)).await?
                         && claim.uid().as_deref() == Some(uid.as_str())
                         && claim.metadata.deletion_timestamp.is_none()
                     {
@@ -702,7 +707,7 @@ impl Writer {
                 }
                 Check::PodGone { name, uid } => {
                     let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
-                    if let Some(pod) = api.get_opt(name).await?
+                    if let Some(pod) = within(CALL_DEADLINE, api.get_opt(name)).await?
                         && pod.metadata.deletion_timestamp.is_none()
                         && uid
                             .as_ref()
@@ -719,7 +724,10 @@ impl Writer {
                 }
                 Check::LeaseGone => {
                     let api: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
-                    if api.get_opt(&key.name).await?.is_some() {
+                    if within(CALL_DEADLINE, api.get_opt(&key.name))
+                        .await?
+                        .is_some()
+                    {
                         // The index missed it: wait for the Lease watch to deliver it.
                         confirmed = false;
                     }
@@ -727,7 +735,7 @@ impl Writer {
                 Check::LeaseUnchanged => {
                     let api: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
                     let current_rv = lease.and_then(|l| l.resource_version());
-                    match api.get_opt(&key.name).await? {
+                    match within(CALL_DEADLINE, api.get_opt(&key.name)).await? {
                         Some(fresh) if fresh.resource_version() == current_rv => {}
                         Some(fresh) => {
                             outcome.lease = Some(fresh);
@@ -748,7 +756,7 @@ impl Writer {
 
     /// After a failed write: read the Lease again and decide once more.
     async fn reread(&self, leases: &Api<Lease>, mut outcome: Outcome, retry: Duration) -> Outcome {
-        match leases.get_opt(&outcome.key.name).await {
+        match within(CALL_DEADLINE, leases.get_opt(&outcome.key.name)).await {
             Ok(Some(fresh)) => outcome.lease = Some(fresh),
             Ok(None) => outcome.lease_gone = true,
             Err(e) => {
@@ -778,13 +786,15 @@ async fn write_claim_status(
     ops.push(serde_json::json!({"op": "add", "path": "/status", "value": update.status}));
     let patch = serde_json::Value::Array(ops);
     let patch: json_patch::Patch = serde_json::from_value(patch).expect("a well-formed JSON patch");
-    claims
-        .patch_status(
+    within(
+        CALL_DEADLINE,
+        claims.patch_status(
             &update.name,
             &PatchParams::default(),
             &Patch::<()>::Json(patch),
-        )
-        .await
+        ),
+    )
+    .await
 }
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
