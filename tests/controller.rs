@@ -874,3 +874,40 @@ async fn a_leader_cut_off_silently_gives_up_leadership_on_time() {
         silenced.elapsed()
     );
 }
+
+/// Issue 13, item 11: a `fencingToken` at the int64 maximum, set through the status
+/// subresource by anyone allowed to, makes the controller refuse to grant (with a
+/// condition saying why) instead of issuing that token again.
+#[tokio::test]
+async fn a_token_at_the_int64_maximum_is_not_issued_again() {
+    let ns = setup("token-max").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    create_lease(&ns, "db", 15).await;
+    let status = json!({"status": {"phase": "Free", "fencingToken": i64::MAX, "grants": 1}});
+    ns.api::<Lease>()
+        .patch_status("db", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("setting fencingToken through leases/status");
+    create_claim(&ns, "a", "db", None).await;
+    let lease = wait_lease(&ns, "db", "condition TokensExhausted", |l| {
+        l.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Held" && c.reason == "TokensExhausted")
+        })
+    })
+    .await;
+    let status = lease.status.unwrap();
+    assert_eq!(status.holder, None);
+    assert_eq!(status.fencing_token, Some(i64::MAX));
+    assert_eq!(status.waiting, vec!["a"]);
+    let held = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Held")
+        .unwrap();
+    assert_eq!(held.status, "False");
+    assert!(held.message.contains(&i64::MAX.to_string()), "{held:?}");
+    let claim = wait_claim_phase(&ns, "a", ClaimPhase::Pending).await;
+    assert_eq!(claim.status.unwrap().fencing_token, None);
+}
