@@ -15,6 +15,7 @@
 
 mod history;
 mod proxy;
+mod renewals;
 mod rng;
 mod worker;
 
@@ -491,6 +492,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         &Expectations {
             leases: leases.clone(),
             liveness_ns: (Duration::from_secs(LEASE_SECONDS) + LIVENESS_BOUND).as_nanos() as u64,
+            holder_deadline_ns: (Duration::from_secs(LEASE_SECONDS) * 2 / 3).as_nanos() as u64,
         },
     );
     for v in &verdict.violations {
@@ -740,7 +742,7 @@ fn rv_of<K: ResourceExt>(object: &K) -> u64 {
         .unwrap_or(0)
 }
 
-const FAULTS: [&str; 10] = [
+const FAULTS: [&str; 12] = [
     "pause_holder",
     "kill_holder",
     "kill_controller",
@@ -751,6 +753,8 @@ const FAULTS: [&str; 10] = [
     "delay_worker_links",
     "cut_controller_link",
     "cut_worker_links",
+    "blackhole_controller_link",
+    "blackhole_worker_links",
 ];
 
 struct FaultContext<'a> {
@@ -875,6 +879,19 @@ async fn inject(
             };
             let span = rng.millis(1000, 5000);
             proxy.set(Mode::Cut);
+            tokio::time::sleep(span).await;
+            proxy.set(Mode::Pass);
+            format!("for {} ms", span.as_millis())
+        }
+        "blackhole_controller_link" | "blackhole_worker_links" => {
+            let proxy = if fault == "blackhole_controller_link" {
+                ctx.controller_proxy
+            } else {
+                ctx.worker_proxy
+            };
+            // Open connections go silent for good; new ones too while it lasts.
+            let span = rng.millis(1000, 5000);
+            proxy.set(Mode::Blackhole);
             tokio::time::sleep(span).await;
             proxy.set(Mode::Pass);
             format!("for {} ms", span.as_millis())
