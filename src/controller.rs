@@ -534,8 +534,11 @@ impl Writer {
                 Err(e) if is_conflict(&e) || is_invalid(&e) => {
                     tracing::info!(lease = %key, claim = %update.name, "the holder's claim changed since the decision (a renewal?); deciding again");
                     match within(CALL_DEADLINE, claims.get_opt(&update.name)).await {
-                        Ok(Some(fresh)) => outcome.fresh_claims.push(fresh),
-                        Ok(None) => {}
+                        Ok(Some(fresh)) if fresh.uid().as_deref() == Some(update.uid.as_str()) => {
+                            outcome.fresh_claims.push(fresh);
+                        }
+                        // Gone, or re-created under another UID: the grant ends all the same.
+                        Ok(_) => continue,
                         Err(e) => {
                             tracing::warn!(lease = %key, error = %e, "re-reading a claim failed")
                         }
