@@ -40,6 +40,9 @@ use rng::{Rng, now_ns};
 const NAMESPACE: &str = "chaos";
 /// Lease duration of every Lease in the run.
 const LEASE_SECONDS: u64 = 2;
+/// Writes per grant of the long-holding workers: 50 to 250 ms apart, about three
+/// lease durations.
+const LONG_HOLD_WRITES: u64 = 40;
 /// After the faults stop, each Lease must be granted again within its duration plus
 /// this: watches that were cut reconnect with kube-runtime's backoff (0.8 s doubling),
 /// and a holder killed just before the end is only expired after its duration.
@@ -278,7 +281,9 @@ impl Processes {
             store: self.worker_template.store.clone(),
             history: self.out.join(format!("worker-{identity}.jsonl")),
             seed: self.worker_template.seed ^ ((n as u64 + 1) * 0x9E37_79B9),
-            writes_per_grant: 3,
+            // Every other worker holds its grants for several lease durations, so
+            // renewals (and the timing contract) matter, not only short holds.
+            writes_per_grant: if n % 2 == 1 { LONG_HOLD_WRITES } else { 3 },
         };
         let log = std::fs::File::create(self.out.join(format!("worker-{identity}.log")))
             .expect("worker log");
