@@ -40,9 +40,9 @@ use rng::{Rng, now_ns};
 const NAMESPACE: &str = "chaos";
 /// Lease duration of every Lease in the run.
 const LEASE_SECONDS: u64 = 2;
-/// Writes per grant of the long-holding workers: 50 to 250 ms apart, about three
-/// lease durations.
-const LONG_HOLD_WRITES: u64 = 40;
+/// Writes per grant of the long-holding workers: 50 to 250 ms apart, one and a half
+/// to three lease durations (short enough to leave the liveness bound its margin).
+const LONG_HOLD_WRITES: u64 = 20;
 /// After the faults stop, each Lease must be granted again within its duration plus
 /// this: watches that were cut reconnect with kube-runtime's backoff (0.8 s doubling),
 /// and a holder killed just before the end is only expired after its duration.
