@@ -94,7 +94,7 @@ fn default_identity() -> String {
 
 async fn run_controller(args: ControllerArgs) -> ExitCode {
     telemetry::init_logging(args.log_json);
-    let client = match crate::kube_client::try_default().await {
+    let client = match crate::kube_client::controller_default().await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "no Kubernetes client configuration (KUBECONFIG or in-cluster)");

@@ -28,8 +28,9 @@ use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::api::{CONTROLLER_MANAGER, Lease, LeaseClaim};
 use crate::events::{self, Publisher};
-use crate::grant::{self, ClaimUpdate, Decision, Ending};
+use crate::grant::{self, Check, ClaimUpdate, Decision, Ending};
 use crate::index::{Index, LeaseKey};
+use crate::kube_client::{CALL_DEADLINE, WATCH_TIMEOUT_SECS, within};
 use crate::telemetry::{Metrics, Readiness, WriteLabels};
 
 #[derive(Debug, Clone)]
@@ -53,18 +54,31 @@ enum Input {
 /// What one write pass reports back to the loop.
 struct Outcome {
     key: LeaseKey,
+    /// The UID of the Lease object the decision was computed for: the outcome
+    /// applies to that object only, never to one re-created under the same name.
+    lease_uid: Option<String>,
     /// The Lease as written, or as freshly read after a conflict.
     lease: Option<Lease>,
     /// The Lease no longer exists (read after a conflict).
     lease_gone: bool,
     /// Claims as written by this pass.
     claims: Vec<LeaseClaim>,
+    /// Claims and pods as a quorum read showed them when it refuted an ending: applied
+    /// only to the objects (UIDs) the index holds, so a read never resurrects one.
+    fresh_claims: Vec<LeaseClaim>,
+    fresh_pods: Vec<Pod>,
+    /// A quorum read refuted the decision: nothing was written; decide again.
+    refuted: bool,
     retry_after: Option<Duration>,
     handed_over: bool,
 }
 
 /// Claim status writes in flight at once for one pass.
 const CLAIM_WRITE_CONCURRENCY: usize = 4;
+
+/// How soon to decide again after a quorum read refuted an ending that the index
+/// could not be corrected for (the object is one the watches have not delivered).
+const REFUTED_RETRY: Duration = Duration::from_millis(500);
 
 /// Runs until `shutdown`; grants only while `leading` is true.
 pub async fn run(
@@ -91,7 +105,9 @@ pub async fn run(
             Api::all(client.clone()),
         ),
     };
-    let wc = watcher::Config::default();
+    // Short server-side timeouts, so the read timeout of the controller's client
+    // (`crate::kube_client`) notices a dead watch connection within seconds.
+    let wc = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
     // Objects are slimmed as they arrive, before the index holds on to them: it
     // keeps only what decisions need (see `crate::watch`).
     let inputs = futures::stream::select_all(vec![
@@ -113,22 +129,7 @@ pub async fn run(
     ]);
     let mut inputs = Box::pin(inputs.take_until(shutdown.clone().cancelled_owned()));
 
-    let events = Publisher::spawn(client.clone(), &config.instance, metrics.clone());
-    let mut state = Loop {
-        client,
-        config,
-        metrics,
-        events,
-        index: Index::default(),
-        synced: [false; 3],
-        relist: Relist::default(),
-        queue: VecDeque::new(),
-        queued: HashSet::new(),
-        dirty_since: HashMap::new(),
-        in_flight: HashSet::new(),
-        timers: DelayQueue::new(),
-        timer_keys: HashMap::new(),
-    };
+    let mut state = Loop::new(client, config, metrics);
     let mut writes = FuturesUnordered::new();
     let mut was_leading = false;
 
@@ -209,6 +210,25 @@ struct Loop {
 }
 
 impl Loop {
+    fn new(client: Client, config: ControllerConfig, metrics: Arc<Metrics>) -> Self {
+        let events = Publisher::spawn(client.clone(), &config.instance, metrics.clone());
+        Loop {
+            client,
+            config,
+            metrics,
+            events,
+            index: Index::default(),
+            synced: [false; 3],
+            relist: Relist::default(),
+            queue: VecDeque::new(),
+            queued: HashSet::new(),
+            dirty_since: HashMap::new(),
+            in_flight: HashSet::new(),
+            timers: DelayQueue::new(),
+            timer_keys: HashMap::new(),
+        }
+    }
+
     fn is_synced(&self) -> bool {
         self.synced.iter().all(|s| *s)
     }
@@ -378,22 +398,53 @@ impl Loop {
         }
     }
 
-    fn finish(&mut self, outcome: Outcome) {
+    fn finish(&mut self, mut outcome: Outcome) {
         let now = Instant::now();
         self.in_flight.remove(&outcome.key);
+        // Only to the object the write was computed for, and only while the index still
+        // holds it: a delete event that arrived while the write was in flight wins
+        // (re-adding the object would leave a ghost Lease that nothing corrects), and a
+        // Lease re-created under the same name is never overwritten or removed.
+        let held = self
+            .index
+            .lease(&outcome.key)
+            .map(|l| l.metadata.uid.clone());
+        let ours = held.is_some() && held == Some(outcome.lease_uid.clone());
         if let Some(lease) = outcome.lease {
-            // A delete event that arrived while the write was in flight wins: re-adding
-            // the object we wrote would leave a ghost Lease that nothing corrects.
-            if self.index.lease(&outcome.key).is_some() {
+            if ours {
+                // Its new version, or (read after a failed write) its successor.
                 self.index.apply_lease(lease, now);
             }
         } else if outcome.lease_gone
+            && ours
             && let Some(lease) = self.index.lease(&outcome.key).map(|l| (**l).clone())
         {
             self.index.delete_lease(&lease);
         }
         for claim in outcome.claims {
             self.index.apply_claim(claim, now);
+        }
+        let mut refreshed = false;
+        for claim in outcome.fresh_claims {
+            let namespace = claim.namespace().unwrap_or_default();
+            if self.index.claim_uid(&namespace, &claim.name_any()) == claim.uid().as_deref() {
+                refreshed |= !self.index.apply_claim(claim, now).is_empty();
+            }
+        }
+        for mut pod in outcome.fresh_pods {
+            crate::watch::slim_pod(&mut pod);
+            let namespace = pod.namespace().unwrap_or_default();
+            if self.index.pod_uid(&namespace, &pod.name_any()) == pod.uid().as_deref() {
+                refreshed |= !self.index.apply_pod(&pod).is_empty();
+            }
+        }
+        if outcome.refuted && outcome.retry_after.is_none() {
+            // With the index corrected, decide at once; otherwise wait for the watches.
+            outcome.retry_after = Some(if refreshed {
+                Duration::ZERO
+            } else {
+                REFUTED_RETRY
+            });
         }
         if outcome.handed_over {
             self.metrics.leases_held.set(self.index.held_count() as i64);
@@ -440,21 +491,83 @@ impl Writer {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
         let mut outcome = Outcome {
             key: key.clone(),
+            lease_uid: lease.as_ref().and_then(|l| l.metadata.uid.clone()),
             lease: None,
             lease_gone: false,
             claims: Vec::new(),
+            fresh_claims: Vec::new(),
+            fresh_pods: Vec::new(),
+            refuted: false,
             retry_after: None,
             handed_over: false,
         };
+        let claims: Api<LeaseClaim> = Api::namespaced(self.client.clone(), &key.namespace);
+        // 1. No ending on a stale view: confirm what it relies on with quorum reads.
+        match self
+            .confirm(&key, lease.as_ref(), &decision.checks, &mut outcome)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(lease = %key, checks = ?decision.checks, "a fresh read refuted the decision; deciding again");
+                outcome.refuted = true;
+                return outcome;
+            }
+            Err(e) => {
+                tracing::warn!(lease = %key, error = %e, "confirming a decision failed");
+                outcome.retry_after = Some(Duration::from_millis(500));
+                return outcome;
+            }
+        }
+        // 2. The holder's claim, when its grant ends: before the Lease, conditioned on
+        // its resourceVersion, so a renewal that landed since keeps the grant.
+        let (first, rest): (Vec<ClaimUpdate>, Vec<ClaimUpdate>) = decision
+            .claim_updates
+            .iter()
+            .cloned()
+            .partition(|u| u.condition_on.is_some());
+        for update in &first {
+            match write_claim_status(&claims, update).await {
+                Ok(written) => outcome.claims.push(written),
+                // Deleted meanwhile: the grant ends all the same (released).
+                Err(e) if is_not_found(&e) => {}
+                Err(e) if is_conflict(&e) || is_invalid(&e) => {
+                    tracing::info!(lease = %key, claim = %update.name, "the holder's claim changed since the decision (a renewal?); deciding again");
+                    match within(CALL_DEADLINE, claims.get_opt(&update.name)).await {
+                        Ok(Some(fresh)) if fresh.uid().as_deref() == Some(update.uid.as_str()) => {
+                            outcome.fresh_claims.push(fresh);
+                        }
+                        // Gone, or re-created under another UID: the grant ends all the same.
+                        Ok(_) => continue,
+                        Err(e) => {
+                            tracing::warn!(lease = %key, error = %e, "re-reading a claim failed")
+                        }
+                    }
+                    outcome.refuted = true;
+                    return outcome;
+                }
+                Err(e) => {
+                    self.metrics
+                        .write_errors
+                        .get_or_create(&WriteLabels { kind: "claim" })
+                        .inc();
+                    tracing::warn!(lease = %key, claim = %update.name, error = %e, "claim status write failed");
+                    outcome.retry_after = Some(Duration::from_millis(500));
+                    return outcome;
+                }
+            }
+        }
         let mut wrote_lease = false;
         if let (Some(status), Some(current)) = (&decision.lease_status, &lease) {
             let mut desired = current.clone();
             desired.status = Some(status.clone());
             // PUT /status carries metadata.resourceVersion: the API server refuses it
             // with 409 if the Lease changed since we decided (DESIGN rule 2).
-            match leases
-                .replace_status(&key.name, &post_params(), &desired)
-                .await
+            match within(
+                CALL_DEADLINE,
+                leases.replace_status(&key.name, &post_params(), &desired),
+            )
+            .await
             {
                 Ok(written) => {
                     wrote_lease = true;
@@ -489,18 +602,8 @@ impl Writer {
                 }
             }
         }
-        // Taking a grant away from a claim that this pass did not hand over: make
-        // sure our view of the Lease is current, so a stale cache never demotes a holder.
-        if !wrote_lease && decision.claim_updates.iter().any(|u| u.needs_confirmation) {
-            let current_rv = lease.as_ref().and_then(|l| l.resource_version());
-            match leases.get_opt(&key.name).await {
-                Ok(Some(fresh)) if fresh.resource_version() == current_rv => {}
-                Ok(_) | Err(_) => return self.reread(&leases, outcome, Duration::ZERO).await,
-            }
-        }
-        // The claims' mirrors, a few at a time (different claims, so their order is free).
-        let claims: Api<LeaseClaim> = Api::namespaced(self.client.clone(), &key.namespace);
-        let mut results = futures::stream::iter(decision.claim_updates)
+        // 3. The claims' mirrors, a few at a time (different claims, so their order is free).
+        let mut results = futures::stream::iter(rest)
             .map(|update| {
                 let claims = claims.clone();
                 async move {
@@ -582,9 +685,81 @@ impl Writer {
         }
     }
 
+    /// Confirms each check with a quorum read (a GET without a resourceVersion is
+    /// served from etcd, not from a cache). Ok(false): one was refuted; what the read
+    /// showed is in `outcome`.
+    async fn confirm(
+        &self,
+        key: &LeaseKey,
+        lease: Option<&Lease>,
+        checks: &[Check],
+        outcome: &mut Outcome,
+    ) -> Result<bool, kube::Error> {
+        let mut confirmed = true;
+        for check in checks {
+            match check {
+                Check::ClaimGone { name, uid } => {
+                    let api: Api<LeaseClaim> = Api::namespaced(self.client.clone(), &key.namespace);
+                    if let Some(claim) = within(CALL_DEADLINE, api.get_opt(name)).await?
+                        && claim.uid().as_deref() == Some(uid.as_str())
+                        && claim.metadata.deletion_timestamp.is_none()
+                    {
+                        outcome.fresh_claims.push(claim);
+                        confirmed = false;
+                    }
+                }
+                Check::PodGone { name, uid } => {
+                    let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+                    if let Some(pod) = within(CALL_DEADLINE, api.get_opt(name)).await?
+                        && pod.metadata.deletion_timestamp.is_none()
+                        && uid
+                            .as_ref()
+                            .is_none_or(|uid| pod.uid().as_ref() == Some(uid))
+                        && !pod
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.phase.as_deref())
+                            .is_some_and(|p| p == "Succeeded" || p == "Failed")
+                    {
+                        outcome.fresh_pods.push(pod);
+                        confirmed = false;
+                    }
+                }
+                Check::LeaseGone => {
+                    let api: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
+                    if within(CALL_DEADLINE, api.get_opt(&key.name))
+                        .await?
+                        .is_some()
+                    {
+                        // The index missed it: wait for the Lease watch to deliver it.
+                        confirmed = false;
+                    }
+                }
+                Check::LeaseUnchanged => {
+                    let api: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
+                    let current_rv = lease.and_then(|l| l.resource_version());
+                    match within(CALL_DEADLINE, api.get_opt(&key.name)).await? {
+                        Some(fresh) if fresh.resource_version() == current_rv => {}
+                        Some(fresh) => {
+                            outcome.lease = Some(fresh);
+                            outcome.retry_after = Some(Duration::ZERO);
+                            confirmed = false;
+                        }
+                        None => {
+                            outcome.lease_gone = true;
+                            outcome.retry_after = Some(Duration::ZERO);
+                            confirmed = false;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(confirmed)
+    }
+
     /// After a failed write: read the Lease again and decide once more.
     async fn reread(&self, leases: &Api<Lease>, mut outcome: Outcome, retry: Duration) -> Outcome {
-        match leases.get_opt(&outcome.key.name).await {
+        match within(CALL_DEADLINE, leases.get_opt(&outcome.key.name)).await {
             Ok(Some(fresh)) => outcome.lease = Some(fresh),
             Ok(None) => outcome.lease_gone = true,
             Err(e) => {
@@ -602,19 +777,27 @@ async fn write_claim_status(
     claims: &Api<LeaseClaim>,
     update: &ClaimUpdate,
 ) -> Result<LeaseClaim, kube::Error> {
-    // A JSON patch that tests the UID, so a claim re-created under the same name is left alone.
-    let patch = serde_json::json!([
-        {"op": "test", "path": "/metadata/uid", "value": update.uid},
-        {"op": "add", "path": "/status", "value": update.status},
-    ]);
+    // A JSON patch that tests the UID, so a claim re-created under the same name is
+    // left alone; and, when it ends a grant, the resourceVersion (a failed test: 422).
+    let mut ops =
+        vec![serde_json::json!({"op": "test", "path": "/metadata/uid", "value": update.uid})];
+    if let Some(rv) = &update.condition_on {
+        ops.push(
+            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}),
+        );
+    }
+    ops.push(serde_json::json!({"op": "add", "path": "/status", "value": update.status}));
+    let patch = serde_json::Value::Array(ops);
     let patch: json_patch::Patch = serde_json::from_value(patch).expect("a well-formed JSON patch");
-    claims
-        .patch_status(
+    within(
+        CALL_DEADLINE,
+        claims.patch_status(
             &update.name,
             &PatchParams::default(),
             &Patch::<()>::Json(patch),
-        )
-        .await
+        ),
+    )
+    .await
 }
 
 fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
@@ -642,4 +825,115 @@ fn is_invalid(e: &kube::Error) -> bool {
 
 fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client for tests that never reach the API server (its calls fail at once).
+    fn offline_client() -> Client {
+        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, tower::BoxError>("offline".into())
+        });
+        Client::new(service, "default")
+    }
+
+    fn lease(uid: &str, rv: u64, holder: Option<&str>) -> Lease {
+        let mut status = serde_json::json!({"phase": "Free", "fencingToken": rv});
+        if let Some(h) = holder {
+            status = serde_json::json!({"phase": "Held", "fencingToken": rv,
+                "holder": {"claim": h, "claimUID": h, "identity": h}});
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+            "metadata": {"name": "db", "namespace": "ns", "uid": uid, "resourceVersion": rv.to_string()},
+            "spec": {"leaseDurationSeconds": 15},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn outcome(lease_uid: &str, lease: Option<Lease>, lease_gone: bool) -> Outcome {
+        Outcome {
+            key: LeaseKey::new("ns", "db"),
+            lease_uid: Some(lease_uid.to_string()),
+            lease,
+            lease_gone,
+            claims: Vec::new(),
+            fresh_claims: Vec::new(),
+            fresh_pods: Vec::new(),
+            refuted: false,
+            retry_after: Some(Duration::from_secs(60)),
+            handed_over: false,
+        }
+    }
+
+    /// Issue 13, item 9: a write's outcome for a deleted Lease must neither overwrite
+    /// nor remove the Lease re-created under the same name.
+    #[tokio::test]
+    async fn an_outcome_applies_only_to_the_lease_object_it_was_computed_for() {
+        let config = ControllerConfig {
+            namespace: None,
+            concurrency: 1,
+            instance: "test".into(),
+        };
+        let mut state = Loop::new(offline_client(), config, Arc::new(Metrics::default()));
+        let key = LeaseKey::new("ns", "db");
+        let now = Instant::now();
+        let old = lease("uid-old", 10, None);
+        let uid = |state: &Loop| state.index.lease(&key).and_then(|l| l.metadata.uid.clone());
+
+        // A write computed for the old Lease is in flight when the watch reports it
+        // deleted and re-created; then the write's outcome arrives.
+        state.index.apply_lease(old.clone(), now);
+        state.index.delete_lease(&old);
+        state.index.apply_lease(lease("uid-new", 20, None), now);
+        state.in_flight.insert(key.clone());
+        state.finish(outcome(
+            "uid-old",
+            Some(lease("uid-old", 11, Some("a"))),
+            false,
+        ));
+        assert_eq!(uid(&state).as_deref(), Some("uid-new"), "overwritten");
+        assert!(
+            state
+                .index
+                .view(&key, now)
+                .unwrap()
+                .lease
+                .unwrap()
+                .status
+                .as_ref()
+                .unwrap()
+                .holder
+                .is_none()
+        );
+
+        // A failed write of the old Lease, whose re-read found no Lease (before the new
+        // one was created): the new one stays.
+        state.in_flight.insert(key.clone());
+        state.finish(outcome("uid-old", None, true));
+        assert_eq!(uid(&state).as_deref(), Some("uid-new"), "removed");
+
+        // The outcome of a write to the object the index holds still applies.
+        state.in_flight.insert(key.clone());
+        state.finish(outcome(
+            "uid-new",
+            Some(lease("uid-new", 21, Some("b"))),
+            false,
+        ));
+        assert_eq!(
+            state
+                .index
+                .lease(&key)
+                .unwrap()
+                .resource_version()
+                .as_deref(),
+            Some("21")
+        );
+        state.in_flight.insert(key.clone());
+        state.finish(outcome("uid-new", None, true));
+        assert_eq!(uid(&state), None);
+    }
 }

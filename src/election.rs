@@ -6,6 +6,10 @@
 //! `lease_duration` since we first saw it is free to take, as in client-go.
 //! Correctness of grants never depends on the election (DESIGN rule 2); it only
 //! keeps standby replicas from doing wasted work.
+//!
+//! Every call has a deadline: an attempt to renew may take no longer than what is
+//! left of the renew deadline, so a leader stuck on a dead connection gives up
+//! leadership on time instead of waiting for the kernel's TCP timeout.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +19,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
+
+use crate::kube_client::within;
 
 #[derive(Debug, Clone)]
 pub struct ElectionConfig {
@@ -45,7 +51,7 @@ impl Elector {
     /// Waits until this replica holds the election lease. Returns false on shutdown.
     pub async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.attempt(self.config.renew_deadline).await {
                 Ok(true) => return true,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(error = %e, "leader election: acquire attempt failed"),
@@ -65,7 +71,11 @@ impl Elector {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(self.config.retry_period) => {}
             }
-            match self.try_acquire_or_renew().await {
+            let left = self
+                .config
+                .renew_deadline
+                .saturating_sub(last_renewed.elapsed());
+            match self.attempt(left).await {
                 Ok(true) => last_renewed = Instant::now(),
                 Ok(false) => return Err("another replica took the election lease".into()),
                 Err(e) => tracing::warn!(error = %e, "leader election: renewal failed"),
@@ -81,7 +91,8 @@ impl Elector {
 
     /// Gives the election lease up so a standby takes over at once.
     pub async fn release(&mut self) {
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.config.name).await else {
+        let limit = self.config.retry_period;
+        let Ok(Some(mut lease)) = within(limit, self.api.get_opt(&self.config.name)).await else {
             return;
         };
         let spec = lease.spec.get_or_insert_with(Default::default);
@@ -90,15 +101,22 @@ impl Elector {
         }
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
-        if let Err(e) = self
-            .api
-            .replace(&self.config.name, &PostParams::default(), &lease)
-            .await
+        if let Err(e) = within(
+            limit,
+            self.api
+                .replace(&self.config.name, &PostParams::default(), &lease),
+        )
+        .await
         {
             tracing::warn!(error = %e, "leader election: release failed");
         } else {
             tracing::info!("leader election: released");
         }
+    }
+
+    /// One attempt, given up (as a failed attempt) after `limit`.
+    async fn attempt(&mut self, limit: Duration) -> Result<bool, kube::Error> {
+        within(limit, self.try_acquire_or_renew()).await
     }
 
     async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {

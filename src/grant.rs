@@ -13,7 +13,7 @@ use kube::ResourceExt;
 
 use crate::api::{ClaimPhase, Holder, LeaseClaimStatus, LeasePhase, LeaseStatus};
 use crate::index::{ClaimView, LeaseView, PodProblem};
-use crate::token::next_token;
+use crate::token::{MAX_TOKEN, next_token};
 
 /// How many waiting claims `status.waiting` lists.
 pub const WAITING_LISTED: usize = 10;
@@ -60,9 +60,27 @@ pub struct ClaimUpdate {
     pub name: String,
     pub uid: String,
     pub status: LeaseClaimStatus,
-    /// Takes a grant away from a claim whose loss this decision did not itself
-    /// write to the Lease: confirm the Lease with a fresh read first.
-    pub needs_confirmation: bool,
+    /// Ends the holder's grant: written *before* the Lease, on the condition that the
+    /// claim still has this resourceVersion. A renewal that landed since (seen by the
+    /// controller or not) makes the write fail, and the grant is kept; one that lands
+    /// after it sees the ended phase in its response.
+    pub condition_on: Option<String>,
+}
+
+/// A fact a decision to end or take away a grant relies on, that a stale cache
+/// could have wrong. The writer confirms each with a quorum read (a GET without a
+/// resourceVersion) before it writes anything, and writes nothing if one fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// `Released`: the claim is gone, being deleted, or re-created under another UID.
+    ClaimGone { name: String, uid: String },
+    /// `PodGone`: the pod is missing, being deleted, replaced (another UID) or terminal.
+    PodGone { name: String, uid: Option<String> },
+    /// `LeaseDeleted`: no Lease of this name exists.
+    LeaseGone,
+    /// `Superseded` without a Lease write: the Lease still has the resourceVersion
+    /// the decision was computed from.
+    LeaseUnchanged,
 }
 
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -72,6 +90,16 @@ pub struct Decision {
     pub granted: Option<Grant>,
     pub ended: Option<Ended>,
     pub claim_updates: Vec<ClaimUpdate>,
+    /// What the writer confirms before writing anything (each at most once).
+    pub checks: Vec<Check>,
+}
+
+impl Decision {
+    fn check(&mut self, check: Check) {
+        if !self.checks.contains(&check) {
+            self.checks.push(check);
+        }
+    }
 }
 
 /// Decides who holds the Lease, with which token, and who waits.
@@ -90,20 +118,36 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
     // 1. Does the current holder keep the lease?
     let holder = observed.holder.as_ref();
     let holder_claim = holder.and_then(|h| claims.iter().find(|c| c.claim.uid == h.claim_uid));
+    let released = |h: &Holder| Check::ClaimGone {
+        name: h.claim.clone(),
+        uid: h.claim_uid.clone(),
+    };
     let ending = match (holder, holder_claim) {
         (None, _) => None,
-        (Some(_), None) => Some(Ending::Released),
-        (Some(_), Some(c)) if c.claim.deleting => Some(Ending::Released),
+        (Some(h), None) => {
+            decision.check(released(h));
+            Some(Ending::Released)
+        }
+        (Some(h), Some(c)) if c.claim.deleting => {
+            decision.check(released(h));
+            Some(Ending::Released)
+        }
         (Some(h), Some(c)) => match &c.pod_problem {
-            Some(problem) if *problem != PodProblem::NotSeenYet => Some(Ending::Revoked(
-                problem.describe(
-                    &c.claim
-                        .pod
-                        .as_ref()
-                        .map(|p| p.name.clone())
-                        .unwrap_or_else(|| h.identity.clone()),
-                ),
-            )),
+            Some(problem) if *problem != PodProblem::NotSeenYet => {
+                let pod = c.claim.pod.as_ref();
+                if let Some(pod) = pod {
+                    decision.check(Check::PodGone {
+                        name: pod.name.clone(),
+                        uid: pod.uid.clone(),
+                    });
+                }
+                Some(Ending::Revoked(
+                    problem.describe(
+                        &pod.map(|p| p.name.clone())
+                            .unwrap_or_else(|| h.identity.clone()),
+                    ),
+                ))
+            }
             _ if view.holder_deadline.is_some_and(|d| now >= d) => Some(Ending::Expired),
             _ if c.claim.status.phase.is_some_and(ClaimPhase::is_final) => {
                 Some(Ending::Revoked(format!(
@@ -143,10 +187,21 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
 
     // 3. Hand over in the same write.
     let mut waiters = waiting.as_slice();
+    let mut exhausted = None;
+    let rv = lease.resource_version().unwrap_or_default();
+    let next = match waiting.first() {
+        Some(next) if kept_uid.is_none() => match next_token(observed.fencing_token, &rv) {
+            Ok(token) => Some((next, token)),
+            Err(e) => {
+                exhausted = Some(e);
+                None
+            }
+        },
+        _ => None,
+    };
     if kept_uid.is_none() {
-        if let Some((next, rest)) = waiting.split_first() {
-            let rv = lease.resource_version().unwrap_or_default();
-            let next_token = next_token(observed.fencing_token, &rv);
+        if let Some((next, next_token)) = next {
+            let rest = &waiting[1..];
             status.holder = Some(Holder {
                 claim: next.claim.name.clone(),
                 claim_uid: next.claim.uid.clone(),
@@ -210,7 +265,24 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 status.fencing_token.unwrap_or_default()
             ),
         ),
-        None => (false, "Free", "no claim is waiting".to_string()),
+        None => match exhausted {
+            // Issue no token rather than repeat or saturate one (DESIGN "Decisions": token edges).
+            Some(e) => (
+                false,
+                "TokensExhausted",
+                format!(
+                    "not granted: fencingToken {} leaves no higher token up to {} (the next \
+                     would be {}); delete and re-create the Lease to start over above its \
+                     resourceVersion, knowing that fenced resources which admitted token {} \
+                     refuse every lower one",
+                    observed.fencing_token.unwrap_or_default(),
+                    MAX_TOKEN,
+                    e.needed,
+                    observed.fencing_token.unwrap_or_default(),
+                ),
+            ),
+            None => (false, "Free", "no claim is waiting".to_string()),
+        },
     };
     set_condition(
         &mut status.conditions,
@@ -247,7 +319,7 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
             c.claim.generation,
             wall,
         );
-        push_claim_update(&mut decision, c, s, false);
+        push_claim_update(&mut decision, c, s, None);
     }
     for c in &claims {
         let uid = c.claim.uid.as_str();
@@ -275,7 +347,7 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                     c.claim.generation,
                     wall,
                 );
-                push_claim_update(&mut decision, c, s, false);
+                push_claim_update(&mut decision, c, s, None);
             }
         } else if Some(uid) == ended_uid {
             let how = decision
@@ -296,7 +368,7 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 &mut decision,
                 c,
                 lost(c, phase, how.reason(), &message, wall),
-                false,
+                Some(c.claim.resource_version.clone()),
             );
         } else if c.claim.status.phase == Some(ClaimPhase::Granted) {
             // Granted in its mirror, but the Lease names someone else: a later grant superseded it.
@@ -305,11 +377,14 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 view.key.name,
                 lease_token.unwrap_or_default()
             );
+            if !wrote_lease {
+                decision.check(Check::LeaseUnchanged);
+            }
             push_claim_update(
                 &mut decision,
                 c,
                 lost(c, ClaimPhase::Revoked, "Superseded", &message, wall),
-                !wrote_lease,
+                None,
             );
         } else if is_pending(c)
             && let Some(problem) = &c.pod_problem
@@ -321,6 +396,12 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 .as_ref()
                 .map(|p| p.name.as_str())
                 .unwrap_or_default();
+            if let Some(p) = &c.claim.pod {
+                decision.check(Check::PodGone {
+                    name: p.name.clone(),
+                    uid: p.uid.clone(),
+                });
+            }
             push_claim_update(
                 &mut decision,
                 c,
@@ -331,7 +412,7 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                     &problem.describe(pod),
                     wall,
                 ),
-                false,
+                None,
             );
         }
     }
@@ -347,6 +428,7 @@ fn decide_without_lease(claims: &[&ClaimView<'_>], wall: Timestamp) -> Decision 
             continue;
         }
         let s = if c.claim.status.phase == Some(ClaimPhase::Granted) {
+            decision.check(Check::LeaseGone);
             lost(
                 c,
                 ClaimPhase::Revoked,
@@ -370,7 +452,7 @@ fn decide_without_lease(claims: &[&ClaimView<'_>], wall: Timestamp) -> Decision 
             );
             s
         };
-        push_claim_update(&mut decision, c, s, false);
+        push_claim_update(&mut decision, c, s, None);
     }
     decision
 }
@@ -409,7 +491,7 @@ fn push_claim_update(
     decision: &mut Decision,
     c: &ClaimView<'_>,
     mut status: LeaseClaimStatus,
-    needs_confirmation: bool,
+    condition_on: Option<String>,
 ) {
     status.observed_generation = c.claim.generation;
     if status != c.claim.status {
@@ -417,7 +499,7 @@ fn push_claim_update(
             name: c.claim.name.clone(),
             uid: c.claim.uid.clone(),
             status,
-            needs_confirmation,
+            condition_on,
         });
     }
 }

@@ -224,6 +224,21 @@ impl Index {
         self.leases.get(key)?.lease.as_ref()
     }
 
+    /// The UID of the claim of that name the index holds.
+    pub fn claim_uid(&self, namespace: &str, name: &str) -> Option<&str> {
+        let key = self
+            .claim_lease
+            .get(&(namespace.to_string(), name.to_string()))?;
+        Some(self.leases.get(key)?.claim(name)?.uid.as_str())
+    }
+
+    /// The UID of the pod of that name the index holds.
+    pub fn pod_uid(&self, namespace: &str, name: &str) -> Option<&str> {
+        self.pods
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|p| p.uid.as_str())
+    }
+
     /// Applies a Lease; an object older than the one held (by resourceVersion) is ignored,
     /// so a late watch event never undoes the controller's own newer write.
     pub fn apply_lease(&mut self, lease: Lease, now: Instant) -> Option<LeaseKey> {

@@ -9,6 +9,19 @@
 //! connect/read/write timeouts) on a connector with `TCP_NODELAY`. A configuration
 //! this does not reproduce (a proxy, or client certificates from an exec plugin,
 //! which kube tracks for expiry) gets kube's own client unchanged.
+//!
+//! **Dead connections.** kube sets no read timeout, so a request on a connection
+//! that died silently (no FIN, no RST: a dropped NAT entry, a partition) waits for
+//! the kernel's TCP timeout, about 15 minutes. The controller's client
+//! ([`controller_default`]) gives up on a connection that delivers nothing for
+//! [`READ_TIMEOUT`] (counted from when the request was written); its watches ask the
+//! API server to end them after [`WATCH_TIMEOUT_SECS`], before that timeout can fire
+//! on a healthy but quiet watch, so a dead watch is noticed within
+//! [`READ_TIMEOUT`] too. [`within`] puts a deadline on a whole call, for the
+//! configurations where we do not build the connector ourselves.
+
+use std::future::Future;
+use std::time::Duration;
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -31,6 +44,7 @@ pub fn client(config: Config) -> Result<Client, kube::Error> {
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
     let transport =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
     let service = ServiceBuilder::new()
@@ -51,4 +65,41 @@ pub fn client(config: Config) -> Result<Client, kube::Error> {
 pub async fn try_default() -> Result<Client, kube::Error> {
     let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     client(config)
+}
+
+/// How long a controller connection may deliver nothing after a request was written
+/// before it counts as dead.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The server-side timeout of the controller's watches (`timeoutSeconds`): shorter
+/// than [`READ_TIMEOUT`], so a quiet healthy watch ends and is resumed (from its last
+/// resourceVersion, no relist) before the read timeout would take it for dead.
+pub const WATCH_TIMEOUT_SECS: u32 = 4;
+
+/// The deadline of one controller API call, connection set-up and retries included.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The controller's client: [`client`] with [`READ_TIMEOUT`] on every connection.
+pub async fn controller_default() -> Result<Client, kube::Error> {
+    let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    config.read_timeout = Some(READ_TIMEOUT);
+    config.reset_reader_on_write = true;
+    client(config)
+}
+
+/// Error of a call that did not finish within its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer from the API server within {0:?}")]
+pub struct DeadlineExceeded(pub Duration);
+
+/// Runs one API call with a deadline; when it passes, the call is dropped (and
+/// with it its connection) and a `kube::Error::Service` says so.
+pub async fn within<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service(Box::new(DeadlineExceeded(limit)))),
+    }
 }

@@ -7,6 +7,12 @@
 //! across the whole resource type, so tokens keep increasing even when a Lease
 //! is deleted and re-created under the same name.
 
+/// The highest token palisade issues: 18 decimal digits, the most that the object-fencing
+/// admission policy (and any enforcement point parsing into a 64-bit integer with room
+/// to compare) accepts. A Lease whose next token would exceed it is not granted again
+/// (DESIGN "Decisions": token edges).
+pub const MAX_TOKEN: i64 = 999_999_999_999_999_999;
+
 /// The token for the next grant, and whether the resourceVersion took part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NextToken {
@@ -16,20 +22,35 @@ pub struct NextToken {
     pub from_resource_version: bool,
 }
 
+/// No token above the last one fits under [`MAX_TOKEN`]: granting would repeat or
+/// saturate a token, so the Lease is not granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokensExhausted {
+    /// The token the next grant would need (saturated at `i64::MAX`).
+    pub needed: i64,
+}
+
 /// Computes the next token from the last one issued on this Lease object (if
-/// any) and the resourceVersion the grant is conditioned on.
-pub fn next_token(last: Option<i64>, resource_version: &str) -> NextToken {
-    let after_last = last.unwrap_or(0).max(0).saturating_add(1);
-    match parse_resource_version(resource_version) {
+/// any) and the resourceVersion the grant is conditioned on; refuses rather than
+/// repeat or saturate a token.
+pub fn next_token(last: Option<i64>, resource_version: &str) -> Result<NextToken, TokensExhausted> {
+    let after_last = last.unwrap_or(0).max(0).checked_add(1);
+    let next = match parse_resource_version(resource_version) {
         Some(rv) => NextToken {
-            token: after_last.max(rv.saturating_add(1)),
+            token: after_last
+                .zip(rv.checked_add(1))
+                .map_or(i64::MAX, |(a, b)| a.max(b)),
             from_resource_version: true,
         },
         None => NextToken {
-            token: after_last,
+            token: after_last.unwrap_or(i64::MAX),
             from_resource_version: false,
         },
+    };
+    if next.token > MAX_TOKEN {
+        return Err(TokensExhausted { needed: next.token });
     }
+    Ok(next)
 }
 
 /// A resourceVersion read as an integer: decimal digits only, no sign, no
@@ -53,19 +74,19 @@ mod tests {
 
     #[test]
     fn first_grant_is_above_the_resource_version() {
-        assert_eq!(next_token(None, "41").token, 42);
+        assert_eq!(next_token(None, "41").unwrap().token, 42);
     }
 
     #[test]
     fn last_token_wins_when_it_is_higher() {
         // A Lease whose token came from a higher resourceVersion elsewhere.
-        assert_eq!(next_token(Some(100), "41").token, 101);
+        assert_eq!(next_token(Some(100), "41").unwrap().token, 101);
     }
 
     #[test]
     fn unparseable_resource_version_falls_back_to_counter() {
         for rv in ["", "abc", "-5", "+5", "007", "1.5", "99999999999999999999"] {
-            let next = next_token(Some(9), rv);
+            let next = next_token(Some(9), rv).unwrap();
             assert_eq!(next.token, 10, "rv {rv:?}");
             assert!(!next.from_resource_version, "rv {rv:?}");
         }
@@ -73,8 +94,26 @@ mod tests {
 
     #[test]
     fn negative_or_missing_last_token_counts_as_zero() {
-        assert_eq!(next_token(Some(-3), "x").token, 1);
-        assert_eq!(next_token(None, "x").token, 1);
+        assert_eq!(next_token(Some(-3), "x").unwrap().token, 1);
+        assert_eq!(next_token(None, "x").unwrap().token, 1);
+    }
+
+    #[test]
+    fn a_token_at_the_maximum_is_never_repeated_or_saturated() {
+        assert_eq!(
+            next_token(Some(MAX_TOKEN - 1), "41").unwrap().token,
+            MAX_TOKEN
+        );
+        for last in [MAX_TOKEN, MAX_TOKEN + 1, i64::MAX - 1, i64::MAX] {
+            for rv in ["41", "x", "9223372036854775807"] {
+                assert!(
+                    next_token(Some(last), rv).is_err(),
+                    "last {last}, rv {rv}: {:?}",
+                    next_token(Some(last), rv)
+                );
+            }
+        }
+        assert!(next_token(None, "9223372036854775807").is_err());
     }
 
     #[test]
@@ -101,7 +140,7 @@ mod tests {
                     last = None; // a new Lease object starts with an empty status
                     rv += 1;     // its creation is a write too
                 }
-                let next = next_token(last, &rv.to_string());
+                let next = next_token(last, &rv.to_string()).unwrap();
                 let written_rv = rv + i64::from(gap);
                 prop_assert!(next.token > previous_token);
                 prop_assert!(next.token <= written_rv);

@@ -2,6 +2,10 @@
 //! expiry, release, revocation, restarts and split brain.
 
 mod support;
+// The chaos suite's TCP proxy, for its black-hole fault.
+#[allow(dead_code)]
+#[path = "chaos/proxy.rs"]
+mod proxy;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -654,4 +658,256 @@ async fn an_unreadable_claim_is_reported_and_does_not_wedge_the_controller() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A client whose LeaseClaim watches never answer: the controller lists the claims
+/// once and then hears nothing more of them (a claim watch cut while the Lease watch
+/// and writes work, as after a failover or a link that healed for some streams only).
+fn stalled_claim_watch(inner: kube::Client) -> kube::Client {
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let inner = inner.clone();
+        async move {
+            let uri = request.uri();
+            let claim_watch = uri.path().ends_with("/leaseclaims")
+                && uri
+                    .query()
+                    .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
+            if claim_watch {
+                futures::future::pending::<()>().await;
+            }
+            inner.send(request).await
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+/// Issue 13, item 1: a holder whose renewals land must keep its grant, whatever the
+/// controller's caches say; once it stops renewing, it still expires.
+#[tokio::test]
+async fn a_renewing_holder_keeps_the_lease_while_the_controllers_claim_watch_is_stalled() {
+    let ns = setup("stale-claims").await;
+    create_lease(&ns, "db", 2).await;
+    create_claim(&ns, "holder", "db", None).await;
+    create_claim(&ns, "next", "db", None).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (_leading_tx, leading) = tokio::sync::watch::channel(true);
+    let controller = tokio::spawn(palisade::controller::run(
+        stalled_claim_watch(support::client().await),
+        palisade::controller::ControllerConfig {
+            namespace: Some(ns.name.clone()),
+            concurrency: 4,
+            instance: "stalled-claim-watch".into(),
+        },
+        Arc::new(palisade::telemetry::Metrics::default()),
+        palisade::telemetry::Readiness::default(),
+        leading,
+        shutdown.clone(),
+    ));
+    let granted = wait_holder(&ns, "db", "holder").await;
+    // Renew every third of the duration, straight to the API server, for three durations.
+    let leases = ns.api::<Lease>();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(6) {
+        renew(&ns, "holder").await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let lease = leases.get("db").await.expect("get lease");
+        assert_eq!(
+            holder_claim(&lease).as_deref(),
+            Some("holder"),
+            "a renewing holder lost its grant after {:?}: {:?}",
+            start.elapsed(),
+            lease.status
+        );
+        assert_eq!(token(&lease), token(&granted));
+    }
+    let claim = ns.api::<LeaseClaim>().get("holder").await.unwrap();
+    assert_eq!(
+        claim.status.and_then(|s| s.phase),
+        Some(ClaimPhase::Granted)
+    );
+    // Silent from now on: expired within its duration and a little, handed to the waiter.
+    let silent = Instant::now();
+    wait_holder(&ns, "db", "next").await;
+    assert!(
+        silent.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        silent.elapsed()
+    );
+    wait_claim_phase(&ns, "holder", ClaimPhase::Expired).await;
+    shutdown.cancel();
+    controller.await.unwrap();
+}
+
+/// A `palisade controller` for `ns` whose API connections all go through `proxy`.
+async fn controller_via(
+    proxy: &proxy::Proxy,
+    ns: &TestNamespace,
+    extra: &[&str],
+) -> (tokio::process::Child, u16) {
+    let admin = support::kubeconfig_path();
+    let text = std::fs::read_to_string(admin).unwrap();
+    let server = support::kubeconfig().clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.server.clone())
+        .expect("the kubeconfig names a server");
+    let port = server.rsplit(':').next().unwrap().trim_end_matches('/');
+    let path = support::repo_root().join(format!("target/proxied-{}.kubeconfig", ns.name));
+    std::fs::write(
+        &path,
+        text.replace(&server, &format!("https://127.0.0.1:{}", proxy.port)),
+    )
+    .unwrap();
+    assert_ne!(port, proxy.port.to_string());
+    let admin_port = support::free_port();
+    let log = std::fs::File::create(
+        support::repo_root().join(format!("target/controller-{}.log", ns.name)),
+    )
+    .unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["controller", "--namespace", &ns.name, "--admin-addr"])
+        .arg(format!("127.0.0.1:{admin_port}"))
+        .args(extra)
+        .env("KUBECONFIG", &path)
+        .env("RUST_LOG", "info,palisade=debug")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning palisade controller");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !support::admin_get(admin_port, "/readyz")
+        .await
+        .is_ok_and(|body| body.starts_with("ready"))
+    {
+        assert!(Instant::now() < deadline, "controller not ready within 30s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, admin_port)
+}
+
+fn apiserver_port() -> u16 {
+    let server = support::kubeconfig().clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.server.clone())
+        .unwrap();
+    server
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
+}
+
+/// Issue 13, item 10: every connection the controller has open goes silent (no FIN,
+/// no RST); new ones work. The controller must notice within seconds, not after the
+/// kernel's TCP timeout: a release is handed over long before the 60 s lease could
+/// expire.
+#[tokio::test]
+async fn a_silently_dead_connection_costs_the_controller_seconds() {
+    let ns = setup("blackhole").await;
+    let proxy = proxy::Proxy::start(apiserver_port()).await.unwrap();
+    let (_controller, _) = controller_via(&proxy, &ns, &["--leader-elect=false"]).await;
+    create_lease(&ns, "db", 60).await;
+    create_claim(&ns, "a", "db", None).await;
+    wait_holder(&ns, "db", "a").await;
+    create_claim(&ns, "b", "db", None).await;
+    wait_lease(&ns, "db", "b waiting", |l| {
+        l.status.as_ref().is_some_and(|s| s.waiting == ["b"])
+    })
+    .await;
+
+    proxy.set(proxy::Mode::Blackhole);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.set(proxy::Mode::Pass);
+    let silenced = Instant::now();
+    delete_claim(&ns, "a").await;
+    wait_holder(&ns, "db", "b").await;
+    assert!(
+        silenced.elapsed() < Duration::from_secs(15),
+        "handed over {:?} after the connections went silent",
+        silenced.elapsed()
+    );
+}
+
+/// Issue 13, item 10: a leader whose API connections all go silent must give up
+/// leadership (exit) within its renew deadline, not hang on a call for minutes
+/// while a standby takes over after 15 s.
+#[tokio::test]
+async fn a_leader_cut_off_silently_gives_up_leadership_on_time() {
+    let ns = setup("blackhole-leader").await;
+    let proxy = proxy::Proxy::start(apiserver_port()).await.unwrap();
+    let args = [
+        "--leader-elect=true",
+        "--election-namespace",
+        ns.name.as_str(),
+    ];
+    let (mut leader, admin_port) = controller_via(&proxy, &ns, &args).await;
+    let deadline = Instant::now() + WAIT;
+    while !support::admin_get(admin_port, "/metrics")
+        .await
+        .is_ok_and(|m| m.lines().any(|l| l == "palisade_is_leader 1"))
+    {
+        assert!(Instant::now() < deadline, "never became leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.set(proxy::Mode::Blackhole);
+    let silenced = Instant::now();
+    let exited = tokio::time::timeout(Duration::from_secs(16), leader.wait()).await;
+    proxy.set(proxy::Mode::Pass);
+    let status = exited.unwrap_or_else(|_| {
+        panic!(
+            "the leader still runs {:?} after its API connections went silent",
+            silenced.elapsed()
+        )
+    });
+    assert!(
+        !status.unwrap().success(),
+        "losing leadership exits non-zero"
+    );
+    // Renew deadline 10 s, retry period 2 s.
+    assert!(
+        silenced.elapsed() < Duration::from_secs(14),
+        "{:?}",
+        silenced.elapsed()
+    );
+}
+
+/// Issue 13, item 11: a `fencingToken` at the int64 maximum, set through the status
+/// subresource by anyone allowed to, makes the controller refuse to grant (with a
+/// condition saying why) instead of issuing that token again.
+#[tokio::test]
+async fn a_token_at_the_int64_maximum_is_not_issued_again() {
+    let ns = setup("token-max").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    create_lease(&ns, "db", 15).await;
+    let status = json!({"status": {"phase": "Free", "fencingToken": i64::MAX, "grants": 1}});
+    ns.api::<Lease>()
+        .patch_status("db", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("setting fencingToken through leases/status");
+    create_claim(&ns, "a", "db", None).await;
+    let lease = wait_lease(&ns, "db", "condition TokensExhausted", |l| {
+        l.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Held" && c.reason == "TokensExhausted")
+        })
+    })
+    .await;
+    let status = lease.status.unwrap();
+    assert_eq!(status.holder, None);
+    assert_eq!(status.fencing_token, Some(i64::MAX));
+    assert_eq!(status.waiting, vec!["a"]);
+    let held = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Held")
+        .unwrap();
+    assert_eq!(held.status, "False");
+    assert!(held.message.contains(&i64::MAX.to_string()), "{held:?}");
+    let claim = wait_claim_phase(&ns, "a", ClaimPhase::Pending).await;
+    assert_eq!(claim.status.unwrap().fencing_token, None);
 }

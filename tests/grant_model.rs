@@ -441,3 +441,33 @@ proptest! {
         }
     }
 }
+
+/// Issue 13, item 11: a `fencingToken` at the top of the range (anyone with
+/// `leases/status` can set one) must not make the next grant repeat or saturate it.
+#[test]
+fn a_token_at_the_maximum_is_refused_with_a_condition_instead_of_repeated() {
+    for last in [999_999_999_999_999_999_i64, i64::MAX - 1, i64::MAX] {
+        let now = Instant::now();
+        let mut index = Index::default();
+        let free = json!({"phase": "Free", "fencingToken": last, "grants": 3});
+        index.apply_lease(lease("L", 60, 15, Some(free)), now);
+        index.apply_claim(claim("a", "u1", 0, None), now);
+        let k = key();
+        let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+        assert_eq!(d.granted, None, "last token {last}: {d:?}");
+        let status = d.lease_status.expect("a condition says why");
+        assert!(status.holder.is_none(), "last token {last}: {status:?}");
+        assert_eq!(status.fencing_token, Some(last), "the token is kept");
+        let held = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Held")
+            .expect("Held condition");
+        assert_eq!(held.status, "False");
+        assert_eq!(held.reason, "TokensExhausted", "{held:?}");
+        assert!(held.message.contains(&last.to_string()), "{held:?}");
+        // The claim keeps waiting: nothing is taken from it.
+        let a = d.claim_updates.iter().find(|u| u.name == "a").unwrap();
+        assert_eq!(a.status.phase, Some(ClaimPhase::Pending));
+    }
+}

@@ -63,6 +63,25 @@ pub enum Event {
     },
     /// All faults are over and everything is resumed, restored and running.
     Healed { t_ns: u64 },
+    /// One renewal request of a worker (a PATCH of its claim), with its send time and
+    /// what came back: the HTTP status (0: no response) and the claim's phase in it.
+    Renewal {
+        worker: String,
+        claim: String,
+        claim_uid: String,
+        send_ns: u64,
+        end_ns: u64,
+        status: u16,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        phase: String,
+    },
+    /// A worker deleting its claim (releasing), when the request was sent.
+    Release {
+        worker: String,
+        claim: String,
+        claim_uid: String,
+        t_ns: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +200,9 @@ pub struct Expectations {
     /// After `Healed`, every Lease must be granted again within this long
     /// (its duration plus the stated bound).
     pub liveness_ns: u64,
+    /// How long after *sending* a successful renewal a holder may believe it holds
+    /// the Lease (the client library's two thirds of the duration).
+    pub holder_deadline_ns: u64,
 }
 
 /// Judges a history. Every rule that fails adds a violation naming what broke.
@@ -206,6 +228,7 @@ pub fn check_with_stores(
     check_stale_rejections(events, journal, stores, &mut v);
     check_tokens_issued(events, &mut v);
     check_liveness(events, expect, &mut v);
+    check_renewal_contract(events, expect, &mut v);
     for e in events {
         match e {
             Event::Fault { fault, .. } => *v.faults.entry(fault.clone()).or_default() += 1,
@@ -550,6 +573,83 @@ fn check_liveness(events: &[Event], expect: &Expectations, v: &mut Verdict) {
     }
 }
 
+/// The timing contract: the controller never ends a grant while its holder's last
+/// successful renewal is within the holder's own deadline (workers have no pods, so
+/// their pods never go away). A renewal is successful when it got a 2xx response in
+/// which the claim had not ended, within the holder's deadline; the holder then
+/// believes it holds the Lease until send time + `holder_deadline_ns`. An ending is
+/// the first Lease version (in resourceVersion order) that names another holder or
+/// none, at the time the harness's watch saw it: no earlier than the controller's
+/// write, so a violation found this way is certain. Grants whose worker deleted its
+/// claim (released) before that are left out.
+fn check_renewal_contract(events: &[Event], expect: &Expectations, v: &mut Verdict) {
+    let mut believed_until: HashMap<&str, (u64, u64)> = HashMap::new();
+    let mut released: HashMap<&str, u64> = HashMap::new();
+    let mut versions: BTreeMap<&str, Vec<(u64, &str, u64)>> = BTreeMap::new();
+    for e in events {
+        match e {
+            Event::Renewal {
+                claim_uid,
+                send_ns,
+                end_ns,
+                status,
+                phase,
+                ..
+            } if (200..300).contains(status)
+                && !matches!(phase.as_str(), "Expired" | "Revoked" | "Released")
+                && *end_ns < send_ns + expect.holder_deadline_ns =>
+            {
+                let until = send_ns + expect.holder_deadline_ns;
+                let entry = believed_until.entry(claim_uid).or_insert((until, *send_ns));
+                if until > entry.0 {
+                    *entry = (until, *send_ns);
+                }
+            }
+            Event::Release {
+                claim_uid, t_ns, ..
+            } => {
+                let first = released.entry(claim_uid).or_insert(*t_ns);
+                *first = (*first).min(*t_ns);
+            }
+            Event::LeaseSeen {
+                lease,
+                rv,
+                holder_uid,
+                t_ns,
+                ..
+            } => versions
+                .entry(lease)
+                .or_default()
+                .push((*rv, holder_uid, *t_ns)),
+            _ => {}
+        }
+    }
+    for (lease, mut seen) in versions {
+        seen.sort_by_key(|(rv, _, _)| *rv);
+        seen.dedup_by_key(|(rv, _, _)| *rv);
+        for pair in seen.windows(2) {
+            let ((_, held, _), (rv, next, t_obs)) = (pair[0], pair[1]);
+            if held.is_empty() || held == next {
+                continue;
+            }
+            if released.get(held).is_some_and(|t| *t <= t_obs) {
+                continue;
+            }
+            if let Some((until, sent)) = believed_until.get(held)
+                && *until > t_obs
+            {
+                v.violations.push(format!(
+                    "lease {lease}: the grant of claim {held} ended (seen at rv {rv}) {} ms \
+                     before its holder's deadline: a renewal sent {} ms before the ending \
+                     had succeeded",
+                    (until - t_obs) / 1_000_000,
+                    t_obs.saturating_sub(*sent) / 1_000_000
+                ));
+            }
+        }
+    }
+}
+
 /// The checker must be able to fail: plant each kind of violation in an otherwise
 /// clean history and make sure it is reported. Run before every chaos run.
 pub fn self_check() -> Result<usize, String> {
@@ -588,12 +688,27 @@ pub fn self_check() -> Result<usize, String> {
     let expect = Expectations {
         leases: vec!["l".into()],
         liveness_ns: 100,
+        holder_deadline_ns: 20,
+    };
+    let renewal = |uid: &str, send_ns: u64, status: u16, phase: &str| Event::Renewal {
+        worker: "w".into(),
+        claim: uid.into(),
+        claim_uid: uid.into(),
+        send_ns,
+        end_ns: send_ns + 1,
+        status,
+        phase: phase.into(),
     };
     // A clean history: a holds 10 and writes, b takes over with 20 and writes, a's
     // late write with 10 is rejected, and after healing at 200, c is granted 30.
+    // a renewed last at 5 (its deadline: 25, before b's grant at 30); b renewed at 240
+    // but released at 245, and a renewal that found its claim ended does not count.
     let clean = vec![
         grant("a", 10, "ua", 1),
         seen(1, "ua", 10),
+        renewal("ua", 5, 200, "Granted"),
+        renewal("ua", 12, 200, "Expired"),
+        renewal("ua", 14, 0, ""),
         write("a", "file", 10, 10, Outcome::Accepted),
         write("a", "configmap", 10, 20, Outcome::Accepted),
         grant("b", 20, "ub", 30),
@@ -603,6 +718,14 @@ pub fn self_check() -> Result<usize, String> {
         write("a", "file", 10, 60, Outcome::Stale),
         write("a", "configmap", 10, 70, Outcome::Stale),
         Event::Healed { t_ns: 200 },
+        renewal("ub", 240, 200, "Granted"),
+        Event::Release {
+            worker: "b".into(),
+            claim: "ub".into(),
+            claim_uid: "ub".into(),
+            t_ns: 245,
+        },
+        seen(250, "uc", 30),
         grant("c", 30, "uc", 250),
     ];
     let clean_journal = vec![jw(10, "a"), jw(20, "b")];
@@ -688,6 +811,12 @@ pub fn self_check() -> Result<usize, String> {
             clean[..clean.len() - 1].to_vec(),
             clean_journal.clone(),
             "not granted again",
+        ),
+        (
+            "grant ended within its holder's deadline",
+            with(vec![renewal("ua", 15, 200, "Granted")]),
+            clean_journal.clone(),
+            "before its holder's deadline",
         ),
     ];
     let mut n = cases.len();

@@ -16,6 +16,7 @@
 mod dbstores;
 mod history;
 mod proxy;
+mod renewals;
 mod rng;
 mod worker;
 
@@ -40,6 +41,9 @@ use rng::{Rng, now_ns};
 const NAMESPACE: &str = "chaos";
 /// Lease duration of every Lease in the run.
 const LEASE_SECONDS: u64 = 2;
+/// Writes per grant of the long-holding workers: 50 to 250 ms apart, one and a half
+/// to three lease durations (short enough to leave the liveness bound its margin).
+const LONG_HOLD_WRITES: u64 = 20;
 /// After the faults stop, each Lease must be granted again within its duration plus
 /// this: watches that were cut reconnect with kube-runtime's backoff (0.8 s doubling),
 /// and a holder killed just before the end is only expired after its duration.
@@ -281,7 +285,9 @@ impl Processes {
             store: self.worker_template.store.clone(),
             history: self.out.join(format!("worker-{identity}.jsonl")),
             seed: self.worker_template.seed ^ ((n as u64 + 1) * 0x9E37_79B9),
-            writes_per_grant: 3,
+            // Every other worker holds its grants for several lease durations, so
+            // renewals (and the timing contract) matter, not only short holds.
+            writes_per_grant: if n % 2 == 1 { LONG_HOLD_WRITES } else { 3 },
         };
         let log = std::fs::File::create(self.out.join(format!("worker-{identity}.log")))
             .expect("worker log");
@@ -516,6 +522,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         &Expectations {
             leases: leases.clone(),
             liveness_ns: (Duration::from_secs(LEASE_SECONDS) + LIVENESS_BOUND).as_nanos() as u64,
+            holder_deadline_ns: (Duration::from_secs(LEASE_SECONDS) * 2 / 3).as_nanos() as u64,
         },
     );
     for v in &verdict.violations {
@@ -775,7 +782,7 @@ fn rv_of<K: ResourceExt>(object: &K) -> u64 {
         .unwrap_or(0)
 }
 
-const FAULTS: [&str; 10] = [
+const FAULTS: [&str; 12] = [
     "pause_holder",
     "kill_holder",
     "kill_controller",
@@ -786,6 +793,8 @@ const FAULTS: [&str; 10] = [
     "delay_worker_links",
     "cut_controller_link",
     "cut_worker_links",
+    "blackhole_controller_link",
+    "blackhole_worker_links",
 ];
 
 struct FaultContext<'a> {
@@ -910,6 +919,19 @@ async fn inject(
             };
             let span = rng.millis(1000, 5000);
             proxy.set(Mode::Cut);
+            tokio::time::sleep(span).await;
+            proxy.set(Mode::Pass);
+            format!("for {} ms", span.as_millis())
+        }
+        "blackhole_controller_link" | "blackhole_worker_links" => {
+            let proxy = if fault == "blackhole_controller_link" {
+                ctx.controller_proxy
+            } else {
+                ctx.worker_proxy
+            };
+            // Open connections go silent for good; new ones too while it lasts.
+            let span = rng.millis(1000, 5000);
+            proxy.set(Mode::Blackhole);
             tokio::time::sleep(span).await;
             proxy.set(Mode::Pass);
             format!("for {} ms", span.as_millis())

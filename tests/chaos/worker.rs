@@ -99,6 +99,8 @@ pub fn configmap_name(lease: &str) -> String {
 
 pub async fn run(args: WorkerArgs) {
     let client = client_from(&args.kubeconfig).await;
+    // Renewals and releases go into the history too (the timing contract's check).
+    let client = crate::renewals::recording(client, &args.history, &args.identity);
     let leases = LeaseClient::new(client.clone(), &args.namespace);
     let configmaps: Api<ConfigMap> = Api::namespaced(client, &args.namespace);
     let fence = Fence::new(FileStore::open(&args.store).expect("opening the file fence"));
