@@ -346,6 +346,9 @@ down_quiet() {
 }
 
 down() {
+  # A cluster that never ran the node (NODE=0, e.g. the chaos suite's) has nothing to
+  # stop or check: the machine-wide parts (socat on the Service IP) belong to another.
+  [[ -d $N ]] || return 0
   down_quiet
   local left
   left=$(findmnt -rn -o TARGET | grep -F "$N/" || true)
