@@ -346,6 +346,8 @@ down_quiet() {
 }
 
 down() {
+  # Nothing of ours (NODE=0, or already down): what runs is another cluster's node.
+  [[ -d $N ]] || return 0
   down_quiet
   local left
   left=$(findmnt -rn -o TARGET | grep -F "$N/" || true)
