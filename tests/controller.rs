@@ -980,6 +980,7 @@ async fn a_lowered_lease_duration_does_not_expire_a_holder_before_its_granted_du
         waited >= Duration::from_millis(9900) && waited < Duration::from_secs(14),
         "expired {waited:?} after the last renewal; granted for 10s"
     );
+    eprintln!("expired {waited:?} after the last renewal (granted for 10 s, spec lowered to 2 s)");
     wait_claim_phase(&ns, "holder", ClaimPhase::Expired).await;
     assert!(token(&next) > token(&granted));
     // Each grant recorded the duration it was made with.
@@ -1030,4 +1031,5 @@ async fn a_restarted_controller_gives_a_holder_at_least_its_granted_duration() {
         waited >= Duration::from_millis(9900) && waited < Duration::from_secs(15),
         "expired {waited:?} after the restart; granted for 10s"
     );
+    eprintln!("expired {waited:?} after the restart (granted for 10 s, spec lowered to 2 s)");
 }
