@@ -84,6 +84,13 @@ pub struct Holder {
     pub claim_uid: String,
     /// The claim's spec.holderIdentity.
     pub identity: String,
+    /// `spec.leaseDurationSeconds` when this grant was made. Until the grant ends the
+    /// controller applies this duration, or the current spec if that is longer: shortening
+    /// the spec never cuts short a grant in progress. Absent on grants made by an older
+    /// controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub lease_duration_seconds: Option<i64>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]

@@ -206,6 +206,8 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 claim: next.claim.name.clone(),
                 claim_uid: next.claim.uid.clone(),
                 identity: next.claim.holder_identity.clone(),
+                // What the holder's client will believe (DESIGN "Client deadlines").
+                lease_duration_seconds: Some(lease.spec.lease_duration_seconds),
             });
             status.fencing_token = Some(next_token.token);
             status.grants = Some(observed.grants.unwrap_or(0) + 1);

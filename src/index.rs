@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::api::{Lease, LeaseClaim, LeaseClaimStatus, PodRef};
+use crate::api::{Lease, LeaseClaim, LeaseClaimStatus, MAX_LEASE_DURATION_SECONDS, PodRef};
 use crate::token::resource_version_newer;
 
 /// A Lease by namespace and name; also the unit of work of the controller.
@@ -540,15 +540,27 @@ impl Index {
         }
     }
 
-    /// The holder expires `leaseDurationSeconds` after the later of: when the
-    /// index first saw it hold the lease, and its last observed renewal.
+    /// The holder expires a lease duration after the later of: when the index
+    /// first saw it hold the lease (reset on a restart or failover), and its last
+    /// observed renewal. The duration is the longer of `leaseDurationSeconds` now and
+    /// the one the grant was made with (`status.holder.leaseDurationSeconds`): the
+    /// holder's client keeps the latter, so a shortened spec must not cut its grant
+    /// short, while a lengthened one may extend it on this side only.
     fn holder_deadline(&self, entry: &LeaseEntry) -> Option<Instant> {
         let lease = entry.lease.as_ref()?;
         let (uid, since) = entry.holder_since.as_ref()?;
         let claim = entry.claims.iter().find(|c| &c.uid == uid);
         let last_seen_alive = claim.map_or(*since, |c| c.renew_observed_at.max(*since));
-        let duration =
-            Duration::from_secs(lease.spec.lease_duration_seconds.clamp(1, 86_400) as u64);
-        Some(last_seen_alive + duration)
+        let granted_with = lease
+            .status
+            .as_ref()
+            .and_then(|s| s.holder.as_ref())
+            .and_then(|h| h.lease_duration_seconds);
+        let seconds = lease
+            .spec
+            .lease_duration_seconds
+            .max(granted_with.unwrap_or(0))
+            .clamp(1, MAX_LEASE_DURATION_SECONDS);
+        Some(last_seen_alive + Duration::from_secs(seconds as u64))
     }
 }

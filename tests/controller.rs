@@ -911,3 +911,125 @@ async fn a_token_at_the_int64_maximum_is_not_issued_again() {
     let claim = wait_claim_phase(&ns, "a", ClaimPhase::Pending).await;
     assert_eq!(claim.status.unwrap().fencing_token, None);
 }
+
+/// The duration a Lease's current grant was made with, as the controller recorded it
+/// (`status.holder.leaseDurationSeconds`), read from the JSON.
+fn recorded_duration(lease: &Lease) -> Option<i64> {
+    serde_json::to_value(lease).unwrap()["status"]["holder"]["leaseDurationSeconds"].as_i64()
+}
+
+/// Edits `spec.leaseDurationSeconds` and waits until the controller has seen the edit.
+async fn set_duration(ns: &TestNamespace, lease: &str, seconds: i64) {
+    let edited = ns
+        .api::<Lease>()
+        .patch(
+            lease,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"leaseDurationSeconds": seconds}})),
+        )
+        .await
+        .expect("edit leaseDurationSeconds");
+    let generation = edited.metadata.generation;
+    wait_lease(ns, lease, "the edit observed", |l| {
+        l.status.as_ref().and_then(|s| s.observed_generation) == generation
+    })
+    .await;
+}
+
+/// Issue 13, item 12 (DESIGN "Client deadlines"): a holder's client keeps the duration
+/// its grant was observed with, so lowering `leaseDurationSeconds` (10 s to 2 s here)
+/// while the holder is silent (its watch stalled: it neither renews nor sees the edit)
+/// must not let the controller expire it before the granted duration has passed since
+/// its last renewal. It does expire after that, and the next grant uses the new spec.
+#[tokio::test]
+async fn a_lowered_lease_duration_does_not_expire_a_holder_before_its_granted_duration() {
+    let ns = setup("lowered").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    create_lease(&ns, "db", 10).await;
+    create_claim(&ns, "holder", "db", None).await;
+    let granted = wait_holder(&ns, "db", "holder").await;
+    create_claim(&ns, "next", "db", None).await;
+    wait_lease(&ns, "db", "a waiter", |l| {
+        l.status
+            .as_ref()
+            .is_some_and(|s| s.waiting_count == Some(1))
+    })
+    .await;
+
+    // The holder's last renewal: its own deadline is two thirds of 10 s after it.
+    let renewed = Instant::now();
+    renew(&ns, "holder").await;
+    set_duration(&ns, "db", 2).await;
+    let leases = ns.api::<Lease>();
+    while renewed.elapsed() < Duration::from_millis(6500) {
+        let lease = leases.get("db").await.expect("get lease");
+        assert_eq!(
+            holder_claim(&lease).as_deref(),
+            Some("holder"),
+            "expired {:?} after its last renewal on the lowered duration, granted for 10s: {:?}",
+            renewed.elapsed(),
+            lease.status
+        );
+        assert_eq!(token(&lease), token(&granted));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let next = wait_holder(&ns, "db", "next").await;
+    let waited = renewed.elapsed();
+    assert!(
+        waited >= Duration::from_millis(9900) && waited < Duration::from_secs(14),
+        "expired {waited:?} after the last renewal; granted for 10s"
+    );
+    eprintln!("expired {waited:?} after the last renewal (granted for 10 s, spec lowered to 2 s)");
+    wait_claim_phase(&ns, "holder", ClaimPhase::Expired).await;
+    assert!(token(&next) > token(&granted));
+    // Each grant recorded the duration it was made with.
+    assert_eq!(
+        recorded_duration(&granted),
+        Some(10),
+        "{:?}",
+        granted.status
+    );
+    assert_eq!(recorded_duration(&next), Some(2), "{:?}", next.status);
+}
+
+/// The same across a controller restart: rule 4's fresh full duration is at least
+/// the duration the grant was made with, which only the Lease status remembers.
+#[tokio::test]
+async fn a_restarted_controller_gives_a_holder_at_least_its_granted_duration() {
+    let ns = setup("lowered-restart").await;
+    let mut controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    create_lease(&ns, "db", 10).await;
+    create_claim(&ns, "holder", "db", None).await;
+    let granted = wait_holder(&ns, "db", "holder").await;
+    create_claim(&ns, "next", "db", None).await;
+    renew(&ns, "holder").await;
+    set_duration(&ns, "db", 2).await;
+    // Renewing within the lowered duration until the controller stops, then silent.
+    renew(&ns, "holder").await;
+    controller.kill();
+    let _ = controller.child.wait().await;
+    let restarted = Instant::now();
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+
+    let leases = ns.api::<Lease>();
+    while restarted.elapsed() < Duration::from_millis(6500) {
+        let lease = leases.get("db").await.expect("get lease");
+        assert_eq!(
+            holder_claim(&lease).as_deref(),
+            Some("holder"),
+            "expired {:?} after the restart on the lowered duration, granted for 10s: {:?}",
+            restarted.elapsed(),
+            lease.status
+        );
+        assert_eq!(token(&lease), token(&granted));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    wait_holder(&ns, "db", "next").await;
+    let waited = restarted.elapsed();
+    assert!(
+        waited >= Duration::from_millis(9900) && waited < Duration::from_secs(15),
+        "expired {waited:?} after the restart; granted for 10s"
+    );
+    eprintln!("expired {waited:?} after the restart (granted for 10 s, spec lowered to 2 s)");
+}

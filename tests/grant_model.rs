@@ -249,6 +249,8 @@ enum Op {
     Renew(usize),
     AdvanceMs(u64),
     RecreateLease,
+    /// Someone edits `spec.leaseDurationSeconds` (to 1..=4 s).
+    SetDuration(i64),
     /// Controller 0 or 1 receives its pending watch events.
     Sync(usize),
     /// Controller 0 or 1 decides and writes (with whatever view it has).
@@ -263,6 +265,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..8).prop_map(Op::Renew),
         2 => (0u64..3000).prop_map(Op::AdvanceMs),
         1 => Just(Op::RecreateLease),
+        1 => (1i64..=4).prop_map(Op::SetDuration),
         4 => (0usize..2).prop_map(Op::Sync),
         6 => (0usize..2).prop_map(Op::Decide),
     ]
@@ -281,6 +284,12 @@ struct World {
     /// Every published (token -> claim uid), and tokens in publication order.
     owners: HashMap<i64, String>,
     published: Vec<i64>,
+    /// Claim uid -> when its grant landed and the duration the Lease had then; None
+    /// once granted again on a re-created Lease (the model writes no claim statuses,
+    /// so its claim never became final; a real client stopped at the deletion).
+    grants: HashMap<String, Option<(Instant, u64)>>,
+    /// A renewal (by the `renewTime` it wrote) -> when its holder sent it.
+    renewals: HashMap<Timestamp, Instant>,
 }
 
 #[derive(Clone)]
@@ -339,6 +348,7 @@ proptest! {
         let mut world = World {
             rv: 100, lease: None, lease_generation: 0, claims: BTreeMap::new(), pods: BTreeMap::new(),
             next_claim: 0, pending: [Vec::new(), Vec::new()], owners: HashMap::new(), published: Vec::new(),
+            grants: HashMap::new(), renewals: HashMap::new(),
         };
         let rv = world.bump();
         let l = lease("L0", rv, 2, None);
@@ -381,9 +391,11 @@ proptest! {
                     if let Some(name) = world.claims.keys().nth(i).cloned() {
                         let rv = world.bump();
                         let c = world.claims.get_mut(&name).unwrap();
-                        c.spec.renew_time = Some(MicroTime(Timestamp::from_second(1_800_000_000 + rv as i64).unwrap()));
+                        let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
+                        c.spec.renew_time = Some(MicroTime(renew_time));
                         c.metadata.resource_version = Some(rv.to_string());
                         let c = c.clone();
+                        world.renewals.insert(renew_time, now);
                         world.broadcast(Change::Claim(c, false));
                     }
                 }
@@ -396,6 +408,15 @@ proptest! {
                     world.lease = Some(new.clone());
                     world.broadcast(Change::Lease(old, Some(new)));
                 }
+                Op::SetDuration(secs) => {
+                    let rv = world.bump();
+                    if let Some(l) = world.lease.as_mut() {
+                        l.spec.lease_duration_seconds = secs;
+                        l.metadata.resource_version = Some(rv.to_string());
+                        let l = l.clone();
+                        world.broadcast(Change::Lease(None, Some(l)));
+                    }
+                }
                 Op::Sync(n) => {
                     let changes = std::mem::take(&mut world.pending[n]);
                     deliver(&mut controllers[n], changes, now);
@@ -407,6 +428,13 @@ proptest! {
                     let k = key();
                     let Some(view) = controllers[n].view(&k, now) else { continue };
                     let decision = decide(&view, now, Timestamp::now());
+                    // When the holder sent the last renewal this controller has seen. (A
+                    // later one makes the real controller's conditional claim write fail.)
+                    let holder_uid = view.lease.and_then(|l| l.status.as_ref()?.holder.as_ref()).map(|h| h.claim_uid.clone());
+                    let renewal_seen = view.claims.iter()
+                        .find(|c| Some(&c.claim.uid) == holder_uid.as_ref())
+                        .and_then(|c| c.claim.renew_time)
+                        .map(|t| world.renewals[&t]);
                     let (Some(status), Some(base)) = (decision.lease_status, view.lease.cloned()) else { continue };
                     // Compare-and-swap against the model server.
                     let current = world.lease.clone();
@@ -417,6 +445,20 @@ proptest! {
                             written.metadata.resource_version = Some(world.bump().to_string());
                             world.lease = Some(written.clone());
                             world.broadcast(Change::Lease(None, Some(written.clone())));
+                            // The timing contract: a holder's client believes in at most the
+                            // duration its grant was made with, counted from its last successful
+                            // renewal's sending; the controller must not expire it before that.
+                            if let Some(ended) = &decision.ended
+                                && ended.how == Ending::Expired
+                                && let Some((granted_at, secs)) = world.grants[holder_uid.as_ref().unwrap()]
+                            {
+                                let alive = renewal_seen.map_or(granted_at, |r| r.max(granted_at));
+                                prop_assert!(
+                                    now >= alive + Duration::from_secs(secs),
+                                    "{} expired {:?} after its last renewal, granted for {}s",
+                                    ended.claim, now - alive, secs
+                                );
+                            }
                             if let Some(g) = &decision.granted {
                                 let holder = written.status.as_ref().unwrap().holder.as_ref().unwrap();
                                 prop_assert_eq!(&holder.claim, &g.claim);
@@ -427,6 +469,8 @@ proptest! {
                                 let previous = world.owners.insert(g.token, holder.claim_uid.clone());
                                 prop_assert!(previous.is_none(), "token {} issued twice", g.token);
                                 world.published.push(g.token);
+                                let secs = written.spec.lease_duration_seconds as u64;
+                                world.grants.entry(holder.claim_uid.clone()).and_modify(|g| *g = None).or_insert(Some((now, secs)));
                             }
                             Some(written)
                         }
@@ -469,5 +513,117 @@ fn a_token_at_the_maximum_is_refused_with_a_condition_instead_of_repeated() {
         // The claim keeps waiting: nothing is taken from it.
         let a = d.claim_updates.iter().find(|u| u.name == "a").unwrap();
         assert_eq!(a.status.phase, Some(ClaimPhase::Pending));
+    }
+}
+
+/// Issue 13, item 12 (DESIGN "Client deadlines"): a holder's client keeps the
+/// duration its grant was observed with (or a shorter one it sees later), so the
+/// controller must never apply a shorter one to a grant in progress. Lowering
+/// `leaseDurationSeconds` from 600 to 3 during a grant must not let the
+/// controller expire the holder 3 s after its last renewal.
+#[test]
+fn a_lowered_lease_duration_does_not_cut_short_a_grant_in_progress() {
+    let now = Instant::now();
+    let mut index = Index::default();
+    index.apply_lease(lease("L", 10, 600, None), now);
+    let mut a = claim("a", "u1", 0, None);
+    index.apply_claim(a.clone(), now);
+    index.apply_claim(claim("b", "u2", 1, None), now);
+    let k = key();
+    let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+    let status = d.lease_status.clone().unwrap();
+    let mut written = lease("L", 11, 600, None);
+    written.status = Some(status.clone());
+    index.apply_lease(written.clone(), now);
+    a.status = Some(
+        d.claim_updates
+            .iter()
+            .find(|u| u.name == "a")
+            .unwrap()
+            .status
+            .clone(),
+    );
+    index.apply_claim(a, now);
+
+    // The duration is lowered while "a" holds the lease.
+    let mut edited = lease("L", 12, 3, None);
+    edited.status = Some(status.clone());
+    index.apply_lease(edited.clone(), now);
+    let view = index.view(&k, now).unwrap();
+    assert_eq!(
+        view.holder_deadline,
+        Some(now + Duration::from_secs(600)),
+        "the holder keeps the duration it was granted with"
+    );
+    let later = now + Duration::from_secs(3);
+    let d = decide(&view, later, Timestamp::now());
+    assert_eq!(d.ended, None, "expired on the lowered duration: {d:?}");
+    assert!(d.granted.is_none());
+
+    // After the granted duration it expires, and the next grant uses the current spec.
+    let expiry = now + Duration::from_secs(600);
+    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
+    assert_eq!(
+        d.ended.as_ref().map(|e| e.how.clone()),
+        Some(Ending::Expired)
+    );
+    assert_eq!(d.granted.as_ref().map(|g| g.claim.as_str()), Some("b"));
+    let next = serde_json::to_value(d.lease_status.unwrap()).unwrap();
+    assert_eq!(next["holder"]["leaseDurationSeconds"], json!(3), "{next}");
+    // The grant of "a" recorded the duration it was made with.
+    let recorded = serde_json::to_value(&status).unwrap();
+    assert_eq!(
+        recorded["holder"]["leaseDurationSeconds"],
+        json!(600),
+        "{recorded}"
+    );
+}
+
+/// The same across a controller restart or failover: rule 4's fresh full duration
+/// is at least the duration the grant was made with, as recorded in the Lease.
+#[test]
+fn after_a_restart_a_holder_gets_at_least_the_duration_it_was_granted_with() {
+    let now = Instant::now();
+    let mut index = Index::default();
+    let held = json!({"phase": "Held", "fencingToken": 50, "grants": 3,
+        "holder": {"claim": "a", "claimUID": "u1", "identity": "a", "leaseDurationSeconds": 600}});
+    // Spec lowered to 3 s after the grant; a new controller starts.
+    index.apply_lease(lease("L", 60, 3, Some(held)), now);
+    index.apply_claim(claim("a", "u1", 0, None), now);
+    index.apply_claim(claim("b", "u2", 1, None), now);
+    let restarted = now + Duration::from_secs(1);
+    index.restart_holder_clocks(restarted);
+    let k = key();
+    let view = index.view(&k, restarted).unwrap();
+    assert_eq!(
+        view.holder_deadline,
+        Some(restarted + Duration::from_secs(600))
+    );
+    let d = decide(&view, restarted + Duration::from_secs(3), Timestamp::now());
+    assert_eq!(d.ended, None, "expired on the lowered duration: {d:?}");
+}
+
+/// Raising the duration takes effect for the holder at once (the controller applies
+/// the longer of the recorded and the current duration; the client never believes
+/// the longer one, so that is safe), and a Lease written before the field existed
+/// is expired on its current spec, as before.
+#[test]
+fn a_raised_duration_applies_to_the_holder_and_an_unrecorded_grant_uses_the_spec() {
+    let now = Instant::now();
+    let k = key();
+    for (recorded, spec, expected) in [(Some(3), 600, 600), (None, 7, 7), (Some(20), 20, 20)] {
+        let mut holder = json!({"claim": "a", "claimUID": "u1", "identity": "a"});
+        if let Some(r) = recorded {
+            holder["leaseDurationSeconds"] = json!(r);
+        }
+        let held = json!({"phase": "Held", "fencingToken": 50, "holder": holder});
+        let mut index = Index::default();
+        index.apply_lease(lease("L", 60, spec, Some(held)), now);
+        index.apply_claim(claim("a", "u1", 0, None), now);
+        assert_eq!(
+            index.view(&k, now).unwrap().holder_deadline,
+            Some(now + Duration::from_secs(expected)),
+            "recorded {recorded:?}, spec {spec}"
+        );
     }
 }

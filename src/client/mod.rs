@@ -64,7 +64,9 @@ use clock::{BootInstant, BootTimer};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::{ClaimPhase, Lease, LeaseClaim, LeaseClaimSpec, LeaseSpec, PodRef};
+use crate::api::{
+    ClaimPhase, Lease, LeaseClaim, LeaseClaimSpec, LeaseSpec, MAX_LEASE_DURATION_SECONDS, PodRef,
+};
 
 /// Field manager of the writes made by this library.
 pub const CLIENT_MANAGER: &str = "palisade-client";
@@ -738,8 +740,19 @@ fn holds(lease: &Lease, claim_uid: &str) -> bool {
         .is_some_and(|h| h.claim_uid == claim_uid)
 }
 
+/// The duration a holder may rely on: `leaseDurationSeconds`, but never more than the
+/// grant was made with (`status.holder.leaseDurationSeconds`, which the controller
+/// applies at least), so a spec raised between the grant and this process seeing it
+/// is not believed either.
 fn lease_duration(lease: &Lease) -> Duration {
-    Duration::from_secs(lease.spec.lease_duration_seconds.clamp(1, 86_400) as u64)
+    let spec = lease.spec.lease_duration_seconds;
+    let granted_with = lease
+        .status
+        .as_ref()
+        .and_then(|s| s.holder.as_ref())
+        .and_then(|h| h.lease_duration_seconds);
+    let seconds = granted_with.map_or(spec, |g| spec.min(g));
+    Duration::from_secs(seconds.clamp(1, MAX_LEASE_DURATION_SECONDS) as u64)
 }
 
 /// What the claim itself says about a grant that ended (None: nothing ended).
@@ -1008,6 +1021,28 @@ fn judge_renewal(claim: &LeaseClaim, uid: &str, token: i64) -> Result<(), Renewa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grant_is_held_for_no_longer_than_the_duration_it_was_made_with() {
+        let held = |spec: i64, recorded: Option<i64>| {
+            let mut lease: Lease = serde_json::from_value(serde_json::json!({
+                "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+                "metadata": {"name": "l"}, "spec": {"leaseDurationSeconds": spec},
+                "status": {"holder": {"claim": "c", "claimUID": "u", "identity": "i"}}
+            }))
+            .unwrap();
+            if let Some(h) = lease.status.as_mut().and_then(|s| s.holder.as_mut()) {
+                h.lease_duration_seconds = recorded;
+            }
+            lease_duration(&lease)
+        };
+        // Raised from 3 s to 600 s before this process saw the grant: 3 s.
+        assert_eq!(held(600, Some(3)), Duration::from_secs(3));
+        // Lowered since the grant: the lower spec.
+        assert_eq!(held(2, Some(10)), Duration::from_secs(2));
+        // A grant made by a controller that records no duration: the spec.
+        assert_eq!(held(15, None), Duration::from_secs(15));
+    }
 
     #[test]
     fn claim_names_are_lease_identity_and_a_random_suffix() {

@@ -178,6 +178,7 @@ mod tests {
                 claim: "billing-w0-abcde".into(),
                 claim_uid: "u".into(),
                 identity: "worker-0".into(),
+                lease_duration_seconds: Some(15),
             }),
             fencing_token: Some(1839),
             waiting_count: Some(2),
