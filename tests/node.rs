@@ -413,8 +413,15 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
             &["--grace-period=0", "--force"][..],
         ),
     ] {
+        // A holder with a waiter queued behind it: a pod restarted after exit 75 may
+        // still be in the kubelet's crash-loop back-off, and with nobody waiting the
+        // Lease would rightly stay Free after the delete.
         let (holder, token) = loop {
-            if let Some(h) = holder_of(&lease(&client).await) {
+            let l = lease(&client).await;
+            let waiting = l.status.as_ref().and_then(|s| s.waiting_count).unwrap_or(0);
+            if let Some(h) = holder_of(&l)
+                && waiting > 0
+            {
                 break h;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
