@@ -244,6 +244,38 @@ healthy() {
   node_ready
 }
 
+# Whether a component of the cluster in state directory $1 runs: its pid file names a live
+# process that is still that program (a pid file outlives a killed session, and its pid
+# may since belong to something else).
+component_runs() { # state_dir component program
+  local f=$1/$2.pid pid
+  [[ -f $f ]] || return 1
+  pid=$(cat "$f")
+  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$3"
+}
+
+# One node per machine. Another cluster's node that still runs is left alone (refused);
+# one whose processes are all gone (its session was killed: mounts, the bridge, pod
+# cgroups and the owner file survive it) is torn down with its own state directory, so a
+# fresh run never inherits a dead run's leftovers.
+take_over_stale_owner() {
+  [[ -f $OWNER ]] || return 0
+  local other c
+  other=$(cat "$OWNER")
+  [[ $other != "$STATE_DIR" ]] || return 0
+  for c in containerd:containerd kubelet:kubelet kube-scheduler:kube-scheduler apiserver-proxy:socat; do
+    if component_runs "$other" "${c%%:*}" "${c#*:}"; then
+      log "the node of another cluster ($other) runs on this machine; stop it, or start this cluster with NODE=0"
+      exit 1
+    fi
+  done
+  if [[ -d $other/node ]]; then
+    log "the node of $other is dead (no process left); cleaning up what it left behind"
+    STATE_DIR=$other bash "${BASH_SOURCE[0]}" down || { log "could not clean up the dead node of $other"; exit 1; }
+  fi
+  rm -f "$OWNER"
+}
+
 up() {
   local t0=$SECONDS
   if healthy; then
@@ -252,10 +284,7 @@ up() {
     return 0
   fi
   down_quiet
-  if [[ -f $OWNER ]] && [[ $(cat "$OWNER") != "$STATE_DIR" ]] && [[ -d $(cat "$OWNER")/node ]]; then
-    log "the node of another cluster ($(cat "$OWNER")) runs on this machine; stop it, or start this cluster with NODE=0"
-    exit 1
-  fi
+  take_over_stale_owner
   mkdir -p "$N"
   echo "$STATE_DIR" >"$OWNER"
   for b in kubelet kube-scheduler; do
