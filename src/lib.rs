@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod controller;
 pub mod election;
+pub mod error;
 pub mod events;
 pub mod fence;
 pub mod grant;
