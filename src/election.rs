@@ -20,6 +20,8 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::controller::{Error, Result};
+use crate::error::ApiErrorKind;
 use crate::kube_client::within;
 
 #[derive(Debug, Clone)]
@@ -54,7 +56,9 @@ impl Elector {
             match self.attempt(self.config.renew_deadline).await {
                 Ok(true) => return true,
                 Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "leader election: acquire attempt failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, reason = e.label(), "leader election: acquire attempt failed")
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return false,
@@ -64,7 +68,7 @@ impl Elector {
     }
 
     /// Renews until shutdown (Ok) or until the lease cannot be renewed within the renew deadline (Err).
-    pub async fn hold(&mut self, shutdown: &CancellationToken) -> Result<(), String> {
+    pub async fn hold(&mut self, shutdown: &CancellationToken) -> Result<()> {
         let mut last_renewed = Instant::now();
         loop {
             tokio::select! {
@@ -77,14 +81,13 @@ impl Elector {
                 .saturating_sub(last_renewed.elapsed());
             match self.attempt(left).await {
                 Ok(true) => last_renewed = Instant::now(),
-                Ok(false) => return Err("another replica took the election lease".into()),
-                Err(e) => tracing::warn!(error = %e, "leader election: renewal failed"),
+                Ok(false) => return Err(Error::ElectionLost),
+                Err(e) => {
+                    tracing::warn!(error = %e, reason = e.label(), "leader election: renewal failed")
+                }
             }
             if last_renewed.elapsed() > self.config.renew_deadline {
-                return Err(format!(
-                    "could not renew the election lease within {:?}",
-                    self.config.renew_deadline
-                ));
+                return Err(Error::RenewDeadline(self.config.renew_deadline));
             }
         }
     }
@@ -115,11 +118,13 @@ impl Elector {
     }
 
     /// One attempt, given up (as a failed attempt) after `limit`.
-    async fn attempt(&mut self, limit: Duration) -> Result<bool, kube::Error> {
-        within(limit, self.try_acquire_or_renew()).await
+    async fn attempt(&mut self, limit: Duration) -> Result<bool> {
+        within(limit, self.try_acquire_or_renew())
+            .await
+            .map_err(|e| Error::api("write the election lease", e))
     }
 
-    async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+    async fn try_acquire_or_renew(&mut self) -> std::result::Result<bool, kube::Error> {
         let now = MicroTime(Timestamp::now());
         let me = self.config.identity.clone();
         let duration_secs = self.config.lease_duration.as_secs().max(1) as i32;
@@ -140,7 +145,7 @@ impl Elector {
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+                Err(e) if ApiErrorKind::of(&e) == ApiErrorKind::Conflict => Ok(false),
                 Err(e) => Err(e),
             };
         };
@@ -179,7 +184,7 @@ impl Elector {
                 ));
                 Ok(true)
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) if ApiErrorKind::of(&e) == ApiErrorKind::Conflict => Ok(false),
             Err(e) => Err(e),
         }
     }

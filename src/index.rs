@@ -1,6 +1,7 @@
 //! One in-memory index of Leases, LeaseClaims and Pods, fed by watch events.
 //!
-//! Every `apply_*`/`delete_*` returns the Leases whose grant decision may have
+//! [`Index::handle`] takes every watch event of the three kinds, (re)lists included;
+//! it and every `apply_*`/`delete_*` return the Leases whose grant decision may have
 //! changed, so the controller re-decides only those. The index also keeps the
 //! expiry bookkeeping of DESIGN rule 4: the instant (controller's monotonic
 //! clock) at which it last *observed* each claim's renewal, and since when it
@@ -12,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
+use kube::runtime::watcher::Event;
+use kube::{Resource, ResourceExt};
 
 use crate::api::{Lease, LeaseClaim, LeaseClaimStatus, MAX_LEASE_DURATION_SECONDS, PodRef};
 use crate::token::resource_version_newer;
@@ -159,6 +161,110 @@ pub struct Index {
     pod_leases: HashMap<(String, String), BTreeSet<LeaseKey>>,
     /// Kept up to date on every change, so the gauges cost nothing per event at 10,000 Leases.
     counts: Counts,
+    relist: Relist,
+}
+
+/// What each watch's (re)list has delivered so far. Its objects go into the index as
+/// they come (holding 30,000 of them until the list ends would double the
+/// controller's memory at 10,000 Leases); at its end, whatever it did not list is
+/// forgotten.
+#[derive(Debug, Default)]
+struct Relist {
+    leases: HashSet<LeaseKey>,
+    claims: HashSet<(String, String)>,
+    pods: HashSet<(String, String)>,
+    /// Leases, claims, pods: initial list delivered.
+    synced: [bool; 3],
+}
+
+fn name_of(object: &impl Resource) -> (String, String) {
+    let meta = object.meta();
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// A kind of object the index is fed by a watch: how one is applied and deleted, and
+/// how a (re)list's objects are remembered and the rest forgotten.
+pub trait Watched: Resource + Sized {
+    /// Its place in the index's record of which watches have synced.
+    #[doc(hidden)]
+    const SLOT: usize;
+    #[doc(hidden)]
+    fn apply_to(self, index: &mut Index, now: Instant) -> Vec<LeaseKey>;
+    #[doc(hidden)]
+    fn delete_from(&self, index: &mut Index) -> Vec<LeaseKey>;
+    /// The relist has delivered this object.
+    #[doc(hidden)]
+    fn list(&self, index: &mut Index);
+    /// The relist is complete: forgets what it did not deliver.
+    #[doc(hidden)]
+    fn retain_listed(index: &mut Index) -> Vec<LeaseKey>;
+    /// A relist starts.
+    #[doc(hidden)]
+    fn clear_listed(index: &mut Index);
+}
+
+impl Watched for Lease {
+    const SLOT: usize = 0;
+    fn apply_to(self, index: &mut Index, now: Instant) -> Vec<LeaseKey> {
+        index.apply_lease(self, now).into_iter().collect()
+    }
+    fn delete_from(&self, index: &mut Index) -> Vec<LeaseKey> {
+        index.delete_lease(self).into_iter().collect()
+    }
+    fn list(&self, index: &mut Index) {
+        let (namespace, name) = name_of(self);
+        index.relist.leases.insert(LeaseKey::new(namespace, name));
+    }
+    fn retain_listed(index: &mut Index) -> Vec<LeaseKey> {
+        let listed = std::mem::take(&mut index.relist.leases);
+        index.retain_leases(&listed)
+    }
+    fn clear_listed(index: &mut Index) {
+        index.relist.leases.clear();
+    }
+}
+
+impl Watched for LeaseClaim {
+    const SLOT: usize = 1;
+    fn apply_to(self, index: &mut Index, now: Instant) -> Vec<LeaseKey> {
+        index.apply_claim(self, now)
+    }
+    fn delete_from(&self, index: &mut Index) -> Vec<LeaseKey> {
+        index.delete_claim(self)
+    }
+    fn list(&self, index: &mut Index) {
+        index.relist.claims.insert(name_of(self));
+    }
+    fn retain_listed(index: &mut Index) -> Vec<LeaseKey> {
+        let listed = std::mem::take(&mut index.relist.claims);
+        index.retain_claims(&listed)
+    }
+    fn clear_listed(index: &mut Index) {
+        index.relist.claims.clear();
+    }
+}
+
+impl Watched for Pod {
+    const SLOT: usize = 2;
+    fn apply_to(self, index: &mut Index, _now: Instant) -> Vec<LeaseKey> {
+        index.apply_pod(&self)
+    }
+    fn delete_from(&self, index: &mut Index) -> Vec<LeaseKey> {
+        index.delete_pod(self)
+    }
+    fn list(&self, index: &mut Index) {
+        index.relist.pods.insert(name_of(self));
+    }
+    fn retain_listed(index: &mut Index) -> Vec<LeaseKey> {
+        let listed = std::mem::take(&mut index.relist.pods);
+        index.retain_pods(&listed)
+    }
+    fn clear_listed(index: &mut Index) {
+        index.relist.pods.clear();
+    }
 }
 
 /// How many entries have a Lease object, and how many of those a holder.
@@ -184,6 +290,33 @@ impl Counts {
 }
 
 impl Index {
+    /// Applies one watch event of a Lease, claim or pod. A (re)list's objects are
+    /// applied as they come; when it is complete, the objects of that kind it did
+    /// not deliver (deleted while the watch was down) are forgotten.
+    pub fn handle<K: Watched>(&mut self, event: Event<K>, now: Instant) -> Vec<LeaseKey> {
+        match event {
+            Event::Apply(object) => object.apply_to(self, now),
+            Event::Delete(object) => object.delete_from(self),
+            Event::Init => {
+                K::clear_listed(self);
+                Vec::new()
+            }
+            Event::InitApply(object) => {
+                object.list(self);
+                object.apply_to(self, now)
+            }
+            Event::InitDone => {
+                self.relist.synced[K::SLOT] = true;
+                K::retain_listed(self)
+            }
+        }
+    }
+
+    /// Every watch (Leases, claims, pods) has delivered its initial list.
+    pub fn is_synced(&self) -> bool {
+        self.relist.synced.iter().all(|s| *s)
+    }
+
     pub fn lease_count(&self) -> usize {
         self.counts.leases
     }
@@ -562,5 +695,107 @@ impl Index {
             .max(granted_with.unwrap_or(0))
             .clamp(1, MAX_LEASE_DURATION_SECONDS);
         Some(last_seen_alive + Duration::from_secs(seconds as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(name: &str, uid: &str, rv: u64) -> Lease {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv.to_string()},
+            "spec": {"leaseDurationSeconds": 15},
+        }))
+        .unwrap()
+    }
+
+    fn claim(name: &str, lease: &str, pod: &str) -> LeaseClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"), "resourceVersion": "1"},
+            "spec": {"leaseName": lease, "holderIdentity": name, "pod": {"name": pod}},
+        }))
+        .unwrap()
+    }
+
+    fn pod(name: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("p-{name}")},
+            "status": {"phase": "Running"},
+        }))
+        .unwrap()
+    }
+
+    fn sorted(mut keys: Vec<LeaseKey>) -> Vec<LeaseKey> {
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    #[test]
+    fn the_index_is_synced_once_every_kind_has_listed() {
+        let now = Instant::now();
+        let mut index = Index::default();
+        index.handle(Event::<Lease>::Init, now);
+        index.handle(Event::InitApply(lease("a", "La", 1)), now);
+        index.handle(Event::<Lease>::InitDone, now);
+        index.handle(Event::<LeaseClaim>::Init, now);
+        index.handle(Event::<LeaseClaim>::InitDone, now);
+        assert!(!index.is_synced(), "pods not listed yet");
+        index.handle(Event::<Pod>::Init, now);
+        index.handle(Event::<Pod>::InitDone, now);
+        assert!(index.is_synced());
+    }
+
+    #[test]
+    fn a_relist_forgets_what_it_did_not_deliver_of_its_own_kind_only() {
+        let now = Instant::now();
+        let a = LeaseKey::new("ns", "a");
+        let b = LeaseKey::new("ns", "b");
+        let mut index = Index::default();
+        index.handle(Event::Apply(lease("a", "La", 1)), now);
+        index.handle(Event::Apply(lease("b", "Lb", 2)), now);
+        assert_eq!(
+            index.handle(Event::Apply(claim("c1", "a", "p1")), now),
+            vec![a.clone()]
+        );
+        index.handle(Event::Apply(claim("c2", "b", "p2")), now);
+        assert_eq!(index.handle(Event::Apply(pod("p1")), now), vec![a.clone()]);
+        index.handle(Event::Apply(pod("p2")), now);
+
+        // Leases relisted without "b" (deleted while the watch was down): "b" keeps its claim.
+        index.handle(Event::<Lease>::Init, now);
+        assert_eq!(
+            index.handle(Event::InitApply(lease("a", "La", 1)), now),
+            Vec::<LeaseKey>::new(),
+            "an unchanged object changes no decision"
+        );
+        assert_eq!(index.handle(Event::<Lease>::InitDone, now), vec![b.clone()]);
+        assert!(index.lease(&b).is_none());
+        assert_eq!(index.claim_uid("ns", "c2"), Some("u-c2"));
+        assert_eq!(index.lease_count(), 1);
+
+        // Claims relisted without "c1".
+        index.handle(Event::<LeaseClaim>::Init, now);
+        index.handle(Event::InitApply(claim("c2", "b", "p2")), now);
+        assert_eq!(
+            index.handle(Event::<LeaseClaim>::InitDone, now),
+            vec![a.clone()]
+        );
+        assert_eq!(index.claim_uid("ns", "c1"), None);
+
+        // Pods relisted without either: only the Lease with a claim naming one is touched.
+        index.handle(Event::<Pod>::Init, now);
+        assert_eq!(sorted(index.handle(Event::<Pod>::InitDone, now)), vec![b]);
+        assert_eq!(index.pod_uid("ns", "p1"), None);
+        assert_eq!(index.pod_uid("ns", "p2"), None);
+
+        // A delete goes through the same entry point.
+        let gone = lease("a", "La", 1);
+        assert_eq!(index.handle(Event::Delete(gone), now), vec![a]);
+        assert_eq!(index.lease_count(), 0);
+        assert_eq!(index.counts_by_walking(), Counts::default());
     }
 }

@@ -1,0 +1,505 @@
+//! The lease controller: watches feed the [`Index`]; dirty Leases are decided
+//! by [`grant::decide`] and written, one Lease status write per decision,
+//! conditioned on the resourceVersion it was computed from (DESIGN rule 2).
+//!
+//! One task owns the index and the work queue, so no locks; the API writes run
+//! concurrently (never two for the same Lease) and report back to that task.
+//! We use kube-runtime's watcher (relist, backoff) but not its `Controller`:
+//! our unit of work is a Lease *name*, which claims may name before the Lease
+//! exists, and expiry needs per-holder timers on the controller's own clock.
+//!
+//! The parts: [`WorkQueue`] (which Leases to decide, and when), [`Index::handle`]
+//! (every watch event, relists included), [`Store`] (the API calls a write pass
+//! makes, with [`KubeStore`] the API server), a write pass with its named [`Retry`]
+//! policies, and [`Error`]. [`Loop`] joins them; [`run`] feeds it from the watches,
+//! and tests drive it directly (`tests/grant_model.rs`).
+
+mod error;
+mod queue;
+mod store;
+mod writer;
+
+pub use error::{Error, Result};
+pub use queue::WorkQueue;
+pub use store::{KubeStore, Store};
+use writer::Writer;
+pub use writer::{Outcome, Retry};
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::{FuturesUnordered, StreamExt};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{Lease, LeaseClaim};
+use crate::events::{self, Publisher};
+use crate::grant;
+use crate::index::{Index, LeaseKey};
+use crate::kube_client::WATCH_TIMEOUT_SECS;
+use crate::telemetry::{Metrics, Readiness};
+
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Watch one namespace, or all when None.
+    pub namespace: Option<String>,
+    /// Concurrent Lease writes (different Leases).
+    pub concurrency: usize,
+    /// Name reported in Events.
+    pub instance: String,
+}
+
+/// One item of the three watch streams.
+// Each input is moved once from the watch stream into the index; boxing buys nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Input {
+    Lease(Result<Event<DeserializeGuard<Lease>>, watcher::Error>),
+    Claim(Result<Event<DeserializeGuard<LeaseClaim>>, watcher::Error>),
+    Pod(Result<Event<Pod>, watcher::Error>),
+}
+
+/// Runs until `shutdown`; grants only while `leading` is true.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    ready: Readiness,
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    // DeserializeGuard: an object we cannot read is reported and skipped instead
+    // of failing (and endlessly restarting) the whole watch (DESIGN rule 8).
+    type Leases = Api<DeserializeGuard<Lease>>;
+    type Claims = Api<DeserializeGuard<LeaseClaim>>;
+    let (leases, claims, pods): (Leases, Claims, Api<Pod>) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+        ),
+    };
+    // Short server-side timeouts, so the read timeout of the controller's client
+    // (`crate::kube_client`) notices a dead watch connection within seconds.
+    let wc = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    // Objects are slimmed as they arrive, before the index holds on to them: it
+    // keeps only what decisions need (see `crate::watch`).
+    let inputs = futures::stream::select_all(vec![
+        watcher::watcher(leases, wc.clone())
+            .modify(crate::watch::slim_guarded::<Lease>)
+            .backoff(crate::watch::backoff())
+            .map(Input::Lease)
+            .boxed(),
+        watcher::watcher(claims, wc.clone())
+            .modify(crate::watch::slim_guarded::<LeaseClaim>)
+            .backoff(crate::watch::backoff())
+            .map(Input::Claim)
+            .boxed(),
+        watcher::watcher(pods, wc)
+            .modify(crate::watch::slim_pod)
+            .backoff(crate::watch::backoff())
+            .map(Input::Pod)
+            .boxed(),
+    ]);
+    let mut inputs = Box::pin(inputs.take_until(shutdown.clone().cancelled_owned()));
+
+    let events = Publisher::spawn(client.clone(), &config.instance, metrics.clone());
+    let mut state = Loop::new(KubeStore::new(client), config, metrics, events);
+    let mut writes = FuturesUnordered::new();
+    let mut was_leading = false;
+
+    loop {
+        let is_leading = *leading.borrow();
+        if is_leading && !was_leading && state.is_synced() {
+            state.take_leadership(Instant::now());
+            was_leading = true;
+        }
+        if is_leading && state.is_synced() {
+            while writes.len() < state.config.concurrency {
+                let Some(fut) = state.next_write(Instant::now()) else {
+                    break;
+                };
+                writes.push(fut);
+            }
+        }
+        tokio::select! {
+            input = inputs.next() => match input {
+                Some(input) => state.handle_input(input, &ready, Instant::now()),
+                None => break, // shutdown
+            },
+            Some(_) = state.queue.expired() => {}
+            Some(outcome) = writes.next() => state.finish(outcome, Instant::now()),
+            changed = leading.changed() => {
+                if changed.is_err() { break; }
+            }
+        }
+    }
+    // Stop granting; let in-flight writes finish so no decision is left half-written.
+    ready.set(false);
+    while let Some(outcome) = writes.next().await {
+        state.finish(outcome, Instant::now());
+    }
+    tracing::info!("controller stopped");
+}
+
+/// One controller's state: the index, the work queue and how to write. It decides
+/// and starts write passes; [`run`] (or a test) runs them and hands their outcomes
+/// back to [`Loop::finish`]. Every step takes the controller's clock reading.
+pub struct Loop<S> {
+    store: S,
+    config: ControllerConfig,
+    metrics: Arc<Metrics>,
+    events: Publisher,
+    index: Index,
+    queue: WorkQueue<LeaseKey>,
+}
+
+impl<S: Store> Loop<S> {
+    pub fn new(
+        store: S,
+        config: ControllerConfig,
+        metrics: Arc<Metrics>,
+        events: Publisher,
+    ) -> Self {
+        Loop {
+            store,
+            config,
+            metrics,
+            events,
+            index: Index::default(),
+            queue: WorkQueue::default(),
+        }
+    }
+
+    /// Every watch has delivered its initial list.
+    pub fn is_synced(&self) -> bool {
+        self.index.is_synced()
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Queues the Lease for a decision.
+    pub fn mark_dirty(&mut self, key: LeaseKey, now: Instant) {
+        self.queue.mark_dirty(key, now);
+    }
+
+    /// Waits for the next timer (an expiry, a pod recheck, a retry) and queues its
+    /// Lease; None at once when no timer is set.
+    pub async fn expired(&mut self) -> Option<LeaseKey> {
+        self.queue.expired().await
+    }
+
+    /// On becoming leader (after the caches synced): every held lease gets a fresh full
+    /// duration (DESIGN rule 4), and every Lease is decided.
+    pub fn take_leadership(&mut self, now: Instant) {
+        self.index.restart_holder_clocks(now);
+        for key in self.index.keys() {
+            self.mark_dirty(key, now);
+        }
+    }
+
+    /// Unwraps a guarded watch event; an unreadable object is reported (log, metric,
+    /// Warning event on it) and dropped, and the last readable version stays in the index.
+    fn screen<K>(&self, ev: Event<DeserializeGuard<K>>) -> Option<Event<K>>
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let take = |guard: DeserializeGuard<K>| match guard.0 {
+            Ok(object) => Some(object),
+            Err(invalid) => {
+                self.report_invalid::<K>(invalid);
+                None
+            }
+        };
+        match ev {
+            Event::Apply(g) => take(g).map(Event::Apply),
+            Event::Delete(g) => take(g).map(Event::Delete),
+            Event::InitApply(g) => take(g).map(Event::InitApply),
+            Event::Init => Some(Event::Init),
+            Event::InitDone => Some(Event::InitDone),
+        }
+    }
+
+    fn report_invalid<K: Resource<DynamicType = ()>>(&self, invalid: InvalidObject) {
+        let meta = invalid.metadata;
+        tracing::warn!(
+            kind = %K::kind(&()),
+            namespace = meta.namespace.as_deref().unwrap_or_default(),
+            name = meta.name.as_deref().unwrap_or_default(),
+            error = %invalid.error,
+            "skipping an object that cannot be read"
+        );
+        self.metrics.invalid_objects.inc();
+        let reference = ObjectReference {
+            api_version: Some(K::api_version(&()).into_owned()),
+            kind: Some(K::kind(&()).into_owned()),
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            ..Default::default()
+        };
+        self.events.publish(
+            reference,
+            events::Kind::Warning,
+            "InvalidObject",
+            format!(
+                "palisade cannot read this object and ignores it: {}",
+                invalid.error
+            ),
+        );
+    }
+
+    /// Feeds one watch item to the index and queues the Leases it touched.
+    pub fn handle_input(&mut self, input: Input, ready: &Readiness, now: Instant) {
+        let touched = match input {
+            Input::Lease(Ok(ev)) => self
+                .screen(ev)
+                .map(|ev| self.index.handle(ev, now))
+                .unwrap_or_default(),
+            Input::Claim(Ok(ev)) => self
+                .screen(ev)
+                .map(|ev| self.index.handle(ev, now))
+                .unwrap_or_default(),
+            Input::Pod(Ok(ev)) => self.index.handle(ev, now),
+            Input::Lease(Err(e)) | Input::Claim(Err(e)) | Input::Pod(Err(e)) => {
+                // The watcher retries with backoff; a malformed object shows up here too.
+                tracing::warn!(error = %e, "watch error");
+                Vec::new()
+            }
+        };
+        if self.is_synced() && !ready.get() {
+            tracing::info!(leases = self.index.lease_count(), "caches synced");
+            ready.set(true);
+            for key in self.index.keys() {
+                self.mark_dirty(key, now);
+            }
+        }
+        for key in touched {
+            self.mark_dirty(key, now);
+        }
+        self.metrics.leases.set(self.index.lease_count() as i64);
+        self.metrics.leases_held.set(self.index.held_count() as i64);
+    }
+
+    /// Decides dirty Leases (that have no write in flight) until one needs a write, and returns it.
+    pub fn next_write(&mut self, now: Instant) -> Option<BoxFuture<'static, Outcome>> {
+        loop {
+            let (key, dirty_since) = self.queue.next_ready(now)?;
+            let Some(view) = self.index.view(&key, now) else {
+                continue;
+            };
+            let decision = grant::decide(&view, now, Timestamp::now());
+            let lease = view.lease.cloned();
+            let wake_at = earliest(view.holder_deadline, view.pod_recheck);
+            if decision.lease_status.is_none() && decision.claim_updates.is_empty() {
+                self.queue.schedule(&key, wake_at);
+                continue;
+            }
+            self.queue.start(key.clone());
+            let writer = Writer {
+                store: self.store.clone(),
+                metrics: self.metrics.clone(),
+                events: self.events.clone(),
+            };
+            return Some(writer.write(key, lease, decision, dirty_since).boxed());
+        }
+    }
+
+    /// Applies a write pass's outcome to the index and decides when to look again.
+    pub fn finish(&mut self, mut outcome: Outcome, now: Instant) {
+        self.queue.finish(&outcome.key);
+        // Only to the object the write was computed for, and only while the index still
+        // holds it: a delete event that arrived while the write was in flight wins
+        // (re-adding the object would leave a ghost Lease that nothing corrects), and a
+        // Lease re-created under the same name is never overwritten or removed.
+        let held = self
+            .index
+            .lease(&outcome.key)
+            .map(|l| l.metadata.uid.clone());
+        let ours = held.is_some() && held == Some(outcome.lease_uid.clone());
+        if let Some(lease) = outcome.lease {
+            if ours {
+                // Its new version, or (read after a failed write) its successor.
+                self.index.apply_lease(lease, now);
+            }
+        } else if outcome.lease_gone
+            && ours
+            && let Some(lease) = self.index.lease(&outcome.key).map(|l| (**l).clone())
+        {
+            self.index.delete_lease(&lease);
+        }
+        for claim in outcome.claims {
+            self.index.apply_claim(claim, now);
+        }
+        let mut refreshed = false;
+        for claim in outcome.fresh_claims {
+            let namespace = claim.namespace().unwrap_or_default();
+            if self.index.claim_uid(&namespace, &claim.name_any()) == claim.uid().as_deref() {
+                refreshed |= !self.index.apply_claim(claim, now).is_empty();
+            }
+        }
+        for mut pod in outcome.fresh_pods {
+            crate::watch::slim_pod(&mut pod);
+            let namespace = pod.namespace().unwrap_or_default();
+            if self.index.pod_uid(&namespace, &pod.name_any()) == pod.uid().as_deref() {
+                refreshed |= !self.index.apply_pod(&pod).is_empty();
+            }
+        }
+        if outcome.refuted && outcome.retry_after.is_none() {
+            // With the index corrected, decide at once; otherwise wait for the watches.
+            outcome.retry_after = Some(if refreshed {
+                Retry::Now
+            } else {
+                Retry::AfterRefuted
+            });
+        }
+        if outcome.handed_over {
+            self.metrics.leases_held.set(self.index.held_count() as i64);
+        }
+        match outcome.retry_after {
+            Some(Retry::Now) => self.mark_dirty(outcome.key, now),
+            Some(retry) => self.queue.schedule(&outcome.key, Some(now + retry.delay())),
+            None => {
+                let deadline = self
+                    .index
+                    .view(&outcome.key, now)
+                    .and_then(|v| earliest(v.holder_deadline, v.pod_recheck));
+                self.queue.schedule(&outcome.key, deadline);
+            }
+        }
+    }
+}
+
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client for tests that never reach the API server (its calls fail at once).
+    fn offline_client() -> Client {
+        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, tower::BoxError>("offline".into())
+        });
+        Client::new(service, "default")
+    }
+
+    fn lease(uid: &str, rv: u64, holder: Option<&str>) -> Lease {
+        let mut status = serde_json::json!({"phase": "Free", "fencingToken": rv});
+        if let Some(h) = holder {
+            status = serde_json::json!({"phase": "Held", "fencingToken": rv,
+                "holder": {"claim": h, "claimUID": h, "identity": h}});
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+            "metadata": {"name": "db", "namespace": "ns", "uid": uid, "resourceVersion": rv.to_string()},
+            "spec": {"leaseDurationSeconds": 15},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn outcome(lease_uid: &str, lease: Option<Lease>, lease_gone: bool) -> Outcome {
+        Outcome {
+            key: LeaseKey::new("ns", "db"),
+            lease_uid: Some(lease_uid.to_string()),
+            lease,
+            lease_gone,
+            claims: Vec::new(),
+            fresh_claims: Vec::new(),
+            fresh_pods: Vec::new(),
+            refuted: false,
+            retry_after: Some(Retry::AfterError),
+            handed_over: false,
+        }
+    }
+
+    /// Issue 13, item 9: a write's outcome for a deleted Lease must neither overwrite
+    /// nor remove the Lease re-created under the same name.
+    #[tokio::test]
+    async fn an_outcome_applies_only_to_the_lease_object_it_was_computed_for() {
+        let config = ControllerConfig {
+            namespace: None,
+            concurrency: 1,
+            instance: "test".into(),
+        };
+        let metrics = Arc::new(Metrics::default());
+        let events = Publisher::spawn(offline_client(), "test", metrics.clone());
+        let mut state = Loop::new(KubeStore::new(offline_client()), config, metrics, events);
+        let key = LeaseKey::new("ns", "db");
+        let now = Instant::now();
+        let old = lease("uid-old", 10, None);
+        let uid =
+            |state: &Loop<KubeStore>| state.index.lease(&key).and_then(|l| l.metadata.uid.clone());
+
+        // A write computed for the old Lease is in flight when the watch reports it
+        // deleted and re-created; then the write's outcome arrives.
+        state.index.apply_lease(old.clone(), now);
+        state.index.delete_lease(&old);
+        state.index.apply_lease(lease("uid-new", 20, None), now);
+        state.queue.start(key.clone());
+        state.finish(
+            outcome("uid-old", Some(lease("uid-old", 11, Some("a"))), false),
+            now,
+        );
+        assert_eq!(uid(&state).as_deref(), Some("uid-new"), "overwritten");
+        assert!(
+            state
+                .index
+                .view(&key, now)
+                .unwrap()
+                .lease
+                .unwrap()
+                .status
+                .as_ref()
+                .unwrap()
+                .holder
+                .is_none()
+        );
+
+        // A failed write of the old Lease, whose re-read found no Lease (before the new
+        // one was created): the new one stays.
+        state.queue.start(key.clone());
+        state.finish(outcome("uid-old", None, true), now);
+        assert_eq!(uid(&state).as_deref(), Some("uid-new"), "removed");
+
+        // The outcome of a write to the object the index holds still applies.
+        state.queue.start(key.clone());
+        state.finish(
+            outcome("uid-new", Some(lease("uid-new", 21, Some("b"))), false),
+            now,
+        );
+        assert_eq!(
+            state
+                .index
+                .lease(&key)
+                .unwrap()
+                .resource_version()
+                .as_deref(),
+            Some("21")
+        );
+        state.queue.start(key.clone());
+        state.finish(outcome("uid-new", None, true), now);
+        assert_eq!(uid(&state), None);
+    }
+}

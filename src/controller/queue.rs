@@ -1,0 +1,209 @@
+//! The controller's work queue: which Leases need a decision, and when.
+//!
+//! A key is *dirty* when something its decision depends on changed (a watch event, a
+//! write's outcome, a timer). [`WorkQueue::next_ready`] hands dirty keys out in the
+//! order they first became dirty, skipping keys with a pass in flight: such a key
+//! stays queued and is handed out after [`WorkQueue::finish`], so no two passes for
+//! the same Lease ever run at once. Each key has at most one timer (its holder's
+//! expiry, a pod recheck or a retry); [`WorkQueue::schedule`] replaces it.
+//!
+//! The timers run on tokio's clock, so tests drive them on paused time.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::time::Instant;
+
+use futures::StreamExt;
+use tokio_util::time::{DelayQueue, delay_queue};
+
+pub struct WorkQueue<K> {
+    queue: VecDeque<K>,
+    queued: HashSet<K>,
+    /// When each queued key first became dirty: the start of a handover's latency.
+    dirty_since: HashMap<K, Instant>,
+    in_flight: HashSet<K>,
+    timers: DelayQueue<K>,
+    timer_keys: HashMap<K, delay_queue::Key>,
+}
+
+impl<K> Default for WorkQueue<K> {
+    fn default() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            queued: HashSet::new(),
+            dirty_since: HashMap::new(),
+            in_flight: HashSet::new(),
+            timers: DelayQueue::new(),
+            timer_keys: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash> WorkQueue<K> {
+    /// Queues `key` for a decision, once however often it is marked before it is handed out.
+    pub fn mark_dirty(&mut self, key: K, now: Instant) {
+        self.dirty_since.entry(key.clone()).or_insert(now);
+        if self.queued.insert(key.clone()) {
+            self.queue.push_back(key);
+        }
+    }
+
+    /// Takes the first dirty key that has no pass in flight, with when it became dirty.
+    pub fn next_ready(&mut self, now: Instant) -> Option<(K, Instant)> {
+        let position = self
+            .queue
+            .iter()
+            .position(|k| !self.in_flight.contains(k))?;
+        let key = self.queue.remove(position)?;
+        self.queued.remove(&key);
+        let dirty_since = self.dirty_since.remove(&key).unwrap_or(now);
+        Some((key, dirty_since))
+    }
+
+    /// A pass for `key` is in flight: [`WorkQueue::next_ready`] skips it until [`WorkQueue::finish`].
+    pub fn start(&mut self, key: K) {
+        self.in_flight.insert(key);
+    }
+
+    /// The pass for `key` is done; if it was marked dirty meanwhile, it is ready again.
+    pub fn finish(&mut self, key: &K) {
+        self.in_flight.remove(key);
+    }
+
+    pub fn is_in_flight(&self, key: &K) -> bool {
+        self.in_flight.contains(key)
+    }
+
+    /// Keys waiting to be handed out (in flight or not).
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Wakes `key` at `at` (its holder's expiry, or a retry), replacing any earlier
+    /// timer; None only cancels it.
+    pub fn schedule(&mut self, key: &K, at: Option<Instant>) {
+        if let Some(old) = self.timer_keys.remove(key) {
+            self.timers.remove(&old);
+        }
+        if let Some(at) = at {
+            let handle = self.timers.insert_at(key.clone(), at.into());
+            self.timer_keys.insert(key.clone(), handle);
+        }
+    }
+
+    /// Waits for the next timer and marks its key dirty; None at once when no timer is set.
+    pub async fn expired(&mut self) -> Option<K> {
+        let key = self.timers.next().await?.into_inner();
+        self.timer_keys.remove(&key);
+        self.mark_dirty(key.clone(), tokio::time::Instant::now().into_std());
+        Some(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::{advance, timeout};
+
+    use super::*;
+
+    fn now() -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_marked_twice_is_handed_out_once_since_its_first_mark() {
+        let mut q = WorkQueue::default();
+        let first = now();
+        q.mark_dirty("a", first);
+        advance(Duration::from_secs(1)).await;
+        q.mark_dirty("b", now());
+        q.mark_dirty("a", now());
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next_ready(now()), Some(("a", first)));
+        assert_eq!(q.next_ready(now()).map(|(k, _)| k), Some("b"));
+        assert_eq!(q.next_ready(now()), None);
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_in_flight_waits_in_the_queue_until_its_pass_finishes() {
+        let mut q = WorkQueue::default();
+        q.mark_dirty("a", now());
+        let (a, _) = q.next_ready(now()).unwrap();
+        q.start(a);
+        // Dirty again while its pass runs: others go first, "a" keeps its place.
+        let marked = now();
+        q.mark_dirty("a", marked);
+        q.mark_dirty("b", now());
+        assert_eq!(q.next_ready(now()).map(|(k, _)| k), Some("b"));
+        assert_eq!(
+            q.next_ready(now()),
+            None,
+            "no second pass for a key in flight"
+        );
+        assert!(q.is_in_flight(&"a"));
+        q.finish(&"a");
+        assert!(!q.is_in_flight(&"a"));
+        assert_eq!(q.next_ready(now()), Some(("a", marked)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timer_marks_its_key_dirty_when_it_is_due_and_not_before() {
+        let mut q = WorkQueue::default();
+        let start = now();
+        q.schedule(&"a", Some(start + Duration::from_secs(1)));
+        assert!(
+            timeout(Duration::from_millis(999), q.expired())
+                .await
+                .is_err()
+        );
+        assert_eq!(q.next_ready(now()), None);
+        assert_eq!(q.expired().await, Some("a"));
+        assert_eq!(now() - start, Duration::from_secs(1));
+        assert_eq!(q.next_ready(now()).map(|(k, _)| k), Some("a"));
+        // Nothing left to fire: the wait ends at once instead of hanging.
+        assert_eq!(q.expired().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn scheduling_again_replaces_the_timer_and_none_cancels_it() {
+        let mut q = WorkQueue::default();
+        let start = now();
+        q.schedule(&"a", Some(start + Duration::from_secs(5)));
+        q.schedule(&"a", Some(start + Duration::from_secs(1)));
+        q.schedule(&"b", Some(start + Duration::from_secs(2)));
+        q.schedule(&"b", None);
+        assert_eq!(q.expired().await, Some("a"));
+        assert_eq!(now() - start, Duration::from_secs(1));
+        assert_eq!(
+            q.expired().await,
+            None,
+            "the replaced and the cancelled timers are gone"
+        );
+        // A later timer replaces an earlier one too.
+        q.schedule(&"a", Some(now() + Duration::from_secs(1)));
+        q.schedule(&"a", Some(now() + Duration::from_secs(3)));
+        let before = now();
+        assert_eq!(q.expired().await, Some("a"));
+        assert_eq!(now() - before, Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_due_timer_of_a_key_in_flight_runs_after_its_pass() {
+        let mut q = WorkQueue::default();
+        q.mark_dirty("a", now());
+        let (a, _) = q.next_ready(now()).unwrap();
+        q.start(a);
+        q.schedule(&"a", Some(now()));
+        assert_eq!(q.expired().await, Some("a"));
+        assert_eq!(q.next_ready(now()), None);
+        q.finish(&"a");
+        assert_eq!(q.next_ready(now()).map(|(k, _)| k), Some("a"));
+    }
+}
