@@ -73,6 +73,18 @@ impl Publisher {
         }
     }
 
+    /// A publisher whose Events wait in the returned receiver instead of going to an
+    /// API server (for tests that drive the controller without one).
+    pub fn detached(instance: &str, metrics: Arc<Metrics>) -> (Self, mpsc::Receiver<Event>) {
+        let (queue, rx) = mpsc::channel::<Event>(QUEUE);
+        let publisher = Self {
+            queue,
+            instance: instance.into(),
+            metrics,
+        };
+        (publisher, rx)
+    }
+
     /// Queues one Event about `regarding`; never waits.
     pub fn publish(&self, regarding: ObjectReference, kind: Kind, reason: &str, note: String) {
         let event = build(

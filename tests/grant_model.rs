@@ -1,17 +1,25 @@
 //! The grant decision and the index, without a cluster: unit tests of single
-//! decisions, and property tests that drive two controllers with independently
-//! stale views against a model API server with compare-and-swap writes.
+//! decisions, and property tests that drive two real controller loops with
+//! independently stale views against a model API server with compare-and-swap writes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::core::DeserializeGuard;
+use kube::runtime::watcher::Event;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
-use palisade::grant::{Ending, decide};
+use palisade::controller::{self, ControllerConfig, Input, Loop, Outcome, Store};
+use palisade::events::Publisher;
+use palisade::grant::{ClaimUpdate, Ending, decide};
 use palisade::index::{Index, LeaseKey, POD_GRACE};
+use palisade::telemetry::{Metrics, Readiness};
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 use serde_json::json;
 
 const NS: &str = "ns";
@@ -237,7 +245,15 @@ fn a_stale_delete_event_does_not_remove_a_recreated_lease() {
     assert!(index.lease(&key()).is_some());
 }
 
-// ---- model checking: two controllers, stale views, CAS writes ----------------------
+// ---- model checking: two real controller loops, stale views, CAS writes --------------
+//
+// Each controller is a real `palisade::controller::Loop`: its index is fed watch events
+// (relists included) through the same entry point as in production, and its write
+// passes (confirmation reads, the holder's conditional claim write, the Lease write,
+// the claim mirrors, the re-read after a conflict) run against a model API server with
+// the API server's compare-and-swap rules. Only the delivery of events, the running of
+// passes and the clock are the test's: events arrive late, outcomes are handed back
+// late, and both controllers decide on whatever they have.
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -253,8 +269,12 @@ enum Op {
     SetDuration(i64),
     /// Controller 0 or 1 receives its pending watch events.
     Sync(usize),
-    /// Controller 0 or 1 decides and writes (with whatever view it has).
+    /// Controller 0 or 1's watches restart: a relist of everything, pending events lost.
+    Relist(usize),
+    /// Controller 0 or 1 decides the Lease (with whatever view it has) and starts a pass.
     Decide(usize),
+    /// The passes controller 0 or 1 started report back.
+    Finish(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -267,13 +287,17 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::RecreateLease),
         1 => (1i64..=4).prop_map(Op::SetDuration),
         4 => (0usize..2).prop_map(Op::Sync),
+        1 => (0usize..2).prop_map(Op::Relist),
         6 => (0usize..2).prop_map(Op::Decide),
+        4 => (0usize..2).prop_map(Op::Finish),
     ]
 }
 
 /// A model API server: one Lease, claims, pods; every write bumps a global resourceVersion.
 struct World {
     rv: u64,
+    /// The test's clock, which both controllers read.
+    now: Instant,
     lease: Option<Lease>,
     lease_generation: u32,
     claims: BTreeMap<String, LeaseClaim>,
@@ -285,11 +309,13 @@ struct World {
     owners: HashMap<i64, String>,
     published: Vec<i64>,
     /// Claim uid -> when its grant landed and the duration the Lease had then; None
-    /// once granted again on a re-created Lease (the model writes no claim statuses,
-    /// so its claim never became final; a real client stopped at the deletion).
+    /// once granted again on a re-created Lease (its first grant was taken away by the
+    /// Lease's deletion, which a real client stops at).
     grants: HashMap<String, Option<(Instant, u64)>>,
     /// A renewal (by the `renewTime` it wrote) -> when its holder sent it.
     renewals: HashMap<Timestamp, Instant>,
+    /// What the server saw go wrong (checked after every step).
+    violations: Vec<String>,
 }
 
 #[derive(Clone)]
@@ -309,33 +335,256 @@ impl World {
         self.pending[0].push(c.clone());
         self.pending[1].push(c);
     }
+
+    /// A Lease write that made a grant: its token is new, above every earlier one, and
+    /// no higher than the resourceVersion that publishes it.
+    fn check_grant(&mut self, before: &Lease, written: &Lease) {
+        let token = |l: &Lease| l.status.as_ref().and_then(|s| s.fencing_token);
+        let Some(holder) = written.status.as_ref().and_then(|s| s.holder.as_ref()) else {
+            return;
+        };
+        if token(before) == token(written) {
+            return;
+        }
+        let Some(token) = token(written) else {
+            self.violations
+                .push(format!("a grant to {} without a token", holder.claim));
+            return;
+        };
+        if token as u64 > self.rv {
+            self.violations.push(format!(
+                "token {token} above the rv {} that published it",
+                self.rv
+            ));
+        }
+        if let Some(last) = self.published.last()
+            && token <= *last
+        {
+            self.violations.push(format!("token {token} after {last}"));
+        }
+        if self
+            .owners
+            .insert(token, holder.claim_uid.clone())
+            .is_some()
+        {
+            self.violations.push(format!("token {token} issued twice"));
+        }
+        self.published.push(token);
+        let secs = written.spec.lease_duration_seconds as u64;
+        let now = self.now;
+        self.grants
+            .entry(holder.claim_uid.clone())
+            .and_modify(|g| *g = None)
+            .or_insert(Some((now, secs)));
+    }
+
+    /// The timing contract, checked when the holder's claim is marked expired: its
+    /// client believes in at most the duration its grant was made with, counted from
+    /// its last successful renewal's sending; the controller must not expire it before
+    /// that. (The write is conditioned on the claim's resourceVersion, so the claim
+    /// here carries the holder's last renewal.)
+    fn check_expiry(&mut self, claim: &LeaseClaim, update: &ClaimUpdate) {
+        if update.status.phase != Some(ClaimPhase::Expired) {
+            return;
+        }
+        let Some(Some((granted_at, secs))) = self.grants.get(&update.uid).cloned() else {
+            return;
+        };
+        let renewed = claim
+            .spec
+            .renew_time
+            .as_ref()
+            .and_then(|t| self.renewals.get(&t.0).copied());
+        let alive = renewed.map_or(granted_at, |r| r.max(granted_at));
+        if self.now < alive + Duration::from_secs(secs) {
+            self.violations.push(format!(
+                "{} expired {:?} after its last renewal, granted for {secs}s",
+                update.name,
+                self.now - alive
+            ));
+        }
+    }
 }
 
-fn deliver(index: &mut Index, changes: Vec<Change>, now: Instant) {
-    for c in changes {
-        match c {
-            Change::Lease(old, new) => {
-                if let Some(old) = old {
-                    index.delete_lease(&old);
+/// The model server, as the controllers' writers see it.
+#[derive(Clone)]
+struct Model(Arc<Mutex<World>>);
+
+fn refusal(call: &'static str, code: u16) -> controller::Error {
+    controller::Error::api(
+        call,
+        kube::Error::Api(
+            kube::core::Status::failure("refused by the model", "Model")
+                .with_code(code)
+                .boxed(),
+        ),
+    )
+}
+
+impl Store for Model {
+    async fn get_lease(&self, _key: &LeaseKey) -> controller::Result<Option<Lease>> {
+        Ok(self.0.lock().unwrap().lease.clone())
+    }
+
+    async fn get_claim(
+        &self,
+        _namespace: &str,
+        name: &str,
+    ) -> controller::Result<Option<LeaseClaim>> {
+        Ok(self.0.lock().unwrap().claims.get(name).cloned())
+    }
+
+    async fn get_pod(&self, _namespace: &str, name: &str) -> controller::Result<Option<Pod>> {
+        Ok(self.0.lock().unwrap().pods.get(name).cloned())
+    }
+
+    async fn replace_lease_status(
+        &self,
+        _key: &LeaseKey,
+        desired: &Lease,
+    ) -> controller::Result<Lease> {
+        let mut world = self.0.lock().unwrap();
+        let Some(current) = world.lease.clone() else {
+            return Err(refusal("replace Lease status", 404));
+        };
+        if current.metadata.resource_version != desired.metadata.resource_version {
+            return Err(refusal("replace Lease status", 409));
+        }
+        // PUT /status takes nothing but the status from the request.
+        let mut written = current.clone();
+        written.status = desired.status.clone();
+        written.metadata.resource_version = Some(world.bump().to_string());
+        world.lease = Some(written.clone());
+        world.broadcast(Change::Lease(None, Some(written.clone())));
+        world.check_grant(&current, &written);
+        Ok(written)
+    }
+
+    async fn patch_claim_status(
+        &self,
+        _namespace: &str,
+        update: &ClaimUpdate,
+    ) -> controller::Result<LeaseClaim> {
+        let mut world = self.0.lock().unwrap();
+        let Some(mut claim) = world.claims.get(&update.name).cloned() else {
+            return Err(refusal("patch LeaseClaim status", 404));
+        };
+        // The JSON patch's tests: a failed one is 422.
+        let uid_differs = claim.metadata.uid.as_deref() != Some(update.uid.as_str());
+        let rv_differs = update
+            .condition_on
+            .as_ref()
+            .is_some_and(|rv| claim.metadata.resource_version.as_ref() != Some(rv));
+        if uid_differs || rv_differs {
+            return Err(refusal("patch LeaseClaim status", 422));
+        }
+        world.check_expiry(&claim, update);
+        claim.status = Some(update.status.clone());
+        claim.metadata.resource_version = Some(world.bump().to_string());
+        world.claims.insert(update.name.clone(), claim.clone());
+        world.broadcast(Change::Claim(claim.clone(), false));
+        Ok(claim)
+    }
+}
+
+fn guarded<K>(object: K) -> DeserializeGuard<K> {
+    DeserializeGuard(Ok(object))
+}
+
+/// One controller: the real loop, and the passes it started that have not reported back.
+struct Controller {
+    core: Loop<Model>,
+    ready: Readiness,
+    passes: Vec<Outcome>,
+}
+
+impl Controller {
+    fn new(model: &Model) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        let (events, _) = Publisher::detached("model", metrics.clone());
+        let config = ControllerConfig {
+            namespace: None,
+            concurrency: 1,
+            instance: "model".into(),
+        };
+        Controller {
+            core: Loop::new(model.clone(), config, metrics, events),
+            ready: Readiness::default(),
+            passes: Vec::new(),
+        }
+    }
+
+    fn input(&mut self, input: Input, now: Instant) {
+        self.core.handle_input(input, &self.ready, now);
+    }
+
+    fn deliver(&mut self, changes: Vec<Change>, now: Instant) {
+        for c in changes {
+            match c {
+                Change::Lease(old, new) => {
+                    if let Some(old) = old {
+                        self.input(Input::Lease(Ok(Event::Delete(guarded(old)))), now);
+                    }
+                    if let Some(new) = new {
+                        self.input(Input::Lease(Ok(Event::Apply(guarded(new)))), now);
+                    }
                 }
-                if let Some(new) = new {
-                    index.apply_lease(new, now);
+                Change::Claim(c, true) => {
+                    self.input(Input::Claim(Ok(Event::Delete(guarded(c)))), now)
                 }
-            }
-            Change::Claim(c, deleted) if deleted => {
-                index.delete_claim(&c);
-            }
-            Change::Claim(c, _) => {
-                index.apply_claim(c, now);
-            }
-            Change::Pod(p, deleted) if deleted => {
-                index.delete_pod(&p);
-            }
-            Change::Pod(p, _) => {
-                index.apply_pod(&p);
+                Change::Claim(c, false) => {
+                    self.input(Input::Claim(Ok(Event::Apply(guarded(c)))), now)
+                }
+                Change::Pod(p, true) => self.input(Input::Pod(Ok(Event::Delete(p))), now),
+                Change::Pod(p, false) => self.input(Input::Pod(Ok(Event::Apply(p))), now),
             }
         }
     }
+
+    /// The watches (re)list: everything as the server has it now.
+    fn relist(&mut self, world: &World, now: Instant) {
+        self.input(Input::Lease(Ok(Event::Init)), now);
+        if let Some(l) = &world.lease {
+            self.input(Input::Lease(Ok(Event::InitApply(guarded(l.clone())))), now);
+        }
+        self.input(Input::Lease(Ok(Event::InitDone)), now);
+        self.input(Input::Claim(Ok(Event::Init)), now);
+        for c in world.claims.values() {
+            self.input(Input::Claim(Ok(Event::InitApply(guarded(c.clone())))), now);
+        }
+        self.input(Input::Claim(Ok(Event::InitDone)), now);
+        self.input(Input::Pod(Ok(Event::Init)), now);
+        for p in world.pods.values() {
+            self.input(Input::Pod(Ok(Event::InitApply(p.clone()))), now);
+        }
+        self.input(Input::Pod(Ok(Event::InitDone)), now);
+    }
+
+    /// What the real loop does between inputs: start a pass for every Lease that is
+    /// ready. The model server answers at once, so a pass runs to its end here; its
+    /// outcome waits until `Finish`.
+    async fn pump(&mut self, now: Instant) {
+        while let Some(pass) = self.core.next_write(now) {
+            self.passes.push(pass.await);
+        }
+    }
+
+    async fn finish(&mut self, now: Instant) {
+        for outcome in std::mem::take(&mut self.passes) {
+            self.core.finish(outcome, now);
+        }
+        self.pump(now).await;
+    }
+
+    /// Timers due by now mark their Leases dirty, as in the real loop.
+    async fn fire_timers(&mut self, now: Instant) {
+        while let Some(Some(_)) = self.core.expired().now_or_never() {}
+        self.pump(now).await;
+    }
+}
+
+fn clock() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 proptest! {
@@ -343,145 +592,177 @@ proptest! {
 
     #[test]
     fn tokens_strictly_increase_and_each_belongs_to_one_claim(ops in proptest::collection::vec(op(), 1..120)) {
-        let start = Instant::now();
-        let mut now = start;
-        let mut world = World {
-            rv: 100, lease: None, lease_generation: 0, claims: BTreeMap::new(), pods: BTreeMap::new(),
-            next_claim: 0, pending: [Vec::new(), Vec::new()], owners: HashMap::new(), published: Vec::new(),
-            grants: HashMap::new(), renewals: HashMap::new(),
-        };
-        let rv = world.bump();
-        let l = lease("L0", rv, 2, None);
-        world.lease = Some(l.clone());
-        world.broadcast(Change::Lease(None, Some(l)));
-        let mut controllers = [Index::default(), Index::default()];
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(run_model(ops))?;
+    }
+}
 
-        for op in ops {
-            match op {
-                Op::AddClaim { with_pod } => {
-                    let i = world.next_claim;
-                    world.next_claim += 1;
-                    let name = format!("c{i:03}");
-                    let pod_name = with_pod.then(|| format!("p{i:03}"));
-                    if let Some(p) = &pod_name {
-                        let pd = pod(p, &format!("pu{i}"), "Running");
-                        world.pods.insert(p.clone(), pd.clone());
-                        world.broadcast(Change::Pod(pd, false));
-                    }
-                    let mut c = claim(&name, &format!("u{i}"), (now - start).as_secs() as i64, pod_name.as_deref());
-                    c.metadata.resource_version = Some(world.bump().to_string());
-                    world.claims.insert(name, c.clone());
-                    world.broadcast(Change::Claim(c, false));
-                }
-                Op::DeleteClaim(i) => {
-                    if let Some(name) = world.claims.keys().nth(i).cloned() {
-                        let c = world.claims.remove(&name).unwrap();
-                        world.bump();
-                        world.broadcast(Change::Claim(c, true));
-                    }
-                }
-                Op::DeletePod(i) => {
-                    if let Some(name) = world.pods.keys().nth(i).cloned() {
-                        let p = world.pods.remove(&name).unwrap();
-                        world.bump();
-                        world.broadcast(Change::Pod(p, true));
-                    }
-                }
-                Op::Renew(i) => {
-                    if let Some(name) = world.claims.keys().nth(i).cloned() {
-                        let rv = world.bump();
-                        let c = world.claims.get_mut(&name).unwrap();
-                        let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
-                        c.spec.renew_time = Some(MicroTime(renew_time));
-                        c.metadata.resource_version = Some(rv.to_string());
-                        let c = c.clone();
-                        world.renewals.insert(renew_time, now);
-                        world.broadcast(Change::Claim(c, false));
-                    }
-                }
-                Op::AdvanceMs(ms) => now += Duration::from_millis(ms),
-                Op::RecreateLease => {
-                    world.lease_generation += 1;
-                    let old = world.lease.take();
-                    let rv = world.bump();
-                    let new = lease(&format!("L{}", world.lease_generation), rv, 2, None);
-                    world.lease = Some(new.clone());
-                    world.broadcast(Change::Lease(old, Some(new)));
-                }
-                Op::SetDuration(secs) => {
-                    let rv = world.bump();
-                    if let Some(l) = world.lease.as_mut() {
-                        l.spec.lease_duration_seconds = secs;
-                        l.metadata.resource_version = Some(rv.to_string());
-                        let l = l.clone();
-                        world.broadcast(Change::Lease(None, Some(l)));
-                    }
-                }
-                Op::Sync(n) => {
-                    let changes = std::mem::take(&mut world.pending[n]);
-                    deliver(&mut controllers[n], changes, now);
-                    let running = (controllers[n].lease_count(), controllers[n].held_count());
-                    let walked = controllers[n].counts_by_walking();
-                    prop_assert_eq!(running, (walked.leases, walked.held), "running counts drifted");
-                }
-                Op::Decide(n) => {
-                    let k = key();
-                    let Some(view) = controllers[n].view(&k, now) else { continue };
-                    let decision = decide(&view, now, Timestamp::now());
-                    // When the holder sent the last renewal this controller has seen. (A
-                    // later one makes the real controller's conditional claim write fail.)
-                    let holder_uid = view.lease.and_then(|l| l.status.as_ref()?.holder.as_ref()).map(|h| h.claim_uid.clone());
-                    let renewal_seen = view.claims.iter()
-                        .find(|c| Some(&c.claim.uid) == holder_uid.as_ref())
-                        .and_then(|c| c.claim.renew_time)
-                        .map(|t| world.renewals[&t]);
-                    let (Some(status), Some(base)) = (decision.lease_status, view.lease.cloned()) else { continue };
-                    // Compare-and-swap against the model server.
-                    let current = world.lease.clone();
-                    let fresh = match &current {
-                        Some(cur) if cur.metadata.resource_version == base.metadata.resource_version => {
-                            let mut written = base.clone();
-                            written.status = Some(status);
-                            written.metadata.resource_version = Some(world.bump().to_string());
-                            world.lease = Some(written.clone());
-                            world.broadcast(Change::Lease(None, Some(written.clone())));
-                            // The timing contract: a holder's client believes in at most the
-                            // duration its grant was made with, counted from its last successful
-                            // renewal's sending; the controller must not expire it before that.
-                            if let Some(ended) = &decision.ended
-                                && ended.how == Ending::Expired
-                                && let Some((granted_at, secs)) = world.grants[holder_uid.as_ref().unwrap()]
-                            {
-                                let alive = renewal_seen.map_or(granted_at, |r| r.max(granted_at));
-                                prop_assert!(
-                                    now >= alive + Duration::from_secs(secs),
-                                    "{} expired {:?} after its last renewal, granted for {}s",
-                                    ended.claim, now - alive, secs
-                                );
-                            }
-                            if let Some(g) = &decision.granted {
-                                let holder = written.status.as_ref().unwrap().holder.as_ref().unwrap();
-                                prop_assert_eq!(&holder.claim, &g.claim);
-                                prop_assert!(g.token as u64 <= world.rv, "token above the rv that published it");
-                                if let Some(last) = world.published.last() {
-                                    prop_assert!(g.token > *last, "token {} after {}", g.token, last);
-                                }
-                                let previous = world.owners.insert(g.token, holder.claim_uid.clone());
-                                prop_assert!(previous.is_none(), "token {} issued twice", g.token);
-                                world.published.push(g.token);
-                                let secs = written.spec.lease_duration_seconds as u64;
-                                world.grants.entry(holder.claim_uid.clone()).and_modify(|g| *g = None).or_insert(Some((now, secs)));
-                            }
-                            Some(written)
-                        }
-                        // 409: the controller re-reads (what the real writer does).
-                        _ => current,
-                    };
-                    if let Some(fresh) = fresh {
-                        controllers[n].apply_lease(fresh, now);
-                    }
+async fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let start = clock();
+    let model = Model(Arc::new(Mutex::new(World {
+        rv: 100,
+        now: start,
+        lease: None,
+        lease_generation: 0,
+        claims: BTreeMap::new(),
+        pods: BTreeMap::new(),
+        next_claim: 0,
+        pending: [Vec::new(), Vec::new()],
+        owners: HashMap::new(),
+        published: Vec::new(),
+        grants: HashMap::new(),
+        renewals: HashMap::new(),
+        violations: Vec::new(),
+    })));
+    {
+        let mut world = model.0.lock().unwrap();
+        let rv = world.bump();
+        world.lease = Some(lease("L0", rv, 2, None));
+    }
+    let mut controllers = [Controller::new(&model), Controller::new(&model)];
+    for c in &mut controllers {
+        c.relist(&model.0.lock().unwrap(), start);
+        prop_assert!(c.core.is_synced());
+        c.core.take_leadership(start);
+        c.pump(start).await;
+    }
+
+    for op in ops {
+        let now = clock();
+        match op {
+            Op::AdvanceMs(ms) => {
+                tokio::time::advance(Duration::from_millis(ms)).await;
+                let now = clock();
+                model.0.lock().unwrap().now = now;
+                for c in &mut controllers {
+                    c.fire_timers(now).await;
                 }
             }
+            Op::Sync(n) => {
+                let changes = std::mem::take(&mut model.0.lock().unwrap().pending[n]);
+                controllers[n].deliver(changes, now);
+                // With every event delivered and no outcome outstanding, the index holds
+                // the server's Lease: no outcome left a stale or re-created one behind.
+                if controllers[n].passes.is_empty() {
+                    let version =
+                        |l: &Lease| (l.metadata.uid.clone(), l.metadata.resource_version.clone());
+                    let seen = controllers[n]
+                        .core
+                        .index()
+                        .lease(&key())
+                        .map(|l| version(l));
+                    let truth = model.0.lock().unwrap().lease.as_ref().map(version);
+                    prop_assert_eq!(
+                        seen,
+                        truth,
+                        "the index did not converge on the server's Lease"
+                    );
+                }
+                controllers[n].pump(now).await;
+            }
+            Op::Relist(n) => {
+                {
+                    let mut world = model.0.lock().unwrap();
+                    world.pending[n].clear();
+                    controllers[n].relist(&world, now);
+                }
+                controllers[n].pump(now).await;
+            }
+            Op::Decide(n) => {
+                controllers[n].core.mark_dirty(key(), now);
+                controllers[n].pump(now).await;
+            }
+            Op::Finish(n) => controllers[n].finish(now).await,
+            op => change_world(&mut model.0.lock().unwrap(), op, start, now),
+        }
+        for c in &controllers {
+            let index = c.core.index();
+            let walked = index.counts_by_walking();
+            prop_assert_eq!(
+                (index.lease_count(), index.held_count()),
+                (walked.leases, walked.held),
+                "running counts drifted"
+            );
+        }
+        let violations = std::mem::take(&mut model.0.lock().unwrap().violations);
+        prop_assert!(violations.is_empty(), "{:?}", violations);
+    }
+    Ok(())
+}
+
+/// What the users and the kubelet do: create, renew and delete claims, delete pods,
+/// re-create and edit the Lease.
+fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
+    match op {
+        Op::AddClaim { with_pod } => {
+            let i = world.next_claim;
+            world.next_claim += 1;
+            let name = format!("c{i:03}");
+            let pod_name = with_pod.then(|| format!("p{i:03}"));
+            if let Some(p) = &pod_name {
+                let pd = pod(p, &format!("pu{i}"), "Running");
+                world.pods.insert(p.clone(), pd.clone());
+                world.broadcast(Change::Pod(pd, false));
+            }
+            let mut c = claim(
+                &name,
+                &format!("u{i}"),
+                (now - start).as_secs() as i64,
+                pod_name.as_deref(),
+            );
+            c.metadata.resource_version = Some(world.bump().to_string());
+            world.claims.insert(name, c.clone());
+            world.broadcast(Change::Claim(c, false));
+        }
+        Op::DeleteClaim(i) => {
+            if let Some(name) = world.claims.keys().nth(i).cloned() {
+                let c = world.claims.remove(&name).unwrap();
+                world.bump();
+                world.broadcast(Change::Claim(c, true));
+            }
+        }
+        Op::DeletePod(i) => {
+            if let Some(name) = world.pods.keys().nth(i).cloned() {
+                let p = world.pods.remove(&name).unwrap();
+                world.bump();
+                world.broadcast(Change::Pod(p, true));
+            }
+        }
+        Op::Renew(i) => {
+            if let Some(name) = world.claims.keys().nth(i).cloned() {
+                let rv = world.bump();
+                let c = world.claims.get_mut(&name).unwrap();
+                let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
+                c.spec.renew_time = Some(MicroTime(renew_time));
+                c.metadata.resource_version = Some(rv.to_string());
+                let c = c.clone();
+                world.renewals.insert(renew_time, now);
+                world.broadcast(Change::Claim(c, false));
+            }
+        }
+        Op::RecreateLease => {
+            world.lease_generation += 1;
+            let old = world.lease.take();
+            let rv = world.bump();
+            let new = lease(&format!("L{}", world.lease_generation), rv, 2, None);
+            world.lease = Some(new.clone());
+            world.broadcast(Change::Lease(old, Some(new)));
+        }
+        Op::SetDuration(secs) => {
+            let rv = world.bump();
+            if let Some(l) = world.lease.as_mut() {
+                l.spec.lease_duration_seconds = secs;
+                l.metadata.resource_version = Some(rv.to_string());
+                let l = l.clone();
+                world.broadcast(Change::Lease(None, Some(l)));
+            }
+        }
+        Op::AdvanceMs(_) | Op::Sync(_) | Op::Relist(_) | Op::Decide(_) | Op::Finish(_) => {
+            unreachable!("the controllers' steps are not changes of the world")
         }
     }
 }
