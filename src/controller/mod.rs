@@ -503,3 +503,123 @@ mod tests {
         assert_eq!(uid(&state), None);
     }
 }
+
+/// The named retry policies, through the loop: a pass whose Lease write fails is
+/// decided again at once after a conflict and [`Retry::AFTER_ERROR`] later after an
+/// error, on the work queue's timers (paused time).
+#[cfg(test)]
+mod retry_tests {
+    use std::sync::Mutex;
+
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+
+    use super::*;
+    use crate::grant::ClaimUpdate;
+    use crate::telemetry::WriteLabels;
+
+    /// Answers reads with its Lease and every Lease write with `refusal`.
+    #[derive(Clone)]
+    struct Refusing {
+        lease: Lease,
+        refusal: Arc<Mutex<u16>>,
+    }
+
+    fn refused(code: u16) -> Error {
+        Error::api(
+            "test",
+            kube::Error::Api(
+                kube::core::Status::failure("test", "Test")
+                    .with_code(code)
+                    .boxed(),
+            ),
+        )
+    }
+
+    impl Store for Refusing {
+        async fn get_lease(&self, _: &LeaseKey) -> Result<Option<Lease>> {
+            Ok(Some(self.lease.clone()))
+        }
+        async fn get_claim(&self, _: &str, _: &str) -> Result<Option<LeaseClaim>> {
+            Ok(None)
+        }
+        async fn get_pod(&self, _: &str, _: &str) -> Result<Option<Pod>> {
+            Ok(None)
+        }
+        async fn replace_lease_status(&self, _: &LeaseKey, _: &Lease) -> Result<Lease> {
+            Err(refused(*self.refusal.lock().unwrap()))
+        }
+        async fn patch_claim_status(&self, _: &str, _: &ClaimUpdate) -> Result<LeaseClaim> {
+            Err(refused(404))
+        }
+    }
+
+    fn now() -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_lease_write_is_retried_at_once_after_a_conflict_and_later_after_an_error() {
+        let lease: Lease = serde_json::from_value(serde_json::json!({
+            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+            "metadata": {"name": "db", "namespace": "ns", "uid": "L", "resourceVersion": "5"},
+            "spec": {"leaseDurationSeconds": 15},
+        }))
+        .unwrap();
+        let claim: LeaseClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "6"},
+            "spec": {"leaseName": "db", "holderIdentity": "a"},
+        }))
+        .unwrap();
+        let refusal = Arc::new(Mutex::new(503));
+        let store = Refusing {
+            lease: lease.clone(),
+            refusal: refusal.clone(),
+        };
+        let metrics = Arc::new(Metrics::default());
+        let (events, _events) = Publisher::detached("test", metrics.clone());
+        let config = ControllerConfig {
+            namespace: None,
+            concurrency: 1,
+            instance: "test".into(),
+        };
+        let mut state = Loop::new(store, config, metrics.clone(), events);
+        let ready = Readiness::default();
+        let inputs = [
+            Input::Lease(Ok(Event::Init)),
+            Input::Lease(Ok(Event::InitApply(DeserializeGuard(Ok(lease))))),
+            Input::Lease(Ok(Event::InitDone)),
+            Input::Claim(Ok(Event::Init)),
+            Input::Claim(Ok(Event::InitApply(DeserializeGuard(Ok(claim))))),
+            Input::Claim(Ok(Event::InitDone)),
+            Input::Pod(Ok(Event::Init)),
+            Input::Pod(Ok(Event::InitDone)),
+        ];
+        for input in inputs {
+            state.handle_input(input, &ready, now());
+        }
+        assert!(state.is_synced() && ready.get());
+        let counter = |family: &Family<WriteLabels, Counter>| {
+            family.get_or_create(&WriteLabels { kind: "lease" }).get()
+        };
+
+        // An error (503): decided again after AFTER_ERROR, not before.
+        let pass = state.next_write(now()).expect("a grant to write");
+        let outcome = pass.await;
+        state.finish(outcome, now());
+        assert_eq!(counter(&metrics.write_errors), 1);
+        assert!(state.next_write(now()).is_none(), "not at once");
+        let start = now();
+        assert_eq!(state.expired().await, Some(LeaseKey::new("ns", "db")));
+        assert_eq!(now() - start, Retry::AFTER_ERROR);
+        assert_eq!(Retry::AFTER_ERROR, std::time::Duration::from_millis(500));
+
+        // A conflict (409): the Lease is re-read and decided again at once.
+        *refusal.lock().unwrap() = 409;
+        let pass = state.next_write(now()).expect("decided again");
+        state.finish(pass.await, now());
+        assert_eq!(counter(&metrics.write_conflicts), 1);
+        assert!(state.next_write(now()).is_some(), "at once");
+    }
+}
