@@ -67,6 +67,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::{
     ClaimPhase, Lease, LeaseClaim, LeaseClaimSpec, LeaseSpec, MAX_LEASE_DURATION_SECONDS, PodRef,
 };
+use crate::conditions::lost;
 
 /// Field manager of the writes made by this library.
 pub const CLIENT_MANAGER: &str = "palisade-client";
@@ -149,12 +150,12 @@ pub enum LostReason {
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            LostReason::Revoked => "revoked by the controller",
-            LostReason::Expired => "expired: the controller observed no renewal in time",
-            LostReason::Superseded => "the Lease no longer names this claim as its holder",
-            LostReason::LeaseDeleted => "the Lease was deleted",
-            LostReason::ClaimDeleted => "the claim was deleted",
-            LostReason::LocalDeadline => "no renewal succeeded before the local renewal deadline",
+            LostReason::Revoked => lost::REVOKED,
+            LostReason::Expired => lost::EXPIRED,
+            LostReason::Superseded => lost::SUPERSEDED,
+            LostReason::LeaseDeleted => lost::LEASE_DELETED,
+            LostReason::ClaimDeleted => lost::CLAIM_DELETED,
+            LostReason::LocalDeadline => lost::LOCAL_DEADLINE,
         })
     }
 }
