@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::api::{CONTROLLER_MANAGER, Lease, LeaseClaim};
+use crate::conditions;
 use crate::events::{self, Publisher};
 use crate::grant::{self, Check, ClaimUpdate, Decision, Ending};
 use crate::index::{Index, LeaseKey};
@@ -283,11 +284,8 @@ impl Loop {
         self.events.publish(
             reference,
             events::Kind::Warning,
-            "InvalidObject",
-            format!(
-                "palisade cannot read this object and ignores it: {}",
-                invalid.error
-            ),
+            conditions::reasons::INVALID_OBJECT,
+            conditions::messages::invalid_object(&invalid.error),
         );
     }
 
@@ -648,8 +646,8 @@ impl Writer {
             };
             counter.inc();
             let why = match &ended.how {
-                Ending::Released => "claim deleted".to_string(),
-                Ending::Expired => "no renewal observed within the lease duration".to_string(),
+                Ending::Released => conditions::messages::CLAIM_DELETED.to_string(),
+                Ending::Expired => conditions::messages::NO_RENEWAL.to_string(),
                 Ending::Revoked(why) => why.clone(),
             };
             tracing::info!(lease = %key, claim = %ended.claim, token = ?ended.token, reason = ended.how.reason(), %why, "grant ended");
@@ -657,11 +655,11 @@ impl Writer {
                 written,
                 kind,
                 ended.how.reason(),
-                format!(
-                    "grant of {} to {} (token {}) ended: {why}",
-                    key.name,
-                    ended.identity,
-                    ended.token.unwrap_or_default()
+                conditions::messages::ended_event(
+                    &key.name,
+                    &ended.identity,
+                    ended.token.unwrap_or_default(),
+                    &why,
                 ),
             );
         }
@@ -676,10 +674,11 @@ impl Writer {
             self.events.publish_on(
                 written,
                 events::Kind::Normal,
-                "Granted",
-                format!(
-                    "granted to {} (claim {}) with fencing token {}",
-                    granted.identity, granted.claim, granted.token
+                conditions::reasons::GRANTED,
+                conditions::messages::granted_event(
+                    &granted.identity,
+                    &granted.claim,
+                    granted.token,
                 ),
             );
         }
