@@ -1009,11 +1009,10 @@ impl RenewalError {
     fn is_retried(&self) -> bool {
         match self {
             RenewalError::Api(e) => match ApiErrorKind::of(e) {
-                ApiErrorKind::NotFound | ApiErrorKind::Conflict => false,
-                // 422 (the UID in the patch cannot change): another object has the name.
-                // A 400, what an admission webhook's denial defaults to, says nothing of
-                // the kind, and is retried.
-                ApiErrorKind::Invalid => matches!(e, kube::Error::Api(s) if s.code == 400),
+                // Invalid (422): the UID in the patch cannot change, another object has
+                // the name. A BadRequest (400, an admission webhook's default refusal)
+                // says nothing of the kind, and is retried like any other failure.
+                ApiErrorKind::NotFound | ApiErrorKind::Conflict | ApiErrorKind::Invalid => false,
                 _ => true,
             },
             RenewalError::TimedOut(_) | RenewalError::NotYetShown => true,
