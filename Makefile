@@ -34,9 +34,12 @@ K8S_MINOR := $(word 2,$(subst ., ,$(K8S_VERSION)))
 ETCD_VERSION := $(call gomod_version,go.etcd.io/etcd/server/v3,tests/controlplane/etcd/go.mod)
 HELM_VERSION := $(call gomod_version,helm.sh/helm/v3,tests/controlplane/helm/go.mod)
 
-KUBE_BIN := $(CACHE_DIR)/kubernetes-$(K8S_VERSION)
-ETCD_BIN := $(CACHE_DIR)/etcd-$(ETCD_VERSION)
-HELM_BIN := $(CACHE_DIR)/helm-$(HELM_VERSION)
+# Cache directories are keyed by version and by a hash of the files the build reads, not
+# by file times: a fresh clone's files are all newer than the cache, yet build the same.
+content_key = $(shell cat $(1) | sha256sum | cut -c1-12)
+KUBE_BIN := $(CACHE_DIR)/kubernetes-$(K8S_VERSION)-$(call content_key,tests/controlplane/kube/go.mod tests/controlplane/kube/go.sum)
+ETCD_BIN := $(CACHE_DIR)/etcd-$(ETCD_VERSION)-$(call content_key,tests/controlplane/etcd/go.mod tests/controlplane/etcd/go.sum tests/controlplane/etcd/main.go)
+HELM_BIN := $(CACHE_DIR)/helm-$(HELM_VERSION)-$(call content_key,tests/controlplane/helm/go.mod tests/controlplane/helm/go.sum)
 export PALISADE_BIN_DIR := $(CACHE_DIR)/bin-k8s-$(K8S_VERSION)-etcd-$(ETCD_VERSION)-helm-$(HELM_VERSION)
 
 CLUSTER_DIR := $(CURDIR)/target/cluster
@@ -74,19 +77,19 @@ controlplane-bins: $(CONTROLPLANE_BINS)
 	@mkdir -p $(PALISADE_BIN_DIR)
 	@for b in $(CONTROLPLANE_BINS); do ln -sf "$$b" $(PALISADE_BIN_DIR)/; done
 
-$(KUBE_BIN)/%: tests/controlplane/kube/go.mod tests/controlplane/kube/go.sum
+$(KUBE_BIN)/%:
 	@mkdir -p $(@D)
 	@echo "building $* $(K8S_VERSION) (takes minutes, cached in $(@D))"
 	cd tests/controlplane/kube && $(GO_BUILD) -ldflags "$(KUBE_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/$*
 	mv $@.tmp $@
 
-$(ETCD_BIN)/etcd: tests/controlplane/etcd/go.mod tests/controlplane/etcd/go.sum tests/controlplane/etcd/main.go
+$(ETCD_BIN)/etcd:
 	@mkdir -p $(@D)
 	@echo "building etcd $(ETCD_VERSION) (cached in $(@D))"
 	cd tests/controlplane/etcd && $(GO_BUILD) -ldflags "-s -w" -o $@.tmp .
 	mv $@.tmp $@
 
-$(HELM_BIN)/helm: tests/controlplane/helm/go.mod tests/controlplane/helm/go.sum
+$(HELM_BIN)/helm:
 	@mkdir -p $(@D)
 	@echo "building helm $(HELM_VERSION) (cached in $(@D))"
 	cd tests/controlplane/helm && $(GO_BUILD) \

@@ -11,9 +11,12 @@ pub enum ApiErrorKind {
     Conflict,
     /// 404: the object is gone.
     NotFound,
-    /// 400 or 422: the request was refused as invalid, including a failed JSON-patch
-    /// `test` (our UID and resourceVersion guards).
+    /// 422: the object was refused as invalid, including a failed JSON-patch `test` (our
+    /// UID and resourceVersion guards).
     Invalid,
+    /// 400: the request was refused; admission webhooks refuse with 400 by default, so
+    /// this says nothing about whether the object still exists.
+    BadRequest,
     /// 401 or 403: the caller may not do this.
     Forbidden,
     /// 410: the resourceVersion asked for is older than the server keeps.
@@ -30,7 +33,8 @@ impl ApiErrorKind {
             kube::Error::Api(s) => match s.code {
                 409 => Self::Conflict,
                 404 => Self::NotFound,
-                400 | 422 => Self::Invalid,
+                422 => Self::Invalid,
+                400 => Self::BadRequest,
                 401 | 403 => Self::Forbidden,
                 410 => Self::Expired,
                 429 | 500..=599 => Self::Transient,
@@ -49,6 +53,7 @@ impl ApiErrorKind {
             Self::Conflict => "conflict",
             Self::NotFound => "not_found",
             Self::Invalid => "invalid",
+            Self::BadRequest => "bad_request",
             Self::Forbidden => "forbidden",
             Self::Expired => "expired",
             Self::Transient => "transient",
@@ -79,7 +84,7 @@ mod tests {
             (409, ApiErrorKind::Conflict),
             (404, ApiErrorKind::NotFound),
             (422, ApiErrorKind::Invalid),
-            (400, ApiErrorKind::Invalid),
+            (400, ApiErrorKind::BadRequest),
             (403, ApiErrorKind::Forbidden),
             (401, ApiErrorKind::Forbidden),
             (410, ApiErrorKind::Expired),
@@ -99,6 +104,7 @@ mod tests {
             ApiErrorKind::Conflict,
             ApiErrorKind::NotFound,
             ApiErrorKind::Invalid,
+            ApiErrorKind::BadRequest,
             ApiErrorKind::Forbidden,
             ApiErrorKind::Expired,
             ApiErrorKind::Transient,

@@ -11,9 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time}
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::api::{ClaimPhase, Holder, LeaseClaimStatus, LeasePhase, LeaseStatus};
+use crate::api::{ClaimPhase, Holder, Lease, LeaseClaimStatus, LeasePhase, LeaseStatus};
+use crate::conditions::{messages, reasons, types};
 use crate::index::{ClaimView, LeaseView, PodProblem};
-use crate::token::{MAX_TOKEN, next_token};
+use crate::token::{MAX_TOKEN, TokensExhausted, next_token};
 
 /// How many waiting claims `status.waiting` lists.
 pub const WAITING_LISTED: usize = 10;
@@ -32,9 +33,9 @@ pub enum Ending {
 impl Ending {
     pub fn reason(&self) -> &'static str {
         match self {
-            Ending::Released => "Released",
-            Ending::Expired => "Expired",
-            Ending::Revoked(_) => "Revoked",
+            Ending::Released => reasons::RELEASED,
+            Ending::Expired => reasons::EXPIRED,
+            Ending::Revoked(_) => reasons::REVOKED,
         }
     }
 }
@@ -102,80 +103,112 @@ impl Decision {
     }
 }
 
-/// Decides who holds the Lease, with which token, and who waits.
+/// Decides who holds the Lease, with which token, and who waits. Reads as its
+/// phases: how the current grant ends (if it does), who waits, the handover, what
+/// the Lease status says, and the claims' mirrors.
 pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
-    let mut claims: Vec<&ClaimView<'_>> = view.claims.iter().collect();
-    claims.sort_by(|a, b| (a.claim.created, &a.claim.name).cmp(&(b.claim.created, &b.claim.name)));
-
+    let claims = in_fifo_order(view);
     let Some(lease) = view.lease else {
         return decide_without_lease(&claims, wall);
     };
     let observed = lease.status.clone().unwrap_or_default();
     let generation = lease.metadata.generation;
-    let mut status = observed.clone();
     let mut decision = Decision::default();
 
     // 1. Does the current holder keep the lease?
     let holder = observed.holder.as_ref();
-    let holder_claim = holder.and_then(|h| claims.iter().find(|c| c.claim.uid == h.claim_uid));
-    let released = |h: &Holder| Check::ClaimGone {
-        name: h.claim.clone(),
-        uid: h.claim_uid.clone(),
-    };
-    let ending = match (holder, holder_claim) {
-        (None, _) => None,
-        (Some(h), None) => {
-            decision.check(released(h));
-            Some(Ending::Released)
+    let ending = holder.and_then(|h| holder_ending(view, h, &claims, now, &mut decision));
+    let (ended_uid, kept_uid) = match (holder, ending) {
+        (None, _) => (None, None),
+        (Some(h), None) => (None, Some(h.claim_uid.as_str())),
+        (Some(h), Some(how)) => {
+            decision.ended = Some(Ended {
+                claim: h.claim.clone(),
+                identity: h.identity.clone(),
+                token: observed.fencing_token,
+                how,
+            });
+            (Some(h.claim_uid.as_str()), None)
         }
-        (Some(h), Some(c)) if c.claim.deleting => {
-            decision.check(released(h));
-            Some(Ending::Released)
-        }
-        (Some(h), Some(c)) => match &c.pod_problem {
-            Some(problem) if *problem != PodProblem::NotSeenYet => {
-                let pod = c.claim.pod.as_ref();
-                if let Some(pod) = pod {
-                    decision.check(Check::PodGone {
-                        name: pod.name.clone(),
-                        uid: pod.uid.clone(),
-                    });
-                }
-                Some(Ending::Revoked(
-                    problem.describe(
-                        &pod.map(|p| p.name.clone())
-                            .unwrap_or_else(|| h.identity.clone()),
-                    ),
-                ))
-            }
-            _ if view.holder_deadline.is_some_and(|d| now >= d) => Some(Ending::Expired),
-            _ if c.claim.status.phase.is_some_and(ClaimPhase::is_final) => {
-                Some(Ending::Revoked(format!(
-                    "claim {} was already marked {:?}",
-                    c.claim.name,
-                    c.claim.status.phase.unwrap()
-                )))
-            }
-            _ => None,
-        },
-    };
-    if let (Some(h), Some(how)) = (holder, &ending) {
-        decision.ended = Some(Ended {
-            claim: h.claim.clone(),
-            identity: h.identity.clone(),
-            token: observed.fencing_token,
-            how: how.clone(),
-        });
-    }
-    let ended_uid = ending.as_ref().and(holder).map(|h| h.claim_uid.as_str());
-    let kept_uid = if ending.is_none() {
-        holder.map(|h| h.claim_uid.as_str())
-    } else {
-        None
     };
 
     // 2. Who waits: pending claims whose pods (if any) are alive, in FIFO order.
-    let waiting: Vec<&ClaimView<'_>> = claims
+    let waiting = waiting_claims(&claims, ended_uid, kept_uid);
+
+    // 3. Hand over in the same write (or free the Lease), unless the holder keeps it.
+    let mut status = observed.clone();
+    let (waiters, exhausted) = match kept_uid {
+        Some(_) => (waiting.as_slice(), None),
+        None => hand_over(lease, &waiting, &mut status, &mut decision, wall),
+    };
+
+    // 4. The phase, the queue and the Held condition.
+    describe_lease(&mut status, waiters, exhausted, generation, wall);
+    if status != observed {
+        decision.lease_status = Some(status.clone());
+    }
+
+    // 5. Claim mirrors, written after the Lease.
+    mirror_waiters(view, waiters, &mut decision, wall);
+    mirror_claims(view, &claims, &status, ended_uid, &mut decision, wall);
+
+    decision
+}
+
+/// The claims in grant order: `(creationTimestamp, name)` (DESIGN "Decisions": FIFO order).
+fn in_fifo_order<'v>(view: &'v LeaseView<'v>) -> Vec<&'v ClaimView<'v>> {
+    let mut claims: Vec<&ClaimView<'_>> = view.claims.iter().collect();
+    claims.sort_by(|a, b| (a.claim.created, &a.claim.name).cmp(&(b.claim.created, &b.claim.name)));
+    claims
+}
+
+/// Phase 1: why the holder's grant ends now, if it does, with the facts the writer
+/// must confirm first ([`Check`]).
+fn holder_ending(
+    view: &LeaseView<'_>,
+    h: &Holder,
+    claims: &[&ClaimView<'_>],
+    now: Instant,
+    decision: &mut Decision,
+) -> Option<Ending> {
+    let released = Check::ClaimGone {
+        name: h.claim.clone(),
+        uid: h.claim_uid.clone(),
+    };
+    let Some(c) = claims.iter().find(|c| c.claim.uid == h.claim_uid) else {
+        decision.check(released);
+        return Some(Ending::Released);
+    };
+    if c.claim.deleting {
+        decision.check(released);
+        return Some(Ending::Released);
+    }
+    match &c.pod_problem {
+        Some(problem) if *problem != PodProblem::NotSeenYet => {
+            check_pod_gone(decision, c);
+            let pod = c.claim.pod.as_ref();
+            Some(Ending::Revoked(problem.describe(
+                &pod.map_or_else(|| h.identity.clone(), |p| p.name.clone()),
+            )))
+        }
+        _ if view.holder_deadline.is_some_and(|d| now >= d) => Some(Ending::Expired),
+        _ => c
+            .claim
+            .status
+            .phase
+            .filter(|p| p.is_final())
+            .map(|phase| Ending::Revoked(messages::already_marked(&c.claim.name, phase))),
+    }
+}
+
+/// Phase 2: the claims that wait, in grant order: pending, pods alive (or not seen
+/// yet), and neither the holder that keeps the grant nor the one whose grant ended.
+fn waiting_claims<'v>(
+    claims: &[&'v ClaimView<'v>],
+    ended_uid: Option<&str>,
+    kept_uid: Option<&str>,
+) -> Vec<&'v ClaimView<'v>> {
+    claims
         .iter()
         .copied()
         .filter(|c| {
@@ -183,67 +216,76 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 && Some(c.claim.uid.as_str()) != ended_uid
                 && Some(c.claim.uid.as_str()) != kept_uid
         })
-        .collect();
+        .collect()
+}
 
-    // 3. Hand over in the same write.
-    let mut waiters = waiting.as_slice();
-    let mut exhausted = None;
+/// Phase 3: grants the Lease to the first waiter with the next token (DESIGN rules 3
+/// and 5), or frees it when nobody waits or no token is left. Returns the claims
+/// still waiting after it, and whether the tokens ran out.
+fn hand_over<'w>(
+    lease: &Lease,
+    waiting: &'w [&'w ClaimView<'w>],
+    status: &mut LeaseStatus,
+    decision: &mut Decision,
+    wall: Timestamp,
+) -> (&'w [&'w ClaimView<'w>], Option<TokensExhausted>) {
     let rv = lease.resource_version().unwrap_or_default();
-    let next = match waiting.first() {
-        Some(next) if kept_uid.is_none() => match next_token(observed.fencing_token, &rv) {
-            Ok(token) => Some((next, token)),
-            Err(e) => {
-                exhausted = Some(e);
-                None
-            }
-        },
-        _ => None,
-    };
-    if kept_uid.is_none() {
-        if let Some((next, next_token)) = next {
-            let rest = &waiting[1..];
-            status.holder = Some(Holder {
-                claim: next.claim.name.clone(),
-                claim_uid: next.claim.uid.clone(),
-                identity: next.claim.holder_identity.clone(),
-                // What the holder's client will believe (DESIGN "Client deadlines").
-                lease_duration_seconds: Some(lease.spec.lease_duration_seconds),
-            });
-            status.fencing_token = Some(next_token.token);
-            status.grants = Some(observed.grants.unwrap_or(0) + 1);
-            status.acquire_time = Some(MicroTime(wall));
-            status.phase = Some(LeasePhase::Held);
-            set_condition(
-                &mut status.conditions,
-                "TokenFromResourceVersion",
-                next_token.from_resource_version,
-                if next_token.from_resource_version {
-                    "Integer"
-                } else {
-                    "NotAnInteger"
-                },
-                &if next_token.from_resource_version {
-                    "tokens are derived from the Lease resourceVersion".to_string()
-                } else {
-                    format!(
-                        "resourceVersion {rv:?} is not an integer: token fell back to fencingToken + 1"
-                    )
-                },
-                generation,
-                wall,
-            );
-            decision.granted = Some(Grant {
-                claim: next.claim.name.clone(),
-                identity: next.claim.holder_identity.clone(),
-                token: next_token.token,
-            });
-            waiters = rest;
-        } else {
+    let (next, token) = match waiting
+        .first()
+        .map(|next| (next, next_token(status.fencing_token, &rv)))
+    {
+        Some((next, Ok(token))) => (next, token),
+        unable => {
             status.holder = None;
             status.phase = Some(LeasePhase::Free);
             status.acquire_time = None;
+            return (waiting, unable.and_then(|(_, t)| t.err()));
         }
-    }
+    };
+    status.holder = Some(Holder {
+        claim: next.claim.name.clone(),
+        claim_uid: next.claim.uid.clone(),
+        identity: next.claim.holder_identity.clone(),
+        // What the holder's client will believe (DESIGN "Client deadlines").
+        lease_duration_seconds: Some(lease.spec.lease_duration_seconds),
+    });
+    status.fencing_token = Some(token.token);
+    status.grants = Some(status.grants.unwrap_or(0) + 1);
+    status.acquire_time = Some(MicroTime(wall));
+    status.phase = Some(LeasePhase::Held);
+    let (reason, message) = if token.from_resource_version {
+        (
+            reasons::INTEGER,
+            messages::TOKENS_FROM_RESOURCE_VERSION.to_string(),
+        )
+    } else {
+        (reasons::NOT_AN_INTEGER, messages::token_fallback(&rv))
+    };
+    set_condition(
+        &mut status.conditions,
+        types::TOKEN_FROM_RESOURCE_VERSION,
+        token.from_resource_version,
+        reason,
+        &message,
+        lease.metadata.generation,
+        wall,
+    );
+    decision.granted = Some(Grant {
+        claim: next.claim.name.clone(),
+        identity: next.claim.holder_identity.clone(),
+        token: token.token,
+    });
+    (&waiting[1..], None)
+}
+
+/// Phase 4: the Lease's phase, its queue, and its `Held` condition.
+fn describe_lease(
+    status: &mut LeaseStatus,
+    waiters: &[&ClaimView<'_>],
+    exhausted: Option<TokensExhausted>,
+    generation: Option<i64>,
+    wall: Timestamp,
+) {
     status.phase = Some(if status.holder.is_some() {
         LeasePhase::Held
     } else {
@@ -256,74 +298,80 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
         .collect();
     status.waiting_count = Some(waiters.len() as i64);
     status.observed_generation = generation;
-    let (held, reason, message) = match &status.holder {
-        Some(h) => (
+    let (held, reason, message) = match (&status.holder, exhausted) {
+        (Some(h), _) => (
             true,
-            "Granted",
-            format!(
-                "held by {} (claim {}) with fencing token {}",
-                h.identity,
-                h.claim,
-                status.fencing_token.unwrap_or_default()
+            reasons::GRANTED,
+            messages::held_by(
+                &h.identity,
+                &h.claim,
+                status.fencing_token.unwrap_or_default(),
             ),
         ),
-        None => match exhausted {
-            // Issue no token rather than repeat or saturate one (DESIGN "Decisions": token edges).
-            Some(e) => (
-                false,
-                "TokensExhausted",
-                format!(
-                    "not granted: fencingToken {} leaves no higher token up to {} (the next \
-                     would be {}); delete and re-create the Lease to start over above its \
-                     resourceVersion, knowing that fenced resources which admitted token {} \
-                     refuse every lower one",
-                    observed.fencing_token.unwrap_or_default(),
-                    MAX_TOKEN,
-                    e.needed,
-                    observed.fencing_token.unwrap_or_default(),
-                ),
+        // Issue no token rather than repeat or saturate one (DESIGN "Decisions": token
+        // edges). Nothing was granted, so fencingToken is still the last one issued.
+        (None, Some(e)) => (
+            false,
+            reasons::TOKENS_EXHAUSTED,
+            messages::tokens_exhausted(
+                status.fencing_token.unwrap_or_default(),
+                MAX_TOKEN,
+                e.needed,
             ),
-            None => (false, "Free", "no claim is waiting".to_string()),
-        },
+        ),
+        (None, None) => (false, reasons::FREE, messages::NO_CLAIM_WAITING.to_string()),
     };
     set_condition(
         &mut status.conditions,
-        "Held",
+        types::HELD,
         held,
         reason,
         &message,
         generation,
         wall,
     );
-    if status != observed {
-        decision.lease_status = Some(status.clone());
-    }
-    let wrote_lease = decision.lease_status.is_some();
+}
 
-    // 4. Claim mirrors, written after the Lease.
-    let holder_uid = status.holder.as_ref().map(|h| h.claim_uid.as_str());
-    let lease_token = status.fencing_token;
+/// Phase 5a: each waiter's place in the queue.
+fn mirror_waiters(
+    view: &LeaseView<'_>,
+    waiters: &[&ClaimView<'_>],
+    decision: &mut Decision,
+    wall: Timestamp,
+) {
     for (position, c) in waiters.iter().enumerate() {
         let mut s = c.claim.status.clone();
         s.phase = Some(ClaimPhase::Pending);
         s.position = Some(position as i64 + 1);
-        remove_condition(&mut s.conditions, "LeaseNotFound");
+        remove_condition(&mut s.conditions, types::LEASE_NOT_FOUND);
         set_condition(
             &mut s.conditions,
-            "Granted",
+            types::GRANTED,
             false,
-            "Waiting",
-            &format!(
-                "waiting for lease {} at position {}",
-                view.key.name,
-                position + 1
-            ),
+            reasons::WAITING,
+            &messages::waiting(&view.key.name, position + 1),
             c.claim.generation,
             wall,
         );
-        push_claim_update(&mut decision, c, s, None);
+        push_claim_update(decision, c, s, None);
     }
-    for c in &claims {
+}
+
+/// Phase 5b: every other claim that is not final yet: the holder's grant, the end of
+/// the grant that ended (conditioned on the claim's resourceVersion), a grant that a
+/// later one superseded, and a pending claim whose pod is gone.
+fn mirror_claims(
+    view: &LeaseView<'_>,
+    claims: &[&ClaimView<'_>],
+    status: &LeaseStatus,
+    ended_uid: Option<&str>,
+    decision: &mut Decision,
+    wall: Timestamp,
+) {
+    let wrote_lease = decision.lease_status.is_some();
+    let holder_uid = status.holder.as_ref().map(|h| h.claim_uid.as_str());
+    let lease_token = status.fencing_token;
+    for c in claims {
         let uid = c.claim.uid.as_str();
         if c.claim.deleting || c.claim.status.phase.is_some_and(ClaimPhase::is_final) {
             continue;
@@ -335,21 +383,17 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 s.fencing_token = lease_token;
                 s.grant_time = status.acquire_time.clone();
                 s.position = None;
-                remove_condition(&mut s.conditions, "LeaseNotFound");
+                remove_condition(&mut s.conditions, types::LEASE_NOT_FOUND);
                 set_condition(
                     &mut s.conditions,
-                    "Granted",
+                    types::GRANTED,
                     true,
-                    "Granted",
-                    &format!(
-                        "granted lease {} with fencing token {}",
-                        view.key.name,
-                        lease_token.unwrap_or_default()
-                    ),
+                    reasons::GRANTED,
+                    &messages::granted(&view.key.name, lease_token.unwrap_or_default()),
                     c.claim.generation,
                     wall,
                 );
-                push_claim_update(&mut decision, c, s, None);
+                push_claim_update(decision, c, s, None);
             }
         } else if Some(uid) == ended_uid {
             let how = decision
@@ -359,33 +403,26 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 .how
                 .clone();
             let (phase, message) = match &how {
-                Ending::Expired => (
-                    ClaimPhase::Expired,
-                    "no renewal observed within the lease duration".to_string(),
-                ),
+                Ending::Expired => (ClaimPhase::Expired, messages::NO_RENEWAL.to_string()),
                 Ending::Revoked(why) => (ClaimPhase::Revoked, why.clone()),
-                Ending::Released => (ClaimPhase::Released, "released".to_string()),
+                Ending::Released => (ClaimPhase::Released, messages::RELEASED.to_string()),
             };
             push_claim_update(
-                &mut decision,
+                decision,
                 c,
                 lost(c, phase, how.reason(), &message, wall),
                 Some(c.claim.resource_version.clone()),
             );
         } else if c.claim.status.phase == Some(ClaimPhase::Granted) {
             // Granted in its mirror, but the Lease names someone else: a later grant superseded it.
-            let message = format!(
-                "lease {} is held by another claim (fencing token {})",
-                view.key.name,
-                lease_token.unwrap_or_default()
-            );
+            let message = messages::superseded(&view.key.name, lease_token.unwrap_or_default());
             if !wrote_lease {
                 decision.check(Check::LeaseUnchanged);
             }
             push_claim_update(
-                &mut decision,
+                decision,
                 c,
-                lost(c, ClaimPhase::Revoked, "Superseded", &message, wall),
+                lost(c, ClaimPhase::Revoked, reasons::SUPERSEDED, &message, wall),
                 None,
             );
         } else if is_pending(c)
@@ -398,19 +435,14 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
                 .as_ref()
                 .map(|p| p.name.as_str())
                 .unwrap_or_default();
-            if let Some(p) = &c.claim.pod {
-                decision.check(Check::PodGone {
-                    name: p.name.clone(),
-                    uid: p.uid.clone(),
-                });
-            }
+            check_pod_gone(decision, c);
             push_claim_update(
-                &mut decision,
+                decision,
                 c,
                 lost(
                     c,
                     ClaimPhase::Revoked,
-                    "PodGone",
+                    reasons::POD_GONE,
                     &problem.describe(pod),
                     wall,
                 ),
@@ -418,8 +450,17 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
             );
         }
     }
+}
 
-    decision
+/// A decision that ends a grant because the claim's pod is gone has the writer
+/// confirm it (when the claim names a pod).
+fn check_pod_gone(decision: &mut Decision, c: &ClaimView<'_>) {
+    if let Some(pod) = &c.claim.pod {
+        decision.check(Check::PodGone {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+        });
+    }
 }
 
 fn decide_without_lease(claims: &[&ClaimView<'_>], wall: Timestamp) -> Decision {
@@ -434,8 +475,8 @@ fn decide_without_lease(claims: &[&ClaimView<'_>], wall: Timestamp) -> Decision 
             lost(
                 c,
                 ClaimPhase::Revoked,
-                "LeaseDeleted",
-                "the Lease was deleted",
+                reasons::LEASE_DELETED,
+                messages::LEASE_DELETED,
                 wall,
             )
         } else {
@@ -445,10 +486,10 @@ fn decide_without_lease(claims: &[&ClaimView<'_>], wall: Timestamp) -> Decision 
             s.position = Some(position);
             set_condition(
                 &mut s.conditions,
-                "LeaseNotFound",
+                types::LEASE_NOT_FOUND,
                 true,
-                "LeaseNotFound",
-                "the Lease named in spec.leaseName does not exist (yet); the claim waits for it",
+                reasons::LEASE_NOT_FOUND,
+                messages::LEASE_NOT_FOUND,
                 c.claim.generation,
                 wall,
             );
@@ -479,7 +520,7 @@ fn lost(
     s.position = None;
     set_condition(
         &mut s.conditions,
-        "Granted",
+        types::GRANTED,
         false,
         reason,
         message,

@@ -81,13 +81,12 @@ pub enum PodProblem {
 
 impl PodProblem {
     pub fn describe(&self, pod: &str) -> String {
+        use crate::conditions::messages;
         match self {
-            PodProblem::NotSeenYet => format!("pod {pod} has not been seen yet"),
-            PodProblem::Gone => format!("pod {pod} was deleted"),
-            PodProblem::Replaced => {
-                format!("pod {pod} was replaced by another pod with a different UID")
-            }
-            PodProblem::Terminal(phase) => format!("pod {pod} is {phase}"),
+            PodProblem::NotSeenYet => messages::pod_not_seen(pod),
+            PodProblem::Gone => messages::pod_deleted(pod),
+            PodProblem::Replaced => messages::pod_replaced(pod),
+            PodProblem::Terminal(phase) => messages::pod_terminal(pod, phase),
         }
     }
 }

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod conditions;
 pub mod controller;
 pub mod election;
 pub mod error;

@@ -41,8 +41,11 @@ pub struct WriteLabels {
 pub struct Metrics {
     pub registry: Registry,
     pub grants: Counter,
+    /// Grants ended with reason [`Released`](crate::conditions::reasons::RELEASED).
     pub releases: Counter,
+    /// Grants ended with reason [`Expired`](crate::conditions::reasons::EXPIRED).
     pub expirations: Counter,
+    /// Grants ended with reason [`Revoked`](crate::conditions::reasons::REVOKED).
     pub revocations: Counter,
     pub write_conflicts: Family<WriteLabels, Counter>,
     pub write_errors: Family<WriteLabels, Counter>,

@@ -27,7 +27,7 @@
 //!   duration after it *observed* a renewal, which is necessarily after the
 //!   renewal was sent; this process gives up two thirds of a duration after it
 //!   *sent* its last successful renewal, on its own clock (`CLOCK_BOOTTIME`, which
-//!   counts suspensions; see [`clock`]). So it stops
+//!   counts suspensions; see `src/client/clock.rs`). So it stops
 //!   believing it holds the lease before the controller can hand it to someone else.
 //!   Until the first renewal (sent as soon as the grant is seen) the deadline
 //!   counts from the moment the grant was observed, which assumes that the watch
@@ -67,6 +67,8 @@ use tokio_util::task::TaskTracker;
 use crate::api::{
     ClaimPhase, Lease, LeaseClaim, LeaseClaimSpec, LeaseSpec, MAX_LEASE_DURATION_SECONDS, PodRef,
 };
+use crate::conditions::lost;
+use crate::error::ApiErrorKind;
 
 /// Field manager of the writes made by this library.
 pub const CLIENT_MANAGER: &str = "palisade-client";
@@ -111,6 +113,25 @@ pub enum Error {
     Clock(#[source] std::io::Error),
 }
 
+impl Error {
+    /// What the API server's answer means, when this is one.
+    pub fn api_kind(&self) -> Option<ApiErrorKind> {
+        match self {
+            Error::Api(e) => Some(ApiErrorKind::of(e)),
+            _ => None,
+        }
+    }
+
+    /// Worth another attempt: a transient API failure, or no answer in time.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Api(e) => ApiErrorKind::of(e).is_transient(),
+            Error::Unresponsive { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// `fut`, or [`Error::Unresponsive`] naming `what` after [`CALL_TIMEOUT`].
 pub(crate) async fn call<T>(
     what: impl FnOnce() -> String,
@@ -149,12 +170,12 @@ pub enum LostReason {
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            LostReason::Revoked => "revoked by the controller",
-            LostReason::Expired => "expired: the controller observed no renewal in time",
-            LostReason::Superseded => "the Lease no longer names this claim as its holder",
-            LostReason::LeaseDeleted => "the Lease was deleted",
-            LostReason::ClaimDeleted => "the claim was deleted",
-            LostReason::LocalDeadline => "no renewal succeeded before the local renewal deadline",
+            LostReason::Revoked => lost::REVOKED,
+            LostReason::Expired => lost::EXPIRED,
+            LostReason::Superseded => lost::SUPERSEDED,
+            LostReason::LeaseDeleted => lost::LEASE_DELETED,
+            LostReason::ClaimDeleted => lost::CLAIM_DELETED,
+            LostReason::LocalDeadline => lost::LOCAL_DEADLINE,
         })
     }
 }
@@ -272,7 +293,7 @@ impl LeaseClient {
         .await;
         match created {
             Ok(_) => Ok(true),
-            Err(Error::Api(kube::Error::Api(s))) if s.code == 409 => Ok(false),
+            Err(e) if e.api_kind() == Some(ApiErrorKind::Conflict) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -567,8 +588,15 @@ async fn delete_claim(claims: &Api<LeaseClaim>, name: &str, uid: &str) -> Result
         .await
         {
             Ok(_) => Ok(()),
-            // 404: gone; 409: the UID precondition failed, so this claim is gone too.
-            Err(Error::Api(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => Ok(()),
+            // Not found: gone; a conflict: the UID precondition failed, so this claim is gone too.
+            Err(e)
+                if matches!(
+                    e.api_kind(),
+                    Some(ApiErrorKind::NotFound | ApiErrorKind::Conflict)
+                ) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     };
@@ -580,11 +608,7 @@ async fn delete_claim(claims: &Api<LeaseClaim>, name: &str, uid: &str) -> Result
                 .with_max_times(6)
                 .with_jitter(),
         )
-        .when(|e| match e {
-            Error::Api(e) => is_transient(e),
-            Error::Unresponsive { .. } => true,
-            _ => false,
-        });
+        .when(Error::is_transient);
     match tokio::time::timeout(DELETE_LIMIT, retried).await {
         Ok(result) => result,
         Err(_) => Err(Error::Unresponsive {
@@ -597,14 +621,6 @@ async fn delete_claim(claims: &Api<LeaseClaim>, name: &str, uid: &str) -> Result
 fn log_delete_failure(claim: &str, result: Result<(), Error>) {
     if let Err(e) = result {
         tracing::warn!(%claim, error = %e, "could not delete the claim; it stays until its lease expires");
-    }
-}
-
-fn is_transient(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
-        _ => false,
     }
 }
 
@@ -922,8 +938,9 @@ impl Keeper {
         }
     }
 
-    /// One renewal, retried on any failure except "this claim is gone": 404, or 409/422
-    /// when the name now belongs to another object (the UID in the patch cannot change),
+    /// One renewal, retried on any failure except "this claim is gone" (see
+    /// [`ApiErrorKind`]): not found, or a conflict or invalid (409/422) when the name now
+    /// belongs to another object (the UID in the patch cannot change),
     /// and except a response that shows the grant ended. Returns the send time of the
     /// attempt that succeeded: the retries never extend the deadline, only a success
     /// does, and a success is a response that shows this claim `Granted` with this
@@ -991,8 +1008,14 @@ enum RenewalError {
 impl RenewalError {
     fn is_retried(&self) -> bool {
         match self {
-            RenewalError::Api(kube::Error::Api(s)) => ![404, 409, 422].contains(&s.code),
-            RenewalError::Api(_) | RenewalError::TimedOut(_) | RenewalError::NotYetShown => true,
+            RenewalError::Api(e) => match ApiErrorKind::of(e) {
+                // Invalid (422): the UID in the patch cannot change, another object has
+                // the name. A BadRequest (400, an admission webhook's default refusal)
+                // says nothing of the kind, and is retried like any other failure.
+                ApiErrorKind::NotFound | ApiErrorKind::Conflict | ApiErrorKind::Invalid => false,
+                _ => true,
+            },
+            RenewalError::TimedOut(_) | RenewalError::NotYetShown => true,
             RenewalError::Ended(_) => false,
         }
     }
@@ -1116,6 +1139,26 @@ mod tests {
                 "{phase:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_renewal_gives_up_only_when_the_claim_is_gone() {
+        let refused = |code: u16| {
+            RenewalError::Api(kube::Error::Api(
+                kube::core::Status::failure("refused", "Test")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        for code in [404, 409, 422] {
+            assert!(!refused(code).is_retried(), "{code}");
+        }
+        for code in [400, 401, 403, 410, 429, 500, 503] {
+            assert!(refused(code).is_retried(), "{code}");
+        }
+        let unreachable = RenewalError::Api(kube::Error::Service("connection reset".into()));
+        assert!(unreachable.is_retried());
+        assert!(RenewalError::TimedOut(Duration::from_secs(1)).is_retried());
     }
 
     #[test]

@@ -42,6 +42,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{Lease, LeaseClaim};
+use crate::conditions;
 use crate::events::{self, Publisher};
 use crate::grant;
 use crate::index::{Index, LeaseKey};
@@ -256,11 +257,8 @@ impl<S: Store> Loop<S> {
         self.events.publish(
             reference,
             events::Kind::Warning,
-            "InvalidObject",
-            format!(
-                "palisade cannot read this object and ignores it: {}",
-                invalid.error
-            ),
+            conditions::reasons::INVALID_OBJECT,
+            conditions::messages::invalid_object(&invalid.error),
         );
     }
 

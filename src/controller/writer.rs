@@ -12,6 +12,7 @@ use kube::ResourceExt;
 use super::error::Result;
 use super::store::Store;
 use crate::api::{Lease, LeaseClaim};
+use crate::conditions;
 use crate::error::ApiErrorKind::{Conflict, Invalid, NotFound};
 use crate::events::{self, Publisher};
 use crate::grant::{Check, ClaimUpdate, Decision, Ending};
@@ -238,8 +239,8 @@ impl<S: Store> Writer<S> {
             };
             counter.inc();
             let why = match &ended.how {
-                Ending::Released => "claim deleted".to_string(),
-                Ending::Expired => "no renewal observed within the lease duration".to_string(),
+                Ending::Released => conditions::messages::CLAIM_DELETED.to_string(),
+                Ending::Expired => conditions::messages::NO_RENEWAL.to_string(),
                 Ending::Revoked(why) => why.clone(),
             };
             tracing::info!(lease = %key, claim = %ended.claim, token = ?ended.token, reason = ended.how.reason(), %why, "grant ended");
@@ -247,11 +248,11 @@ impl<S: Store> Writer<S> {
                 written,
                 kind,
                 ended.how.reason(),
-                format!(
-                    "grant of {} to {} (token {}) ended: {why}",
-                    key.name,
-                    ended.identity,
-                    ended.token.unwrap_or_default()
+                conditions::messages::ended_event(
+                    &key.name,
+                    &ended.identity,
+                    ended.token.unwrap_or_default(),
+                    &why,
                 ),
             );
         }
@@ -266,10 +267,11 @@ impl<S: Store> Writer<S> {
             self.events.publish_on(
                 written,
                 events::Kind::Normal,
-                "Granted",
-                format!(
-                    "granted to {} (claim {}) with fencing token {}",
-                    granted.identity, granted.claim, granted.token
+                conditions::reasons::GRANTED,
+                conditions::messages::granted_event(
+                    &granted.identity,
+                    &granted.claim,
+                    granted.token,
                 ),
             );
         }
