@@ -3,6 +3,8 @@
 //! bad input, autocommit, and installing twice.
 #![cfg(feature = "postgres")]
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/databases.rs"]
 mod databases;
 
@@ -15,6 +17,8 @@ use std::time::{Duration, Instant};
 use palisade::fence::postgres::{self, Error};
 use proptest::prelude::*;
 use tokio_postgres::{Client, IsolationLevel, NoTls};
+
+use databases::runtime;
 
 /// The crash test restarts the server: it takes this for writing, every other test for reading.
 static SERVER: RwLock<()> = RwLock::new(());
@@ -41,14 +45,6 @@ async fn setup() -> Client {
         .await
         .expect("journal table");
     client
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 async fn mark(client: &Client, key: &str) -> Option<i64> {
@@ -587,15 +583,7 @@ fn cli_admits_refuses_with_exit_3_and_shows() {
     let _server = SERVER.read().unwrap();
     let url = databases::postgres_url();
     let key = databases::unique("cli");
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_palisade"))
-            .env_remove("PALISADE_FENCING_TOKEN")
-            .env_remove("PALISADE_LEASE")
-            .args(["fence", "--store", &url])
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| cli::fence(&url, args);
     let ok = run(&["--key", &key, "--token", "34"]);
     assert!(
         ok.status.success(),
