@@ -47,6 +47,18 @@ async fn setup() -> Client {
     client
 }
 
+/// How many rows of `key` the journal table holds.
+async fn written(client: &Client, key: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM public.fenced_writes WHERE key = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 async fn mark(client: &Client, key: &str) -> Option<i64> {
     client
         .query_opt("SELECT token FROM palisade.marks WHERE key = $1", &[&key])
@@ -376,14 +388,7 @@ fn stale_refusal_names_key_and_both_tokens_and_nothing_commits() {
         assert!(!err.is_retryable());
         // The transaction is aborted: PostgreSQL answers its COMMIT with ROLLBACK.
         let _ = tx.commit().await;
-        let n: i64 = client
-            .query_one(
-                "SELECT count(*) FROM public.fenced_writes WHERE key = $1",
-                &[&key],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let n = written(&client, &key).await;
         assert_eq!(n, 0);
         // Any language sees the SQLSTATE and the message.
         let raw = client
@@ -535,14 +540,7 @@ fn sigkill_of_a_client_mid_transaction_leaves_nothing() {
         .expect("the killed client's lock was released")
         .unwrap();
         assert_eq!(admitted.previous, Some(5));
-        let n: i64 = client
-            .query_one(
-                "SELECT count(*) FROM public.fenced_writes WHERE key = $1",
-                &[&key],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let n = written(&client, &key).await;
         assert_eq!(n, 0, "the killed transaction's write is gone");
         drop(stdin);
     });
