@@ -1,21 +1,22 @@
 //! Bad input, everywhere palisade reads what a user wrote: fencing tokens from
 //! annotations and the environment, durations, resourceVersions, and the CRD objects
 //! the controller reads. Property tests for the parsers (they never panic, accept
-//! exactly the documented spellings, and agree with the admission policy); a table
+//! exactly the documented spellings, and agree with the admission policy); the tables
 //! of invalid manifests that the real API server must reject, naming the field.
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
+use kube::api::{Patch, PatchParams};
 use palisade::api::{Lease, LeaseClaim};
 use palisade::fence::{ParseTokenError, parse_token};
 use palisade::lock::{parse_duration, parse_lease_duration};
 use palisade::token::parse_resource_version;
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use support::TestNamespace;
+use support::claims::create_claim;
+use support::setup;
 
 /// The admission policy's test for a well-formed token annotation
 /// (charts/palisade/templates/policy-object-fencing.yaml): `^[0-9]+$`, at most 18.
@@ -170,7 +171,7 @@ proptest! {
     #[test]
     fn fence_cli_token_from_environment(token in "[0-9]{1,3}|[^\\x00]{0,8}") {
         let dir = tempfile::tempdir().unwrap();
-        let output = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        let output = support::cli::palisade()
             .args(["fence", "--create", "--store"])
             .arg(dir.path().join("store"))
             .env("PALISADE_FENCING_TOKEN", &token)
@@ -188,13 +189,106 @@ proptest! {
     }
 }
 
-/// Invalid manifests beyond the basic table in tests/controller.rs: each is refused
-/// by the real API server (CRD schema, CEL rules, strict field validation), and the
-/// error names the field.
+/// The basic table of invalid manifests: each is refused by the real API server with
+/// the field named, and nothing is created; immutable fields of a claim stay as they are.
+#[tokio::test]
+async fn invalid_specs_are_rejected_with_the_field_named() {
+    let ns = setup("invalid").await;
+    let leases = ns.api::<Lease>();
+    let claims = ns.api::<LeaseClaim>();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "zero duration",
+            json!({"kind": "Lease", "metadata": {"name": "l1"}, "spec": {"leaseDurationSeconds": 0}}),
+            "spec.leaseDurationSeconds",
+        ),
+        (
+            "negative duration",
+            json!({"kind": "Lease", "metadata": {"name": "l2"}, "spec": {"leaseDurationSeconds": -5}}),
+            "spec.leaseDurationSeconds",
+        ),
+        (
+            "huge duration",
+            json!({"kind": "Lease", "metadata": {"name": "l3"}, "spec": {"leaseDurationSeconds": 86401}}),
+            "spec.leaseDurationSeconds",
+        ),
+        (
+            "string duration",
+            json!({"kind": "Lease", "metadata": {"name": "l4"}, "spec": {"leaseDurationSeconds": "15s"}}),
+            "spec.leaseDurationSeconds",
+        ),
+        (
+            "unknown field",
+            json!({"kind": "Lease", "metadata": {"name": "l5"}, "spec": {"leaseDuration": 15}}),
+            "leaseDuration",
+        ),
+        (
+            "name not a DNS label",
+            json!({"kind": "Lease", "metadata": {"name": "a.b"}, "spec": {}}),
+            "metadata.name",
+        ),
+        (
+            "missing leaseName",
+            json!({"kind": "LeaseClaim", "metadata": {"name": "c1"}, "spec": {"holderIdentity": "x"}}),
+            "spec.leaseName",
+        ),
+        (
+            "missing holderIdentity",
+            json!({"kind": "LeaseClaim", "metadata": {"name": "c2"}, "spec": {"leaseName": "x"}}),
+            "spec.holderIdentity",
+        ),
+        (
+            "bad leaseName",
+            json!({"kind": "LeaseClaim", "metadata": {"name": "c3"}, "spec": {"leaseName": "Not_A_Name", "holderIdentity": "x"}}),
+            "spec.leaseName",
+        ),
+        (
+            "unknown claim field",
+            json!({"kind": "LeaseClaim", "metadata": {"name": "c4"}, "spec": {"leaseName": "x", "holderIdentity": "x", "ttl": 5}}),
+            "ttl",
+        ),
+    ];
+    for (case, body, field) in cases {
+        let name = body["metadata"]["name"].as_str().unwrap().to_string();
+        let message = support::apply_rejected(&ns, case, body).await;
+        assert!(
+            message.contains(field),
+            "{case}: the error names {field}: {message}"
+        );
+        assert!(
+            leases.get_opt(&name).await.unwrap().is_none()
+                && claims.get_opt(&name).await.unwrap().is_none(),
+            "{case}: nothing was created"
+        );
+    }
+
+    // Immutable fields of an existing claim.
+    create_claim(&ns, "fixed", "some-lease", None).await;
+    for (field, patch) in [
+        ("spec.leaseName", json!({"spec": {"leaseName": "other"}})),
+        (
+            "spec.holderIdentity",
+            json!({"spec": {"holderIdentity": "someone-else"}}),
+        ),
+        ("spec.pod", json!({"spec": {"pod": {"name": "p"}}})),
+    ] {
+        let err = claims
+            .patch("fixed", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect_err(field);
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    }
+    let unchanged = claims.get("fixed").await.unwrap();
+    assert_eq!(unchanged.spec.lease_name, "some-lease");
+    assert_eq!(unchanged.spec.holder_identity, "fixed");
+    assert!(unchanged.spec.pod.is_none());
+}
+
+/// Invalid manifests beyond the basic table above: each is refused by the real API server
+/// (CRD schema, CEL rules, strict field validation), and the error names the field.
 #[tokio::test]
 async fn invalid_manifests_are_rejected_by_the_api_server_naming_the_field() {
-    support::install_crds().await;
-    let ns = TestNamespace::new("bad-input").await;
+    let ns = setup("bad-input").await;
     let leases = ns.api::<Lease>();
     let claims = ns.api::<LeaseClaim>();
     let long = "a".repeat(64);

@@ -19,79 +19,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use serde_json::json;
+use support::claims::{create_claim, create_lease, delete_claim, wait_claim_phase, wait_holder};
 use support::{
-    ControllerProcess, TestNamespace, WAIT, create_pod, holder_claim, token, wait_lease,
+    ControllerProcess, TestNamespace, WAIT, create_pod, holder_claim, setup, token, wait_lease,
 };
-
-async fn setup(prefix: &str) -> TestNamespace {
-    support::install_crds().await;
-    TestNamespace::new(prefix).await
-}
-
-async fn create_lease(ns: &TestNamespace, name: &str, duration: i64) -> Lease {
-    let lease: Lease = serde_json::from_value(json!({
-        "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-        "metadata": {"name": name},
-        "spec": {"leaseDurationSeconds": duration}
-    }))
-    .unwrap();
-    ns.api::<Lease>()
-        .create(&PostParams::default(), &lease)
-        .await
-        .expect("create Lease")
-}
-
-async fn create_claim(
-    ns: &TestNamespace,
-    name: &str,
-    lease: &str,
-    pod: Option<(&str, &str)>,
-) -> LeaseClaim {
-    let mut spec = json!({"leaseName": lease, "holderIdentity": name});
-    if let Some((pod, uid)) = pod {
-        spec["pod"] = json!({"name": pod, "uid": uid});
-    }
-    let claim: LeaseClaim = serde_json::from_value(json!({
-        "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
-        "metadata": {"name": name}, "spec": spec
-    }))
-    .unwrap();
-    ns.api::<LeaseClaim>()
-        .create(&PostParams::default(), &claim)
-        .await
-        .expect("create LeaseClaim")
-}
-
-async fn delete_claim(ns: &TestNamespace, name: &str) {
-    ns.api::<LeaseClaim>()
-        .delete(name, &DeleteParams::default())
-        .await
-        .expect("delete LeaseClaim");
-}
-
-async fn wait_holder(ns: &TestNamespace, lease: &str, claim: &str) -> Lease {
-    wait_lease(ns, lease, &format!("holder {claim}"), |l| {
-        holder_claim(l).as_deref() == Some(claim)
-    })
-    .await
-}
-
-async fn wait_claim_phase(ns: &TestNamespace, name: &str, phase: ClaimPhase) -> LeaseClaim {
-    let api = ns.api::<LeaseClaim>();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let claim = api.get(name).await.expect("get claim");
-        if claim.status.as_ref().and_then(|s| s.phase) == Some(phase) {
-            return claim;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "claim {name} never reached {phase:?}: {:?}",
-            claim.status
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Records every version of every Lease and claim status in the namespace, to check
 /// afterwards that no token was published for two claims.
@@ -526,99 +457,6 @@ async fn a_standby_takes_over_when_the_leader_stops() {
 }
 
 #[tokio::test]
-async fn invalid_specs_are_rejected_with_the_field_named() {
-    let ns = setup("invalid").await;
-    let leases = ns.api::<Lease>();
-    let claims = ns.api::<LeaseClaim>();
-    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
-        (
-            "zero duration",
-            json!({"kind": "Lease", "metadata": {"name": "l1"}, "spec": {"leaseDurationSeconds": 0}}),
-            "spec.leaseDurationSeconds",
-        ),
-        (
-            "negative duration",
-            json!({"kind": "Lease", "metadata": {"name": "l2"}, "spec": {"leaseDurationSeconds": -5}}),
-            "spec.leaseDurationSeconds",
-        ),
-        (
-            "huge duration",
-            json!({"kind": "Lease", "metadata": {"name": "l3"}, "spec": {"leaseDurationSeconds": 86401}}),
-            "spec.leaseDurationSeconds",
-        ),
-        (
-            "string duration",
-            json!({"kind": "Lease", "metadata": {"name": "l4"}, "spec": {"leaseDurationSeconds": "15s"}}),
-            "spec.leaseDurationSeconds",
-        ),
-        (
-            "unknown field",
-            json!({"kind": "Lease", "metadata": {"name": "l5"}, "spec": {"leaseDuration": 15}}),
-            "leaseDuration",
-        ),
-        (
-            "name not a DNS label",
-            json!({"kind": "Lease", "metadata": {"name": "a.b"}, "spec": {}}),
-            "metadata.name",
-        ),
-        (
-            "missing leaseName",
-            json!({"kind": "LeaseClaim", "metadata": {"name": "c1"}, "spec": {"holderIdentity": "x"}}),
-            "spec.leaseName",
-        ),
-        (
-            "missing holderIdentity",
-            json!({"kind": "LeaseClaim", "metadata": {"name": "c2"}, "spec": {"leaseName": "x"}}),
-            "spec.holderIdentity",
-        ),
-        (
-            "bad leaseName",
-            json!({"kind": "LeaseClaim", "metadata": {"name": "c3"}, "spec": {"leaseName": "Not_A_Name", "holderIdentity": "x"}}),
-            "spec.leaseName",
-        ),
-        (
-            "unknown claim field",
-            json!({"kind": "LeaseClaim", "metadata": {"name": "c4"}, "spec": {"leaseName": "x", "holderIdentity": "x", "ttl": 5}}),
-            "ttl",
-        ),
-    ];
-    for (case, body, field) in cases {
-        let name = body["metadata"]["name"].as_str().unwrap().to_string();
-        let message = support::apply_rejected(&ns, case, body).await;
-        assert!(
-            message.contains(field),
-            "{case}: the error names {field}: {message}"
-        );
-        assert!(
-            leases.get_opt(&name).await.unwrap().is_none()
-                && claims.get_opt(&name).await.unwrap().is_none(),
-            "{case}: nothing was created"
-        );
-    }
-
-    // Immutable fields of an existing claim.
-    create_claim(&ns, "fixed", "some-lease", None).await;
-    for (field, patch) in [
-        ("spec.leaseName", json!({"spec": {"leaseName": "other"}})),
-        (
-            "spec.holderIdentity",
-            json!({"spec": {"holderIdentity": "someone-else"}}),
-        ),
-        ("spec.pod", json!({"spec": {"pod": {"name": "p"}}})),
-    ] {
-        let err = claims
-            .patch("fixed", &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect_err(field);
-        assert!(err.to_string().contains(field), "{field}: {err}");
-    }
-    let unchanged = claims.get("fixed").await.unwrap();
-    assert_eq!(unchanged.spec.lease_name, "some-lease");
-    assert_eq!(unchanged.spec.holder_identity, "fixed");
-    assert!(unchanged.spec.pod.is_none());
-}
-
-#[tokio::test]
 async fn an_unreadable_claim_is_reported_and_does_not_wedge_the_controller() {
     let ns = setup("unreadable").await;
     // Valid for the API server (RFC 3339 allows any number of fraction digits), but
@@ -743,7 +581,7 @@ async fn controller_via(
     proxy: &proxy::Proxy,
     ns: &TestNamespace,
     extra: &[&str],
-) -> (tokio::process::Child, u16) {
+) -> ControllerProcess {
     let admin = support::kubeconfig_path();
     let text = std::fs::read_to_string(admin).unwrap();
     let server = support::kubeconfig().clusters[0]
@@ -759,31 +597,7 @@ async fn controller_via(
     )
     .unwrap();
     assert_ne!(port, proxy.port.to_string());
-    let admin_port = support::free_port();
-    let log = std::fs::File::create(
-        support::repo_root().join(format!("target/controller-{}.log", ns.name)),
-    )
-    .unwrap();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args(["controller", "--namespace", &ns.name, "--admin-addr"])
-        .arg(format!("127.0.0.1:{admin_port}"))
-        .args(extra)
-        .env("KUBECONFIG", &path)
-        .env("RUST_LOG", "info,palisade=debug")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawning palisade controller");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !support::admin_get(admin_port, "/readyz")
-        .await
-        .is_ok_and(|body| body.starts_with("ready"))
-    {
-        assert!(Instant::now() < deadline, "controller not ready within 30s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    (child, admin_port)
+    ControllerProcess::start_with_kubeconfig(&ns.name, &path, extra).await
 }
 
 fn apiserver_port() -> u16 {
@@ -809,7 +623,7 @@ fn apiserver_port() -> u16 {
 async fn a_silently_dead_connection_costs_the_controller_seconds() {
     let ns = setup("blackhole").await;
     let proxy = proxy::Proxy::start(apiserver_port()).await.unwrap();
-    let (_controller, _) = controller_via(&proxy, &ns, &["--leader-elect=false"]).await;
+    let _controller = controller_via(&proxy, &ns, &["--leader-elect=false"]).await;
     create_lease(&ns, "db", 60).await;
     create_claim(&ns, "a", "db", None).await;
     wait_holder(&ns, "db", "a").await;
@@ -844,7 +658,8 @@ async fn a_leader_cut_off_silently_gives_up_leadership_on_time() {
         "--election-namespace",
         ns.name.as_str(),
     ];
-    let (mut leader, admin_port) = controller_via(&proxy, &ns, &args).await;
+    let mut leader = controller_via(&proxy, &ns, &args).await;
+    let admin_port = leader.admin_port;
     let deadline = Instant::now() + WAIT;
     while !support::admin_get(admin_port, "/metrics")
         .await
@@ -855,7 +670,7 @@ async fn a_leader_cut_off_silently_gives_up_leadership_on_time() {
     }
     proxy.set(proxy::Mode::Blackhole);
     let silenced = Instant::now();
-    let exited = tokio::time::timeout(Duration::from_secs(16), leader.wait()).await;
+    let exited = tokio::time::timeout(Duration::from_secs(16), leader.child.wait()).await;
     proxy.set(proxy::Mode::Pass);
     let status = exited.unwrap_or_else(|_| {
         panic!(

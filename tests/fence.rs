@@ -2,17 +2,20 @@
 //! threads and processes, the `palisade fence` command, and SIGKILL mid-admit.
 //! No cluster needed.
 
+mod support;
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use palisade::fence::{Fence, FenceError, FileStore, JournalEntry};
+use support::cli::{fence as fence_cmd, palisade};
 
 fn store_dir() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -27,27 +30,6 @@ fn open(store: &Path) -> Fence<FileStore> {
 /// A new store.
 fn open_new(store: &Path) -> Fence<FileStore> {
     Fence::new(FileStore::create(store).expect("create store"))
-}
-
-/// The real binary, with none of the variables `palisade lock` would set leaking
-/// in from the environment of whoever runs the tests.
-fn palisade() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_palisade"));
-    command
-        .env_remove("PALISADE_FENCING_TOKEN")
-        .env_remove("PALISADE_LEASE")
-        .env_remove("PALISADE_HOLDER");
-    command
-}
-
-fn fence_cmd(store: &Path, args: &[&str]) -> Output {
-    palisade()
-        .arg("fence")
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .output()
-        .expect("run palisade fence")
 }
 
 fn stderr(output: &Output) -> String {

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use kube::api::DeleteParams;
 use palisade::api::{Lease, LeaseClaim, LeasePhase};
 use palisade::client::{AcquireOptions, Grant, LeaseClient, PodBinding};
-use support::{ControllerProcess, TestNamespace, WAIT, claim_names, wait_lease};
+use support::{
+    ControllerProcess, TestNamespace, WAIT, claim_names, palisade_on_cluster, wait_lease,
+};
 use tokio::process::Command;
 use tokio::time::timeout;
 
@@ -22,22 +24,9 @@ async fn setup(prefix: &str) -> (TestNamespace, ControllerProcess) {
     (ns, controller)
 }
 
-/// `palisade` with the test cluster's kubeconfig and no pod identity from the runner's environment.
-fn palisade() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_palisade"));
-    cmd.env("KUBECONFIG", support::kubeconfig_path())
-        .env_remove("POD_NAME")
-        .env_remove("POD_UID")
-        .env_remove("POD_NAMESPACE")
-        .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    cmd
-}
-
 /// `palisade lock -n NS ARGS... LEASE -- sh -c SCRIPT`
 fn lock(ns: &str, args: &[&str], lease: &str, script: &str) -> Command {
-    let mut cmd = palisade();
+    let mut cmd = palisade_on_cluster();
     cmd.args(["lock", "-n", ns])
         .args(args)
         .args([lease, "--", "sh", "-c", script]);
@@ -76,6 +65,11 @@ async fn wait_file(path: &Path) -> String {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits (bounded) until the command has written a pid to `path`, and returns it.
+async fn wait_pid(path: &Path) -> i32 {
+    wait_file(path).await.trim().parse().unwrap()
 }
 
 fn process_exists(pid: i32) -> bool {
@@ -263,7 +257,7 @@ async fn deleting_the_claim_stops_the_command_and_exits_75() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
+    let pid = wait_pid(&pidfile).await;
     let claims = claim_names(&ns).await;
     assert_eq!(claims.len(), 1);
 
@@ -308,7 +302,7 @@ async fn a_paused_lock_process_gives_up_at_its_local_deadline_and_kills_the_comm
     .spawn()
     .unwrap();
     let lock_pid = child.id().unwrap();
-    let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
+    let pid = wait_pid(&pidfile).await;
 
     // A pause (GC, CPU starvation) longer than the lease: the command keeps running meanwhile.
     send_signal(lock_pid, libc::SIGSTOP);
@@ -345,7 +339,7 @@ async fn by_default_a_lost_command_is_killed_within_the_safety_margin() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let pid: i32 = wait_file(&pidfile).await.trim().parse().unwrap();
+    let pid = wait_pid(&pidfile).await;
     let claims = claim_names(&ns).await;
     let lost = Instant::now();
     ns.api::<LeaseClaim>()
@@ -458,11 +452,7 @@ async fn sigkill_of_the_lock_process_kills_the_command() {
     // `exec`: the command palisade lock started is the sleep itself.
     let script = format!("echo $$ > {d}/pid; exec sleep 300");
     let mut child = lock(&ns.name, &[], "killed", &script).spawn().unwrap();
-    let pid: i32 = wait_file(&dir.path().join("pid"))
-        .await
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = wait_pid(&dir.path().join("pid")).await;
     assert!(
         process_running(pid),
         "the command runs while the lease is held"
@@ -470,23 +460,16 @@ async fn sigkill_of_the_lock_process_kills_the_command() {
 
     send_signal(child.id().unwrap(), libc::SIGKILL);
     child.wait().await.unwrap();
-    let deadline = Instant::now() + WAIT;
-    while process_running(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the command (pid {pid}) outlived palisade lock by {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_gone(pid, "the command", WAIT).await;
 }
 
-/// Waits (bounded) until the process is gone; panics naming `what` otherwise.
-async fn wait_gone(pid: i32, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
+/// Waits until the process is gone, for at most `limit`; panics naming `what` otherwise.
+async fn wait_gone(pid: i32, what: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
     while process_running(pid) {
         assert!(
             Instant::now() < deadline,
-            "{what} (pid {pid}) outlived palisade lock by 5s"
+            "{what} (pid {pid}) outlived palisade lock by {limit:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -500,16 +483,12 @@ async fn sigkill_of_the_lock_process_kills_the_commands_grandchildren() {
     // The shell is the command; `sleep` is its child, a grandchild of palisade lock.
     let script = format!("sleep 1000 & echo $! > {d}/pid.tmp; mv {d}/pid.tmp {d}/pid; wait");
     let mut child = lock(&ns.name, &[], "tree", &script).spawn().unwrap();
-    let grandchild: i32 = wait_file(&dir.path().join("pid"))
-        .await
-        .trim()
-        .parse()
-        .unwrap();
+    let grandchild = wait_pid(&dir.path().join("pid")).await;
     assert!(process_running(grandchild));
 
     send_signal(child.id().unwrap(), libc::SIGKILL);
     child.wait().await.unwrap();
-    wait_gone(grandchild, "the command's child").await;
+    wait_gone(grandchild, "the command's child", Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
@@ -522,12 +501,13 @@ async fn nothing_the_command_left_behind_outlives_palisade_lock() {
         format!("sleep 1000 >/dev/null 2>&1 & echo $! > {d}/pid.tmp; mv {d}/pid.tmp {d}/pid");
     let out = output(&mut lock(&ns.name, &[], "leftover", &script)).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-    let leftover: i32 = wait_file(&dir.path().join("pid"))
-        .await
-        .trim()
-        .parse()
-        .unwrap();
-    wait_gone(leftover, "the command's background child").await;
+    let leftover = wait_pid(&dir.path().join("pid")).await;
+    wait_gone(
+        leftover,
+        "the command's background child",
+        Duration::from_secs(5),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -573,14 +553,14 @@ async fn bad_input_exits_2_and_help_documents_the_exit_codes() {
             describe(&out)
         );
     }
-    let out = output(palisade().args(["lock", "-n", &ns.name, "l"])).await;
+    let out = output(palisade_on_cluster().args(["lock", "-n", &ns.name, "l"])).await;
     assert_eq!(out.status.code(), Some(2), "no command: {}", describe(&out));
     // Rejected by the API server: a Lease name must be a DNS label.
     let out = output(&mut lock(&ns.name, &[], "Not_A_Label", "true")).await;
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
     assert!(claim_names(&ns).await.is_empty());
 
-    let out = output(palisade().args(["lock", "--help"])).await;
+    let out = output(palisade_on_cluster().args(["lock", "--help"])).await;
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", describe(&out));
     for needle in [
@@ -631,7 +611,7 @@ async fn status_shows_holder_token_and_the_queue_in_grant_order() {
     let lease = ns.api::<Lease>().get("board").await.unwrap();
     let status = lease.status.unwrap();
 
-    let out = output(palisade().args(["status", "-n", &ns.name])).await;
+    let out = output(palisade_on_cluster().args(["status", "-n", &ns.name])).await;
     assert!(out.status.success(), "{}", describe(&out));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let lines: Vec<Vec<&str>> = text
@@ -650,7 +630,7 @@ async fn status_shows_holder_token_and_the_queue_in_grant_order() {
         "{text}"
     );
 
-    let out = output(palisade().args(["status", "-n", &ns.name, "board"])).await;
+    let out = output(palisade_on_cluster().args(["status", "-n", &ns.name, "board"])).await;
     assert!(out.status.success(), "{}", describe(&out));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let queue: Vec<&str> = text
@@ -661,7 +641,7 @@ async fn status_shows_holder_token_and_the_queue_in_grant_order() {
         .collect();
     assert_eq!(queue, status.waiting, "the controller's order:\n{text}");
 
-    let out = output(palisade().args(["status", "-n", &ns.name, "missing"])).await;
+    let out = output(palisade_on_cluster().args(["status", "-n", &ns.name, "missing"])).await;
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     for waiter in waiters {
         waiter.abort();
@@ -688,7 +668,7 @@ async fn status_and_lock_give_up_within_seconds_on_a_silently_dead_connection() 
     let started = Instant::now();
     let out = timeout(
         Duration::from_secs(60),
-        palisade()
+        palisade_on_cluster()
             .env("KUBECONFIG", &path)
             .args(["status", "-n", &ns.name])
             .output(),
@@ -703,7 +683,7 @@ async fn status_and_lock_give_up_within_seconds_on_a_silently_dead_connection() 
     let started = Instant::now();
     let out = timeout(
         Duration::from_secs(60),
-        palisade()
+        palisade_on_cluster()
             .env("KUBECONFIG", &path)
             .args(["lock", "-n", &ns.name, "dead", "--", "true"])
             .output(),

@@ -14,7 +14,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +28,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use palisade::api::Lease;
 use serde_json::json;
+use support::helm::{chart_dir, helm_command, with_helm_home};
+use support::tools::{kubectl_command, text, tool};
 
 const RELEASE: &str = "palisade";
 const SYSTEM_NS: &str = "palisade-system";
@@ -38,39 +39,15 @@ const EXAMPLE_IMAGE: &str = "palisade.local/palisade-example:0.1.0";
 /// The example's Lease duration (examples/ledger/ledger.yaml).
 const LEASE_SECONDS: u64 = 5;
 
-fn tool(name: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("`{name}` is not on PATH: run `make test` (it puts the pinned helm and kubectl there)")
-        })
-}
-
+/// helm or kubectl `args` against the test cluster (helm with a home of its own).
 fn run(program: &str, args: &[&str]) -> Output {
-    let mut cmd = Command::new(tool(program));
-    cmd.args(args)
-        .env("KUBECONFIG", support::kubeconfig_path())
-        .stdin(Stdio::null());
-    if program == "helm" {
-        let home = std::env::temp_dir().join(format!("palisade-node-tests-{}", std::process::id()));
-        cmd.env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_DATA_HOME", home.join("data"));
-    }
-    cmd.output()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    let mut cmd = match program {
+        "helm" => helm_command(true),
+        "kubectl" => kubectl_command(),
+        other => panic!("run: not helm or kubectl: {other}"),
+    };
+    cmd.args(args);
+    support::tools::run(cmd, None)
 }
 
 fn ok(program: &str, args: &[&str]) -> Output {
@@ -341,10 +318,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         &[
             "install",
             RELEASE,
-            support::repo_root()
-                .join("charts/palisade")
-                .to_str()
-                .unwrap(),
+            chart_dir().to_str().unwrap(),
             "-n",
             SYSTEM_NS,
             "--set",
@@ -509,10 +483,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         &[
             "upgrade",
             RELEASE,
-            support::repo_root()
-                .join("charts/palisade")
-                .to_str()
-                .unwrap(),
+            chart_dir().to_str().unwrap(),
             "-n",
             SYSTEM_NS,
             "--reuse-values",
@@ -573,12 +544,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         "impostor",
         "the container to exit",
         Duration::from_secs(60),
-        |p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|ph| ph == "Failed" || ph == "Succeeded")
-        },
+        exited,
     )
     .await;
     let logs = pods.logs("impostor", &Default::default()).await.unwrap();
@@ -614,10 +580,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
             .env("DEMO_SYSTEM_NAMESPACE", SYSTEM_NS)
             .env("DEMO_NAMESPACE", "palisade-demo-test")
             .stdin(Stdio::null());
-        let home = std::env::temp_dir().join(format!("palisade-node-tests-{}", std::process::id()));
-        cmd.env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_DATA_HOME", home.join("data"));
+        with_helm_home(&mut cmd);
         cmd.output().expect("running tests/demo/demo-cluster.sh")
     };
     println!("{}", String::from_utf8_lossy(&demo.stdout));
@@ -635,6 +598,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
     }
 }
 
+/// Waits (watching) until pod `name` in `ns` satisfies `check`, for at most `limit`.
 async fn wait_pod<F>(
     client: &Client,
     ns: &str,
@@ -647,19 +611,19 @@ where
     F: Fn(&Pod) -> bool,
 {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let deadline = Instant::now() + limit;
-    loop {
-        let p = pods.get(name).await.unwrap();
-        if check(&p) {
-            return p;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pod {name}: timed out after {limit:?} waiting for {what}: {:#?}",
-            p.status
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    support::wait_for_within(pods, name, &format!("pod {name}: {what}"), limit, |p| {
+        p.is_some_and(&check)
+    })
+    .await
+    .expect("a pod that satisfies the check exists")
+}
+
+/// The pod's container has exited: the pod failed or succeeded.
+fn exited(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|ph| ph == "Failed" || ph == "Succeeded")
 }
 
 fn restricted_pod(name: &str, image: &str, sa: &str, command: &[&str]) -> Pod {
@@ -738,10 +702,7 @@ async fn bad_input_in_the_cluster_fails_with_an_actionable_error() {
         &[
             "install",
             "palisade-bad",
-            support::repo_root()
-                .join("charts/palisade")
-                .to_str()
-                .unwrap(),
+            chart_dir().to_str().unwrap(),
             "-n",
             NS,
             "--set",
@@ -796,12 +757,7 @@ async fn bad_input_in_the_cluster_fails_with_an_actionable_error() {
         "no-rolebinding",
         "the container to exit",
         Duration::from_secs(60),
-        |p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .is_some_and(|ph| ph == "Failed" || ph == "Succeeded")
-        },
+        exited,
     )
     .await;
     let term = p.status.unwrap().container_statuses.unwrap()[0]

@@ -3,6 +3,8 @@
 //! bad input, autocommit, and installing twice.
 #![cfg(feature = "postgres")]
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/databases.rs"]
 mod databases;
 
@@ -15,6 +17,8 @@ use std::time::{Duration, Instant};
 use palisade::fence::postgres::{self, Error};
 use proptest::prelude::*;
 use tokio_postgres::{Client, IsolationLevel, NoTls};
+
+use databases::runtime;
 
 /// The crash test restarts the server: it takes this for writing, every other test for reading.
 static SERVER: RwLock<()> = RwLock::new(());
@@ -43,12 +47,16 @@ async fn setup() -> Client {
     client
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+/// How many rows of `key` the journal table holds.
+async fn written(client: &Client, key: &str) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM public.fenced_writes WHERE key = $1",
+            &[&key],
+        )
+        .await
         .unwrap()
+        .get(0)
 }
 
 async fn mark(client: &Client, key: &str) -> Option<i64> {
@@ -380,14 +388,7 @@ fn stale_refusal_names_key_and_both_tokens_and_nothing_commits() {
         assert!(!err.is_retryable());
         // The transaction is aborted: PostgreSQL answers its COMMIT with ROLLBACK.
         let _ = tx.commit().await;
-        let n: i64 = client
-            .query_one(
-                "SELECT count(*) FROM public.fenced_writes WHERE key = $1",
-                &[&key],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let n = written(&client, &key).await;
         assert_eq!(n, 0);
         // Any language sees the SQLSTATE and the message.
         let raw = client
@@ -539,14 +540,7 @@ fn sigkill_of_a_client_mid_transaction_leaves_nothing() {
         .expect("the killed client's lock was released")
         .unwrap();
         assert_eq!(admitted.previous, Some(5));
-        let n: i64 = client
-            .query_one(
-                "SELECT count(*) FROM public.fenced_writes WHERE key = $1",
-                &[&key],
-            )
-            .await
-            .unwrap()
-            .get(0);
+        let n = written(&client, &key).await;
         assert_eq!(n, 0, "the killed transaction's write is gone");
         drop(stdin);
     });
@@ -587,15 +581,7 @@ fn cli_admits_refuses_with_exit_3_and_shows() {
     let _server = SERVER.read().unwrap();
     let url = databases::postgres_url();
     let key = databases::unique("cli");
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_palisade"))
-            .env_remove("PALISADE_FENCING_TOKEN")
-            .env_remove("PALISADE_LEASE")
-            .args(["fence", "--store", &url])
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| cli::fence(&url, args);
     let ok = run(&["--key", &key, "--token", "34"]);
     assert!(
         ok.status.success(),

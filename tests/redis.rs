@@ -3,6 +3,8 @@
 //! fallback, and a SIGKILL restart that keeps marks and writes.
 #![cfg(feature = "redis")]
 
+#[path = "support/cli.rs"]
+mod cli;
 #[path = "support/databases.rs"]
 mod databases;
 
@@ -14,6 +16,8 @@ use palisade::fence::redis::{self as fence_redis, Error, RedisFence, Write};
 use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
 
+use databases::runtime;
+
 /// The restart test kills the server: it takes this for writing, others for reading.
 static SERVER: RwLock<()> = RwLock::new(());
 
@@ -23,14 +27,6 @@ async fn connect() -> MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .expect("connecting to the test Redis")
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
@@ -336,15 +332,7 @@ fn cli_admits_writes_the_payload_and_refuses_with_exit_3() {
     let _server = SERVER.read().unwrap();
     let url = databases::redis_url();
     let key = databases::unique("redis-cli");
-    let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
-            .env_remove("PALISADE_FENCING_TOKEN")
-            .env_remove("PALISADE_LEASE")
-            .args(["fence", "--store", &url])
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| cli::fence(&url, args);
     let ok = run(&["--key", &key, "--token", "34", "--payload", "new"]);
     assert!(
         ok.status.success(),

@@ -1,5 +1,15 @@
 //! Shared test support: the real local control plane (`make cluster`), a client
-//! for it, and a namespace per test that is deleted afterwards.
+//! for it, a namespace per test that is deleted afterwards, and waiting for an object
+//! by watching it. One module per concept:
+//!
+//! - `claims`: creating Leases and LeaseClaims, waiting for grants and claim phases
+//! - `helm`: the chart, installed as a release per test namespace
+//! - `admission`: the chart's admission policies as a test meets them
+//! - `accounts`: ServiceAccounts, their pods and tokens, the client role bound to them
+//! - `tools`: helm and kubectl from PATH, and how a failed process is shown
+//! - `cli`: the `palisade` binary as a process
+//! - `blackhole`: a TCP proxy whose connections die silently
+//! - `databases.rs` (included by path from the database tests): PostgreSQL and Redis
 //!
 //! Integration tests never skip: when the cluster cannot be started they fail
 //! with the reason (the failing component's log tail, printed by cluster.sh).
@@ -15,7 +25,13 @@ use kube::api::{DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
+pub mod accounts;
+pub mod admission;
 pub mod blackhole;
+pub mod claims;
+pub mod cli;
+pub mod helm;
+pub mod tools;
 
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -111,19 +127,11 @@ impl TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // Drop cannot await, and may run inside the test's runtime: delete from a thread of its own.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let _ = Api::<Namespace>::all(client().await)
-                    .delete(&name, &DeleteParams::background())
-                    .await;
-            });
-        })
-        .join();
+        clean_up(|| async move {
+            let _ = Api::<Namespace>::all(client().await)
+                .delete(&name, &DeleteParams::background())
+                .await;
+        });
     }
 }
 
@@ -172,6 +180,20 @@ pub async fn install_crds() {
     .await;
 }
 
+/// The palisade CRDs installed ([`install_crds`]) and a namespace of the test's own.
+pub async fn setup(prefix: &str) -> TestNamespace {
+    install_crds().await;
+    TestNamespace::new(prefix).await
+}
+
+/// The API server's refusal; panics if the call was not refused by it.
+pub fn api_error(result: Result<impl std::fmt::Debug, kube::Error>) -> Box<kube::core::Status> {
+    match result {
+        Err(kube::Error::Api(status)) => status,
+        other => panic!("expected the API server to refuse, got {other:?}"),
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (for a controller's admin server).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -189,6 +211,11 @@ pub struct ControllerProcess {
 
 impl ControllerProcess {
     pub async fn start(namespace: &str, extra: &[&str]) -> Self {
+        Self::start_with_kubeconfig(namespace, kubeconfig_path(), extra).await
+    }
+
+    /// [`ControllerProcess::start`] with a kubeconfig of the test's own.
+    pub async fn start_with_kubeconfig(namespace: &str, kubeconfig: &Path, extra: &[&str]) -> Self {
         let admin_port = free_port();
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -199,7 +226,7 @@ impl ControllerProcess {
             .args(["controller", "--namespace", namespace, "--admin-addr"])
             .arg(format!("127.0.0.1:{admin_port}"))
             .args(extra)
-            .env("KUBECONFIG", kubeconfig_path())
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,palisade=debug")
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -261,6 +288,33 @@ impl ControllerProcess {
     }
 }
 
+/// The `palisade` CLI ([`cli::palisade`]) as a tokio process against the test cluster:
+/// its kubeconfig, warnings only, no stdin, killed when dropped.
+pub fn palisade_on_cluster() -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::from(cli::palisade());
+    cmd.env("KUBECONFIG", kubeconfig_path())
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Runs `work` to completion on a runtime of its own, in a thread of its own: cleanup
+/// for `Drop`, which cannot await and may run inside the test's runtime.
+pub fn clean_up<F>(work: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = ()>,
+{
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(work());
+    })
+    .join();
+}
+
 /// How long a test waits for the cluster to reach an expected state.
 pub const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -275,16 +329,34 @@ pub async fn wait_for<K>(
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
+    wait_for_within(api, name, what, WAIT, pred).await
+}
+
+/// [`wait_for`] with a time limit of its own; the panic shows the object as last seen.
+pub async fn wait_for_within<K>(
+    api: Api<K>,
+    name: &str,
+    what: &str,
+    limit: std::time::Duration,
+    pred: impl Fn(Option<&K>) -> bool,
+) -> Option<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     use futures::StreamExt;
     let mut events = kube::runtime::watcher::watch_object(api, name).boxed();
-    let deadline = std::time::Instant::now() + WAIT;
+    let deadline = std::time::Instant::now() + limit;
+    let mut last = None;
     loop {
         let remaining = deadline.saturating_duration_since(std::time::Instant::now());
         match tokio::time::timeout(remaining, events.next()).await {
             Ok(Some(Ok(obj))) if pred(obj.as_ref()) => return obj,
-            Ok(Some(_)) => continue,
+            Ok(Some(Ok(obj))) => last = obj,
+            Ok(Some(Err(_))) => continue,
             Ok(None) => panic!("watch on {name} ended"),
-            Err(_) => panic!("{name}: timed out after {WAIT:?} waiting for {what}"),
+            Err(_) => {
+                panic!("{name}: timed out after {limit:?} waiting for {what}; last seen: {last:?}")
+            }
         }
     }
 }

@@ -1,0 +1,345 @@
+//! The Helm chart against the real API server: install and uninstall, server-side
+//! validation of what it renders, and the Pod Security Standard of the controller pod.
+//!
+//! helm and kubectl come from PATH (`make test` puts the pinned ones there). Every
+//! test installs its own release into its own namespace.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use palisade::api::Lease;
+use serde_json::{Value, json};
+use support::claims::create_lease;
+use support::helm::{Release, chart_dir, helm_ok};
+use support::tools::{kubectl_command, run, text};
+use support::{TestNamespace, WAIT, api_error, setup};
+
+#[tokio::test]
+async fn install_creates_the_objects_and_uninstall_keeps_user_leases_and_crds() {
+    // The CRDs exist already (other tests apply them): helm must tolerate that.
+    let ns = setup("helm-install").await;
+    let client = ns.client.clone();
+    let release = Release::install(&ns, &[&ns.name], &[]);
+    let full = release.name.clone();
+
+    let status = helm_ok(
+        true,
+        &[
+            "status",
+            &release.name,
+            "--namespace",
+            &ns.name,
+            "-o",
+            "json",
+        ],
+    );
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["info"]["status"], "deployed");
+    assert!(
+        status["info"]["notes"]
+            .as_str()
+            .is_some_and(|n| n.contains("kind: Lease") && n.contains("palisade lock")),
+        "NOTES tell how to create a Lease and run palisade lock: {}",
+        status["info"]["notes"]
+    );
+
+    // Namespaced objects (the Deployment never runs: there is no kubelet).
+    let deploy = ns.api::<Deployment>().get(&full).await.expect("Deployment");
+    assert_eq!(deploy.spec.unwrap().replicas, Some(2));
+    ns.api::<ServiceAccount>()
+        .get(&full)
+        .await
+        .expect("ServiceAccount");
+    ns.api::<Service>()
+        .get(&format!("{full}-metrics"))
+        .await
+        .expect("metrics Service");
+    ns.api::<PodDisruptionBudget>()
+        .get(&full)
+        .await
+        .expect("PDB");
+    ns.api::<Role>()
+        .get(&format!("{full}-election"))
+        .await
+        .expect("election Role");
+    ns.api::<RoleBinding>()
+        .get(&format!("{full}-election"))
+        .await
+        .expect("election RoleBinding");
+    // Cluster-scoped objects.
+    let cluster_roles: Api<ClusterRole> = Api::all(client.clone());
+    cluster_roles
+        .get(&format!("{full}-controller"))
+        .await
+        .expect("controller ClusterRole");
+    let client_role = cluster_roles
+        .get(&format!("{full}-client"))
+        .await
+        .expect("client ClusterRole");
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .get(&format!("{full}-controller"))
+        .await
+        .expect("controller ClusterRoleBinding");
+    for policy in ["claim-identity", "object-fencing", "fencing-lease"] {
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .get(&format!("{full}-{policy}"))
+            .await
+            .expect("ValidatingAdmissionPolicy");
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .get(&format!("{full}-{policy}"))
+            .await
+            .expect("ValidatingAdmissionPolicyBinding");
+    }
+    // The built-in edit role aggregates the client role (by label: the aggregation
+    // controller itself does not run in the test control plane).
+    let edit = cluster_roles
+        .get("edit")
+        .await
+        .expect("the edit ClusterRole");
+    let labels = client_role.labels();
+    let selected = edit
+        .aggregation_rule
+        .and_then(|a| a.cluster_role_selectors)
+        .unwrap_or_default()
+        .iter()
+        .any(|s| {
+            s.match_labels
+                .as_ref()
+                .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| labels.get(k) == Some(v)))
+        });
+    assert!(
+        selected,
+        "edit does not aggregate {full}-client: {labels:?}"
+    );
+
+    // A user's Lease, created while the chart is installed.
+    create_lease(&ns, "users-lease", 30).await;
+
+    release.uninstall();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = left_behind(&ns, &full).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "helm uninstall left controller objects behind: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ns.api::<Lease>()
+        .get("users-lease")
+        .await
+        .expect("helm uninstall keeps the user's Lease");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in ["leases.palisade.dev", "leaseclaims.palisade.dev"] {
+        crds.get(crd)
+            .await
+            .unwrap_or_else(|e| panic!("helm uninstall keeps CRD {crd}: {e}"));
+    }
+}
+
+/// Whether the named object exists.
+async fn exists<K>(api: Api<K>, name: &str) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.unwrap().is_some()
+}
+
+/// The objects of release `full` (the chart's full name) that still exist.
+async fn left_behind(ns: &TestNamespace, full: &str) -> Vec<String> {
+    let client = ns.client.clone();
+    let mut left = vec![];
+    for (kind, there) in [
+        ("Deployment", exists(ns.api::<Deployment>(), full).await),
+        (
+            "ServiceAccount",
+            exists(ns.api::<ServiceAccount>(), full).await,
+        ),
+        (
+            "Service",
+            exists(ns.api::<Service>(), &format!("{full}-metrics")).await,
+        ),
+        (
+            "PodDisruptionBudget",
+            exists(ns.api::<PodDisruptionBudget>(), full).await,
+        ),
+        (
+            "Role",
+            exists(ns.api::<Role>(), &format!("{full}-election")).await,
+        ),
+    ] {
+        if there {
+            left.push(kind.to_string());
+        }
+    }
+    for suffix in ["controller", "client"] {
+        if exists(
+            Api::<ClusterRole>::all(client.clone()),
+            &format!("{full}-{suffix}"),
+        )
+        .await
+        {
+            left.push(format!("ClusterRole {suffix}"));
+        }
+    }
+    if exists(
+        Api::<ClusterRoleBinding>::all(client.clone()),
+        &format!("{full}-controller"),
+    )
+    .await
+    {
+        left.push("ClusterRoleBinding".into());
+    }
+    for policy in ["claim-identity", "object-fencing", "fencing-lease"] {
+        let name = format!("{full}-{policy}");
+        if exists(Api::<ValidatingAdmissionPolicy>::all(client.clone()), &name).await {
+            left.push(format!("ValidatingAdmissionPolicy {policy}"));
+        }
+        if exists(
+            Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+            &name,
+        )
+        .await
+        {
+            left.push(format!("ValidatingAdmissionPolicyBinding {policy}"));
+        }
+    }
+    left
+}
+
+#[tokio::test]
+async fn rendered_chart_passes_server_side_validation() {
+    let ns = setup("helm-dry-run").await;
+    let release = Release::name_for(&ns);
+    let chart = chart_dir();
+    for extra in [
+        &[][..],
+        &[
+            "--set",
+            &format!("controller.watchNamespace={}", ns.name),
+            "--set-json",
+            r#"policies.fencing.resources=[{"apiGroups":[""],"apiVersions":["v1"],"resources":["secrets"]},{"apiGroups":["example.com"],"apiVersions":["v1"],"resources":["widgets"],"scope":"Namespaced"}]"#,
+            "--set",
+            "policies.claimIdentity.allowNonPodCredentials=false",
+            "--set-json",
+            r#"policies.namespaceSelector={"matchLabels":{"team":"payments"}}"#,
+            "--set-json",
+            "podDisruptionBudget.minAvailable=1",
+            "--set",
+            "controller.leaderElection.leaseName=elect",
+        ][..],
+    ] {
+        let mut args = vec![
+            "template",
+            &release,
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns.name,
+            "--include-crds",
+        ];
+        args.extend_from_slice(extra);
+        let rendered = helm_ok(false, &args);
+        let rendered = String::from_utf8(rendered.stdout).unwrap();
+        assert!(rendered.contains("kind: CustomResourceDefinition"));
+        // Server-side apply, dry run, strict field validation: unknown or duplicate
+        // fields are errors, not warnings.
+        let mut cmd = kubectl_command();
+        cmd.args([
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "--field-manager=palisade-helm-dry-run",
+            "--namespace",
+            &ns.name,
+            "-f",
+            "-",
+        ]);
+        let out = run(cmd, Some(&rendered));
+        assert!(
+            out.status.success(),
+            "kubectl apply --dry-run=server of `helm template {extra:?}` failed:\n{}",
+            text(&out)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.to_lowercase().contains("warning"),
+            "server-side validation warned:\n{}",
+            text(&out)
+        );
+        let applied = String::from_utf8_lossy(&out.stdout);
+        for kind in [
+            "customresourcedefinition.apiextensions.k8s.io/leases.palisade.dev",
+            "deployment.apps/",
+            "validatingadmissionpolicy.admissionregistration.k8s.io/",
+            "validatingadmissionpolicybinding.admissionregistration.k8s.io/",
+            "clusterrole.rbac.authorization.k8s.io/",
+            "poddisruptionbudget.policy/",
+        ] {
+            assert!(applied.contains(kind), "{kind} not applied:\n{applied}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn controller_pod_meets_the_restricted_pod_security_standard() {
+    let ns = setup("helm-psa").await;
+    Api::<Namespace>::all(ns.client.clone())
+        .patch(
+            &ns.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+                "pod-security.kubernetes.io/warn": "restricted",
+                "pod-security.kubernetes.io/warn-version": "latest",
+            }}})),
+        )
+        .await
+        .unwrap();
+    // helm install fails on warnings (Release::install), including "would violate PodSecurity".
+    let release = Release::install(&ns, &[&ns.name], &[]);
+    let deploy = ns.api::<Deployment>().get(&release.name).await.unwrap();
+    let template = serde_json::to_value(deploy.spec.unwrap().template).unwrap();
+    let pod = |spec: Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "controller-pod", "labels": template["metadata"]["labels"]},
+            "spec": spec
+        }))
+        .unwrap()
+    };
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    ns.api::<Pod>()
+        .create(&dry_run, &pod(template["spec"].clone()))
+        .await
+        .expect("the controller pod is admitted in a namespace enforcing `restricted`");
+
+    // The check has teeth: without the container security context the pod is refused.
+    let mut loose = template["spec"].clone();
+    loose["containers"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("securityContext");
+    let refused = api_error(ns.api::<Pod>().create(&dry_run, &pod(loose)).await);
+    assert!(
+        refused.message.contains("violates PodSecurity"),
+        "{refused:?}"
+    );
+}

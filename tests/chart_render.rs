@@ -1,0 +1,583 @@
+//! The Helm chart (charts/palisade) on its own, no cluster: the CRD copy, `helm lint`,
+//! the values schema, and what `helm template` renders (the controller Deployment, the
+//! least-privilege RBAC, the admission policies and their bindings).
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+use support::helm::{chart_dir, helm_command, helm_ok};
+use support::tools::{run, text};
+
+/// `helm template` of the chart, parsed into its objects.
+fn render(release: &str, namespace: &str, extra: &[&str]) -> Vec<Value> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        release,
+        chart.to_str().unwrap(),
+        "--namespace",
+        namespace,
+    ];
+    args.extend_from_slice(extra);
+    let out = helm_ok(false, &args);
+    parse_objects(&String::from_utf8(out.stdout).unwrap())
+}
+
+fn parse_objects(yaml: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).expect("helm renders valid YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| {
+            let have: Vec<String> = objects
+                .iter()
+                .map(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]))
+                .collect();
+            panic!("the chart renders no {kind} {name}; it renders {have:?}")
+        })
+}
+
+fn kinds(objects: &[Value]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Flattens RBAC rules into (apiGroup, resource, verb, resourceName) tuples.
+fn rule_set(role: &Value) -> BTreeSet<(String, String, String, String)> {
+    let mut set = BTreeSet::new();
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    };
+    for rule in role["rules"].as_array().expect("rules") {
+        let names = strings(&rule["resourceNames"]);
+        let names = if names.is_empty() {
+            vec![String::new()]
+        } else {
+            names
+        };
+        for g in strings(&rule["apiGroups"]) {
+            for r in strings(&rule["resources"]) {
+                for v in strings(&rule["verbs"]) {
+                    for n in &names {
+                        set.insert((g.clone(), r.clone(), v.clone(), n.clone()));
+                    }
+                }
+            }
+        }
+    }
+    set
+}
+
+fn rules(spec: &[(&str, &str, &[&str], &str)]) -> BTreeSet<(String, String, String, String)> {
+    spec.iter()
+        .flat_map(|(g, r, verbs, name)| {
+            verbs.iter().map(move |v| {
+                (
+                    g.to_string(),
+                    r.to_string(),
+                    v.to_string(),
+                    name.to_string(),
+                )
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn chart_crds_are_a_byte_identical_copy_of_the_generated_crds() {
+    let generated = support::repo_root().join("crds/palisade.dev.yaml");
+    let copy = chart_dir().join("crds/palisade.dev.yaml");
+    let a = std::fs::read(&generated).expect("crds/palisade.dev.yaml");
+    let b = std::fs::read(&copy).expect("charts/palisade/crds/palisade.dev.yaml");
+    assert!(
+        a == b,
+        "{} differs from {}: copy it (cp crds/palisade.dev.yaml charts/palisade/crds/)",
+        copy.display(),
+        generated.display()
+    );
+    let files: Vec<_> = std::fs::read_dir(chart_dir().join("crds"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        files.len(),
+        1,
+        "charts/palisade/crds holds only the copy: {files:?}"
+    );
+}
+
+#[test]
+fn helm_lint_is_clean() {
+    let chart = chart_dir();
+    for extra in [
+        &[][..],
+        &[
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "controller.watchNamespace=apps",
+            "--set",
+            "controller.leaderElection.enabled=false",
+        ][..],
+    ] {
+        let mut args = vec!["lint", "--strict", chart.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = helm_ok(false, &args);
+        let all = text(&out);
+        assert!(
+            !all.contains("[WARNING]") && !all.contains("[ERROR]"),
+            "helm lint {extra:?} is not clean:\n{all}"
+        );
+    }
+}
+
+#[test]
+fn bad_values_fail_with_a_message_naming_the_value() {
+    let chart = chart_dir();
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--set", "replicaCount=two"], &["replicaCount"]),
+        (&["--set", "replicas=3"], &["replicas"]),
+        (&["--set", "image.pullPolicy=Sometimes"], &["pullPolicy"]),
+        (&["--set", "image.digest=latest"], &["digest"]),
+        (&["--set", "controller.adminPort=80"], &["adminPort"]),
+        (&["--set", "controller.concurrency=0"], &["concurrency"]),
+        (
+            &["--set", "controller.watchNamespace=Not_A_Namespace"],
+            &["watchNamespace"],
+        ),
+        (
+            &["--set-json", "podDisruptionBudget.maxUnavailable=\"half\""],
+            &["maxUnavailable"],
+        ),
+        (
+            &[
+                "--set-json",
+                "policies.claimIdentity.validationActions=[\"Deny\",\"Warn\"]",
+            ],
+            &["validationActions"],
+        ),
+        (
+            &[
+                "--set-json",
+                "policies.fencing.validationActions=[\"Block\"]",
+            ],
+            &["validationActions"],
+        ),
+        (
+            &[
+                "--set-json",
+                "policies.fencing.resources=[{\"apiGroups\":[\"apps\"],\"apiVersions\":[\"v1\"]}]",
+            ],
+            &["resources"],
+        ),
+        (
+            &[
+                "--set-json",
+                "policies.fencing.resources=[{\"apiGroups\":[\"apps\"],\"apiVersions\":[\"v1\"],\"resources\":[\"deployments\"]}]",
+            ],
+            &[
+                "policies.fencing.resources[0]",
+                "deployments",
+                "cannot be fenced",
+                "/scale",
+            ],
+        ),
+        (
+            &[
+                "--set-json",
+                "policies.fencing.resources=[{\"apiGroups\":[\"\"],\"apiVersions\":[\"v1\"],\"resources\":[\"secrets\",\"pods\"]}]",
+            ],
+            &["policies.fencing.resources[0]", "pods", "cannot be fenced"],
+        ),
+        (
+            &[
+                "--set-json",
+                "policies.fencing.resources=[{\"apiGroups\":[\"example.com\"],\"apiVersions\":[\"v1\"],\"resources\":[\"widgets/status\"]}]",
+            ],
+            &["resources"],
+        ),
+        (
+            &[
+                "--set-json",
+                "policies.fencing.resources=[{\"apiGroups\":[\"*\"],\"apiVersions\":[\"v1\"],\"resources\":[\"widgets\"]}]",
+            ],
+            &["apiGroups"],
+        ),
+        (
+            &[
+                "--set",
+                "policies.claimIdentity.allowNonPodCredentials=maybe",
+            ],
+            &["allowNonPodCredentials"],
+        ),
+        (
+            &["--set", "policies.fencing.configMaps=false"],
+            &["nothing to fence", "policies.fencing.resources"],
+        ),
+        (
+            &["--set", "serviceAccount.create=false"],
+            &["serviceAccount.name is required"],
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut cmd = helm_command(false);
+        cmd.args(["template", "bad", chart.to_str().unwrap()])
+            .args(*args);
+        let out = run(cmd, None);
+        assert!(
+            !out.status.success(),
+            "helm template {args:?} should fail:\n{}",
+            text(&out)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        for needle in *expected {
+            assert!(
+                stderr.contains(needle),
+                "helm template {args:?}: the error should name {needle:?}:\n{}",
+                text(&out)
+            );
+        }
+    }
+}
+
+#[test]
+fn rendered_controller_deployment_matches_the_contract() {
+    let objects = render("palisade", "ops", &[]);
+    let chart: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
+            .unwrap();
+    let app_version = chart["appVersion"].as_str().unwrap();
+
+    let deploy = find(&objects, "Deployment", "palisade");
+    assert_eq!(deploy["metadata"]["namespace"], "ops");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "palisade");
+    find(&objects, "ServiceAccount", "palisade");
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["image"],
+        format!("ghcr.io/palisade-dev/palisade:{app_version}")
+    );
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for expected in [
+        "controller",
+        "--leader-elect=true",
+        "--admin-addr=0.0.0.0:8080",
+        "--election-name=palisade-controller",
+    ] {
+        assert!(args.contains(&expected), "args {args:?} lack {expected}");
+    }
+    assert_eq!(args[0], "controller");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--namespace")),
+        "all namespaces by default: {args:?}"
+    );
+    let env = |name: &str| {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no env {name}"))
+            .clone()
+    };
+    assert_eq!(
+        env("POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert_eq!(
+        env("POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
+    assert_eq!(c["ports"][0]["name"], "admin");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], "admin");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "admin");
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    for k in ["requests", "limits"] {
+        for r in ["cpu", "memory"] {
+            assert!(c["resources"][k][r].is_string(), "resources.{k}.{r} unset");
+        }
+    }
+
+    let svc = find(&objects, "Service", "palisade-metrics");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 8080);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "admin");
+    assert_eq!(svc["spec"]["ports"][0]["name"], "metrics");
+    let pdb = find(&objects, "PodDisruptionBudget", "palisade");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+    assert!(
+        !kinds(&objects).contains("ServiceMonitor"),
+        "the ServiceMonitor is off by default"
+    );
+
+    let with_monitor = render("palisade", "ops", &["--set", "serviceMonitor.enabled=true"]);
+    let sm = find(&with_monitor, "ServiceMonitor", "palisade");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(
+        sm["spec"]["selector"]["matchLabels"],
+        svc["metadata"]["labels"]
+            .as_object()
+            .map(|l| {
+                let keep = [
+                    "app.kubernetes.io/name",
+                    "app.kubernetes.io/instance",
+                    "app.kubernetes.io/component",
+                ];
+                Value::Object(
+                    l.iter()
+                        .filter(|(k, _)| keep.contains(&k.as_str()))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                )
+            })
+            .unwrap()
+    );
+
+    let pinned = render(
+        "palisade",
+        "ops",
+        &["--set", &format!("image.digest=sha256:{}", "a".repeat(64))],
+    );
+    assert_eq!(
+        find(&pinned, "Deployment", "palisade")["spec"]["template"]["spec"]["containers"][0]["image"],
+        format!("ghcr.io/palisade-dev/palisade@sha256:{}", "a".repeat(64))
+    );
+}
+
+#[test]
+fn rendered_rbac_grants_exactly_the_calls_the_controller_and_clients_make() {
+    let objects = render("palisade", "ops", &[]);
+    let controller = find(&objects, "ClusterRole", "palisade-controller");
+    assert_eq!(
+        rule_set(controller),
+        rules(&[
+            ("palisade.dev", "leases", &["get", "list", "watch"], ""),
+            ("palisade.dev", "leaseclaims", &["get", "list", "watch"], ""),
+            ("palisade.dev", "leases/status", &["get", "update"], ""),
+            ("palisade.dev", "leaseclaims/status", &["patch"], ""),
+            ("", "pods", &["get", "list", "watch"], ""),
+            ("events.k8s.io", "events", &["create"], ""),
+        ])
+    );
+    let binding = find(&objects, "ClusterRoleBinding", "palisade-controller");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "palisade", "namespace": "ops"}])
+    );
+    let election = find(&objects, "Role", "palisade-election");
+    assert_eq!(election["metadata"]["namespace"], "ops");
+    assert_eq!(
+        rule_set(election),
+        rules(&[
+            ("coordination.k8s.io", "leases", &["create"], ""),
+            (
+                "coordination.k8s.io",
+                "leases",
+                &["get", "update"],
+                "palisade-controller"
+            ),
+        ])
+    );
+    find(&objects, "RoleBinding", "palisade-election");
+    let client = find(&objects, "ClusterRole", "palisade-client");
+    assert_eq!(
+        rule_set(client),
+        rules(&[
+            (
+                "palisade.dev",
+                "leases",
+                &["create", "get", "list", "watch"],
+                ""
+            ),
+            (
+                "palisade.dev",
+                "leaseclaims",
+                &["create", "get", "list", "watch", "patch", "delete"],
+                ""
+            ),
+        ])
+    );
+    assert_eq!(
+        client["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
+        "true"
+    );
+    assert_eq!(
+        client["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"],
+        "true"
+    );
+    let role_kinds: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"].as_str().unwrap().contains("Role"))
+        .map(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]))
+        .collect();
+    assert_eq!(role_kinds.len(), 5, "no other RBAC objects: {role_kinds:?}");
+
+    // One namespace watched: the ClusterRole is granted there only.
+    let scoped = render(
+        "palisade",
+        "ops",
+        &["--set", "controller.watchNamespace=apps"],
+    );
+    assert!(
+        !scoped.iter().any(|o| o["kind"] == "ClusterRoleBinding"),
+        "no ClusterRoleBinding when one namespace is watched"
+    );
+    let rb = find(&scoped, "RoleBinding", "palisade-controller");
+    assert_eq!(rb["metadata"]["namespace"], "apps");
+    assert_eq!(rb["roleRef"]["kind"], "ClusterRole");
+    let args = &find(&scoped, "Deployment", "palisade")["spec"]["template"]["spec"]["containers"]
+        [0]["args"];
+    assert!(
+        args.as_array()
+            .unwrap()
+            .contains(&json!("--namespace=apps")),
+        "{args}"
+    );
+
+    // Without leader election there is no election Role.
+    let single = render(
+        "palisade",
+        "ops",
+        &["--set", "controller.leaderElection.enabled=false"],
+    );
+    assert!(!single.iter().any(|o| o["kind"] == "Role"));
+    let args = &find(&single, "Deployment", "palisade")["spec"]["template"]["spec"]["containers"]
+        [0]["args"];
+    assert!(
+        args.as_array()
+            .unwrap()
+            .contains(&json!("--leader-elect=false"))
+    );
+}
+
+#[test]
+fn rendered_fencing_policy_covers_configmaps_and_the_configured_resources() {
+    let objects = render("palisade", "ops", &[]);
+    let rules_of = |objects: &[Value]| {
+        find(
+            objects,
+            "ValidatingAdmissionPolicy",
+            "palisade-object-fencing",
+        )["spec"]["matchConstraints"]["resourceRules"]
+            .clone()
+    };
+    assert_eq!(
+        rules_of(&objects),
+        json!([{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"],
+                "operations": ["CREATE", "UPDATE", "DELETE"]}])
+    );
+    // The Lease is the parameter of the second policy: every Lease of the object's namespace
+    // is selected, and a missing one lets the object's own token decide.
+    let lease_policy = find(
+        &objects,
+        "ValidatingAdmissionPolicy",
+        "palisade-fencing-lease",
+    );
+    assert_eq!(
+        lease_policy["spec"]["paramKind"],
+        json!({"apiVersion": "palisade.dev/v1alpha1", "kind": "Lease"})
+    );
+    assert_eq!(
+        find(
+            &objects,
+            "ValidatingAdmissionPolicyBinding",
+            "palisade-fencing-lease"
+        )["spec"]["paramRef"],
+        json!({"selector": {}, "parameterNotFoundAction": "Allow"})
+    );
+    assert!(
+        !objects
+            .iter()
+            .any(|o| o["metadata"]["name"] == "palisade-fencing-scale"),
+        "no /scale policy without policies.fencing.resources"
+    );
+    for name in [
+        "palisade-object-fencing",
+        "palisade-fencing-lease",
+        "palisade-claim-identity",
+    ] {
+        let binding = find(&objects, "ValidatingAdmissionPolicyBinding", name);
+        assert_eq!(binding["spec"]["policyName"], name);
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(
+            binding["spec"]["matchResources"]["namespaceSelector"],
+            json!({})
+        );
+    }
+    let more = render(
+        "palisade",
+        "ops",
+        &[
+            "--set-json",
+            r#"policies.fencing.resources=[{"apiGroups":["example.com"],"apiVersions":["v1"],"resources":["widgets","gadgets"]}]"#,
+        ],
+    );
+    // Their subresources are matched too (and refused for fenced objects), ...
+    assert_eq!(
+        rules_of(&more)[1],
+        json!({"apiGroups": ["example.com"], "apiVersions": ["v1"],
+               "resources": ["widgets", "widgets/*", "gadgets", "gadgets/*"],
+               "operations": ["CREATE", "UPDATE", "DELETE"]})
+    );
+    // ... and /scale is refused for the whole kind.
+    assert_eq!(
+        find(&more, "ValidatingAdmissionPolicy", "palisade-fencing-scale")["spec"]["matchConstraints"]
+            ["resourceRules"],
+        json!([{"apiGroups": ["example.com"], "apiVersions": ["v1"],
+                "resources": ["widgets/scale", "gadgets/scale"], "operations": ["CREATE", "UPDATE"]}])
+    );
+    let off = render(
+        "palisade",
+        "ops",
+        &[
+            "--set",
+            "policies.fencing.enabled=false",
+            "--set",
+            "policies.claimIdentity.enabled=false",
+        ],
+    );
+    assert!(
+        !kinds(&off)
+            .iter()
+            .any(|k| k.starts_with("ValidatingAdmission")),
+        "{:?}",
+        kinds(&off)
+    );
+}

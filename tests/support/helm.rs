@@ -1,0 +1,125 @@
+//! The Helm chart (charts/palisade): helm with a home of its own, and a release
+//! installed into a test namespace and uninstalled when the test ends.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::json;
+
+use super::TestNamespace;
+use super::tools::{run, text, tool};
+
+pub fn chart_dir() -> PathBuf {
+    super::repo_root().join("charts/palisade")
+}
+
+/// Gives `cmd` (helm, or a script that runs it) helm config/cache/data directories of
+/// this test process, never the user's.
+pub fn with_helm_home(cmd: &mut Command) -> &mut Command {
+    static HOME: OnceLock<PathBuf> = OnceLock::new();
+    let home = HOME.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("palisade-helm-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    });
+    cmd.env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+}
+
+/// helm with its own home ([`with_helm_home`]), and the test cluster's kubeconfig when
+/// `cluster` is set.
+pub fn helm_command(cluster: bool) -> Command {
+    let mut cmd = Command::new(tool("helm"));
+    with_helm_home(&mut cmd);
+    if cluster {
+        cmd.env("KUBECONFIG", super::kubeconfig_path());
+    } else {
+        // helm lint/template must not need a cluster.
+        cmd.env("KUBECONFIG", "/nonexistent/kubeconfig");
+    }
+    cmd
+}
+
+/// helm `args`, which must succeed.
+pub fn helm_ok(cluster: bool, args: &[&str]) -> Output {
+    let mut cmd = helm_command(cluster);
+    cmd.args(args);
+    let out = run(cmd, None);
+    assert!(
+        out.status.success(),
+        "helm {args:?} failed:\n{}",
+        text(&out)
+    );
+    out
+}
+
+/// A release installed into a test namespace; uninstalled when dropped (before the namespace).
+pub struct Release {
+    pub name: String,
+    pub namespace: String,
+}
+
+impl Release {
+    /// A release name of its own per namespace. It contains "palisade", so the chart's
+    /// full name (and thus the ServiceAccount and cluster-scoped object names) is the
+    /// release name itself.
+    pub fn name_for(ns: &TestNamespace) -> String {
+        let name = format!("palisade-{}", ns.name.trim_start_matches("t-"));
+        assert!(name.len() <= 48, "release name {name} too long");
+        name
+    }
+
+    /// Installs the chart with the policy bindings limited to `policy_namespaces`.
+    pub fn install(ns: &TestNamespace, policy_namespaces: &[&str], extra: &[&str]) -> Self {
+        let name = Self::name_for(ns);
+        let selector = json!({"matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "In", "values": policy_namespaces
+        }]});
+        let selector = format!("policies.namespaceSelector={selector}");
+        let chart = chart_dir();
+        let mut args = vec![
+            "install",
+            &name,
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns.name,
+            "--set-json",
+            &selector,
+        ];
+        args.extend_from_slice(extra);
+        let out = helm_ok(true, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("Warning") && !stderr.contains("WARNING"),
+            "helm install printed warnings:\n{}",
+            text(&out)
+        );
+        Self {
+            name,
+            namespace: ns.name.clone(),
+        }
+    }
+
+    pub fn uninstall(&self) -> Output {
+        helm_ok(
+            true,
+            &["uninstall", &self.name, "--namespace", &self.namespace],
+        )
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let mut cmd = helm_command(true);
+        cmd.args([
+            "uninstall",
+            &self.name,
+            "--namespace",
+            &self.namespace,
+            "--ignore-not-found",
+        ]);
+        let _ = run(cmd, None);
+    }
+}
