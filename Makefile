@@ -1,6 +1,7 @@
 # palisade: build, local control plane, tests.
 #
-#   make test           unit + integration tests against a real kube-apiserver (starts it)
+#   make test           the whole suite: unit + integration tests against a real kube-apiserver (starts it)
+#   make unit-test      only the tests that need no cluster (unit, model, property, doc examples)
 #   make demo           the fencing story, end to end, on the local control plane
 #   make bench          all benchmark figures in one run (~23 min on 2 cores): target/bench/results.{json,md,png}
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
@@ -63,7 +64,7 @@ NODE_DEPS := node-deps
 endif
 
 .PHONY: databases databases-down databases-status
-.PHONY: all build test unit-test integration-test check crds cluster cluster-down cluster-status \
+.PHONY: all build test unit-test check crds cluster cluster-down cluster-status \
 	controlplane-bins node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
 
 all: build
@@ -206,7 +207,14 @@ check:
 	cargo fmt --all --check
 	cargo clippy --locked --all-targets -- -D warnings
 
-# Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
+# The tests that need no cluster and no database, in seconds once built: the unit tests,
+# the grant decision's model and property tests (which drive the real controller loop),
+# and the doc examples. `make test` runs them too, with everything else.
+unit-test:
+	cargo test --locked --lib --bins --test grant_model
+	cargo test --locked --doc
+
+# The whole suite: integration tests (tests/*.rs) use the cluster `make cluster` starts.
 test: cluster databases $(if $(filter 1,$(NODE)),image-local)
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke

@@ -45,8 +45,9 @@ const LEASE_SECONDS: u64 = 2;
 /// to three lease durations (short enough to leave the liveness bound its margin).
 const LONG_HOLD_WRITES: u64 = 20;
 /// After the faults stop, each Lease must be granted again within its duration plus
-/// this: watches that were cut reconnect with kube-runtime's backoff (0.8 s doubling),
-/// and a holder killed just before the end is only expired after its duration.
+/// this: the controller's and workers' watches that were cut reconnect with the backoff
+/// of `palisade::watch` (0.2 s doubling to 2 s, plus jitter), and a holder killed just
+/// before the end is only expired after its duration.
 const LIVENESS_BOUND: Duration = Duration::from_secs(10);
 
 // The suite's own control plane: ports apart from `make cluster`'s.
