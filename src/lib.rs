@@ -15,7 +15,6 @@ pub mod fence;
 pub mod grant;
 pub mod index;
 pub mod kube_client;
-pub mod lock;
 pub mod telemetry;
 pub mod token;
 pub mod watch;
