@@ -12,7 +12,7 @@
 #   make demo-cluster   the fencing story with real pods on the node
 #   make cluster-down   stop it and remove its state (and the databases')
 #   make databases      start (or reuse) PostgreSQL and Redis on 127.0.0.1 (PG_PORT, REDIS_PORT)
-#   make check          cargo fmt --check and clippy -D warnings
+#   make check          cargo fmt --check, clippy -D warnings, each feature set builds, cargo doc -D warnings
 #   make crds           regenerate crds/ (and the chart's copy) from the Rust types
 #   make chart-lint     helm lint --strict of charts/palisade
 #   make image          build the container image (needs a Docker engine)
@@ -199,9 +199,16 @@ $(IMAGE_DIR)/palisade-example.tar: $(STATIC_BIN) $(KUBE_BIN)/kubectl tests/contr
 		'{"User":"65532:65532","Entrypoint":["/usr/local/bin/palisade"],"Env":["PATH=/usr/local/bin:/bin","HOME=/tmp"]}'
 	@rm -rf $@.root
 
+# Each feature set a library user may pick builds on its own (cargo check: fast), and
+# the API docs build without warnings.
+FEATURE_SETS := client fence client,fence postgres redis controller cli
 check:
 	cargo fmt --all --check
 	cargo clippy --locked --all-targets -- -D warnings
+	cargo check --locked --quiet --no-default-features
+	@for f in $(FEATURE_SETS); do echo "cargo check --no-default-features --features $$f"; \
+		cargo check --locked --quiet --no-default-features --features $$f; done
+	RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps
 
 # Unit tests need no cluster; integration tests (tests/*.rs) use the one `make cluster` starts.
 test: cluster databases $(if $(filter 1,$(NODE)),image-local)

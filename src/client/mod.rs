@@ -27,7 +27,7 @@
 //!   duration after it *observed* a renewal, which is necessarily after the
 //!   renewal was sent; this process gives up two thirds of a duration after it
 //!   *sent* its last successful renewal, on its own clock (`CLOCK_BOOTTIME`, which
-//!   counts suspensions; see [`clock`]). So it stops
+//!   counts suspensions; see `src/client/clock.rs`). So it stops
 //!   believing it holds the lease before the controller can hand it to someone else.
 //!   Until the first renewal (sent as soon as the grant is seen) the deadline
 //!   counts from the moment the grant was observed, which assumes that the watch
