@@ -9,6 +9,24 @@
 //! The rule itself is [`check`], a pure function; a [`FenceStore`] only makes it
 //! atomic and durable. [`MemoryStore`] lives in one process; [`FileStore`] is a
 //! directory on disk that survives crashes and may be shared by several processes.
+//! The same rule runs inside PostgreSQL ([`postgres`], feature `postgres`) and Redis
+//! ([`redis`], feature `redis`), in the transaction or script that does the write.
+//!
+//! ```
+//! use palisade::fence::{Fence, FenceError, FileStore};
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("ledger-fence");
+//! // Once, when the resource is set up; every writer then opens it.
+//! FileStore::create(&path)?;
+//! let fence = Fence::new(FileStore::open(&path)?);
+//!
+//! // The token comes with the write (palisade lock puts it in PALISADE_FENCING_TOKEN).
+//! fence.admit_write("ledger", 1841, "credit 10")?;
+//! // A holder paused past its lease still has the older token: refused.
+//! let refused = fence.admit("ledger", 1839);
+//! assert!(matches!(refused, Err(FenceError::Stale { highest: 1841, .. })));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -146,6 +164,15 @@ impl<S: FenceStore> Fence<S> {
 
     /// Admits `token` for `key` if it is at least the highest admitted so far, and
     /// returns the previous mark; otherwise [`FenceError::Stale`].
+    ///
+    /// ```
+    /// use palisade::fence::{Fence, MemoryStore};
+    /// let fence = Fence::new(MemoryStore::default());
+    /// assert_eq!(fence.admit("orders", 7)?.previous, None);
+    /// assert_eq!(fence.admit("orders", 7)?.previous, Some(7)); // the same holder again
+    /// assert!(fence.admit("orders", 6).is_err()); // an older holder
+    /// # Ok::<(), palisade::fence::FenceError>(())
+    /// ```
     pub fn admit(&self, key: &str, token: u64) -> Result<Admitted, FenceError> {
         self.store().admit(key, token, None)
     }

@@ -28,6 +28,26 @@
 //!   and [`fence::redis::RedisFence::admit`].
 //! - Run the controller in a program of your own: [`controller::run`].
 //!
+//! A worker that takes a Lease and writes with its token (features `client` and `fence`):
+//!
+//! ```no_run
+//! use palisade::client::{AcquireOptions, LeaseClient};
+//! use palisade::fence::{Fence, FileStore};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let leases = LeaseClient::try_default(Some("payments")).await?;
+//! let grant = leases.acquire("ledger", AcquireOptions::default()).await?;
+//! let token = u64::try_from(grant.token())?; // tokens are positive
+//! let fence = Fence::new(FileStore::open("/var/lib/ledger/fence")?);
+//! tokio::select! {
+//!     reason = grant.lost() => eprintln!("lost the lease: {reason}"),
+//!     written = async { fence.admit_write("ledger", token, "credit 10") } => {
+//!         written?;
+//!     }
+//! }
+//! grant.release().await?;
+//! # Ok(()) }
+//! ```
+//!
 //! Modules not listed here (`cli`, `election`, `events`, `grant`, `index`, `watch`) are
 //! public for the tests and the benchmarks only; they are not part of the API.
 
