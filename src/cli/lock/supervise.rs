@@ -2,9 +2,7 @@
 //! when `palisade lock` dies, starting CMD with the grant in its environment,
 //! stopping it, its exit status, and the signals this process forwards to it.
 //!
-//! Part of the command, not of the library: it forks, and it takes over SIGINT,
-//! SIGTERM and SIGHUP for the whole process, which a library must not do behind its
-//! user's back (DESIGN.md, "Decisions": the CLI).
+//! Part of the command, not of the library: DESIGN.md, "The crate's features and the CLI".
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
