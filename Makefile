@@ -13,7 +13,7 @@
 #   make demo-cluster   the fencing story with real pods on the node
 #   make cluster-down   stop it and remove its state (and the databases')
 #   make databases      start (or reuse) PostgreSQL and Redis on 127.0.0.1 (PG_PORT, REDIS_PORT)
-#   make check          cargo fmt --check and clippy -D warnings
+#   make check          cargo fmt --check, clippy -D warnings, each feature set builds, cargo doc -D warnings
 #   make crds           regenerate crds/ (and the chart's copy) from the Rust types
 #   make chart-lint     helm lint --strict of charts/palisade
 #   make image          build the container image (needs a Docker engine)
@@ -203,9 +203,16 @@ $(IMAGE_DIR)/palisade-example.tar: $(STATIC_BIN) $(KUBE_BIN)/kubectl tests/contr
 		'{"User":"65532:65532","Entrypoint":["/usr/local/bin/palisade"],"Env":["PATH=/usr/local/bin:/bin","HOME=/tmp"]}'
 	@rm -rf $@.root
 
+# Each feature set a library user may pick builds on its own (cargo check: fast), and
+# the API docs build without warnings.
+FEATURE_SETS := client fence client,fence postgres redis controller cli
 check:
 	cargo fmt --all --check
 	cargo clippy --locked --all-targets -- -D warnings
+	cargo check --locked --quiet --no-default-features
+	@for f in $(FEATURE_SETS); do echo "cargo check --no-default-features --features $$f"; \
+		cargo check --locked --quiet --no-default-features --features $$f; done
+	RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps
 
 # The tests that need no cluster and no database, in seconds once built: the unit tests,
 # the grant decision's model and property tests (which drive the real controller loop),

@@ -9,20 +9,40 @@
 //! The rule itself is [`check`], a pure function; a [`FenceStore`] only makes it
 //! atomic and durable. [`MemoryStore`] lives in one process; [`FileStore`] is a
 //! directory on disk that survives crashes and may be shared by several processes.
+//! The same rule runs inside PostgreSQL ([`postgres`], feature `postgres`) and Redis
+//! ([`redis`], feature `redis`), in the transaction or script that does the write.
+//!
+//! ```
+//! use palisade::fence::{Fence, FenceError, FileStore};
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("ledger-fence");
+//! // Once, when the resource is set up; every writer then opens it.
+//! FileStore::create(&path)?;
+//! let fence = Fence::new(FileStore::open(&path)?);
+//!
+//! // The token comes with the write (palisade lock puts it in PALISADE_FENCING_TOKEN).
+//! fence.admit_write("ledger", 1841, "credit 10")?;
+//! // A holder paused past its lease still has the older token: refused.
+//! let refused = fence.admit("ledger", 1839);
+//! assert!(matches!(refused, Err(FenceError::Stale { highest: 1841, .. })));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
+mod file;
+mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+pub use file::{DEFAULT_LOCK_TIMEOUT, FileStore};
+pub use memory::MemoryStore;
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -92,15 +112,6 @@ pub enum FenceError {
     Locked { path: PathBuf, waited: Duration },
 }
 
-fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> FenceError {
-    let path = path.to_path_buf();
-    move |source| FenceError::Io {
-        action,
-        path,
-        source,
-    }
-}
-
 /// The fencing rule: `token` passes if it is at least `highest`, the mark for `key`.
 pub fn check(key: &str, token: u64, highest: Option<u64>) -> Result<Admitted, FenceError> {
     match highest {
@@ -147,6 +158,15 @@ impl<S: FenceStore> Fence<S> {
 
     /// Admits `token` for `key` if it is at least the highest admitted so far, and
     /// returns the previous mark; otherwise [`FenceError::Stale`].
+    ///
+    /// ```
+    /// use palisade::fence::{Fence, MemoryStore};
+    /// let fence = Fence::new(MemoryStore::default());
+    /// assert_eq!(fence.admit("orders", 7)?.previous, None);
+    /// assert_eq!(fence.admit("orders", 7)?.previous, Some(7)); // the same holder again
+    /// assert!(fence.admit("orders", 6).is_err()); // an older holder
+    /// # Ok::<(), palisade::fence::FenceError>(())
+    /// ```
     pub fn admit(&self, key: &str, token: u64) -> Result<Admitted, FenceError> {
         self.store().admit(key, token, None)
     }
@@ -181,396 +201,6 @@ impl<S: FenceStore> Fence<S> {
         // A panic inside a store call cannot leave a half-applied admit behind: the
         // check comes before any change, and a file store's state is its files.
         self.store.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Marks in memory, for a resource that lives in one process (or for tests).
-#[derive(Debug, Default)]
-pub struct MemoryStore {
-    marks: HashMap<String, u64>,
-    journal: Vec<JournalEntry>,
-}
-
-impl FenceStore for MemoryStore {
-    fn admit(
-        &mut self,
-        key: &str,
-        token: u64,
-        payload: Option<&str>,
-    ) -> Result<Admitted, FenceError> {
-        let admitted = check(key, token, self.marks.get(key).copied())?;
-        self.marks.insert(key.to_owned(), token);
-        if let Some(payload) = payload {
-            self.journal.push(JournalEntry {
-                key: key.to_owned(),
-                token,
-                payload: payload.to_owned(),
-            });
-        }
-        Ok(admitted)
-    }
-
-    fn marks(&mut self) -> Result<Marks, FenceError> {
-        Ok(self.marks.iter().map(|(k, v)| (k.clone(), *v)).collect())
-    }
-
-    fn journal(&mut self) -> Result<Vec<JournalEntry>, FenceError> {
-        Ok(self.journal.clone())
-    }
-}
-
-const MARKS_FILE: &str = "marks.json";
-const MARKS_TEMP: &str = "marks.json.tmp";
-const LOCK_FILE: &str = "lock";
-const JOURNAL_FILE: &str = "journal.jsonl";
-
-/// The marks file: `{"highest": {"<key>": <token>, ...}}`. Unknown fields are
-/// refused, so an older palisade never misreads a newer format as marks.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MarksFile {
-    highest: Marks,
-}
-
-/// How long [`FileStore`] waits for another writer to let go of the store's lock.
-pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Marks in a directory, durable across crashes and shared by any number of
-/// processes on one host.
-///
-/// A directory rather than a single file, because the marks file, its temp file,
-/// the lock file and the journal then live together: one path names the store,
-/// the rename and its directory fsync stay inside it, and nothing is scattered
-/// next to the user's other files. Contents:
-///
-/// - `marks.json`: `{"highest": {"<key>": <token>, ...}}`, replaced whole by rename, so a
-///   reader sees the old or the new file, never a mix.
-/// - `lock`: empty; an exclusive `flock` on it guards every read-check-write. The
-///   kernel drops the lock when its holder dies, even by SIGKILL. Waiting for it is
-///   bounded ([`FileStore::with_lock_timeout`]): a writer paused while holding it
-///   makes the others fail with [`FenceError::Locked`], never hang.
-/// - `journal.jsonl`: one JSON [`JournalEntry`] per line, appended in admit order.
-///
-/// A store is made only by [`FileStore::create`] (or [`FileStore::open_or_create`]),
-/// whole: it is filled in a temporary directory next to it and renamed into place,
-/// so a store directory either has every file or was never a store. [`FileStore::open`]
-/// creates nothing: a missing directory or a missing file is an error, never a
-/// store that starts over at zero.
-#[derive(Debug, Clone)]
-pub struct FileStore {
-    dir: PathBuf,
-    lock_timeout: Duration,
-}
-
-impl FileStore {
-    /// Opens the existing store at `dir`. A missing or empty directory is
-    /// [`FenceError::NoStore`]; a store with a file missing is [`FenceError::Corrupt`].
-    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, FenceError> {
-        let store = FileStore {
-            dir: dir.into(),
-            lock_timeout: DEFAULT_LOCK_TIMEOUT,
-        };
-        store.check_complete()?;
-        Ok(store)
-    }
-
-    /// Creates a new, empty store at `dir`, which must not exist or be an empty
-    /// directory (its parent must exist); otherwise [`FenceError::AlreadyExists`].
-    pub fn create(dir: impl Into<PathBuf>) -> Result<Self, FenceError> {
-        let dir = dir.into();
-        let parent = parent_dir(&dir).to_path_buf();
-        let name = dir.file_name().ok_or_else(|| FenceError::NoStore {
-            path: dir.clone(),
-            reason: "the path names no directory".into(),
-        })?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let mut temp_name = OsString::from(".");
-        temp_name.push(name);
-        temp_name.push(format!(".creating-{}-{nanos}", std::process::id()));
-        let temp = parent.join(temp_name);
-        fs::create_dir(&temp).map_err(io_error("create fence store directory", &temp))?;
-        let filled = FileStore {
-            dir: temp.clone(),
-            lock_timeout: DEFAULT_LOCK_TIMEOUT,
-        };
-        let made = filled.fill().and_then(|()| {
-            // Renaming onto an empty directory replaces it; onto anything else fails.
-            match fs::rename(&temp, &dir) {
-                Ok(()) => Ok(()),
-                Err(e)
-                    if e.kind() == io::ErrorKind::DirectoryNotEmpty
-                        || e.kind() == io::ErrorKind::AlreadyExists
-                        || e.kind() == io::ErrorKind::NotADirectory =>
-                {
-                    Err(FenceError::AlreadyExists { path: dir.clone() })
-                }
-                Err(e) => Err(io_error("move into place the new fence store", &dir)(e)),
-            }
-        });
-        if let Err(e) = made {
-            let _ = fs::remove_dir_all(&temp);
-            return Err(e);
-        }
-        // The new directory's own entry must survive a crash too, or a reboot
-        // could bring back no store after tokens were admitted.
-        sync_dir(&parent)?;
-        Ok(FileStore {
-            dir,
-            lock_timeout: DEFAULT_LOCK_TIMEOUT,
-        })
-    }
-
-    /// Opens the store at `dir`, creating it first when the directory does not
-    /// exist or is empty. A damaged store is an error here too.
-    pub fn open_or_create(dir: impl Into<PathBuf>) -> Result<Self, FenceError> {
-        let dir = dir.into();
-        match FileStore::open(&dir) {
-            Err(FenceError::NoStore { .. }) => match FileStore::create(&dir) {
-                // Another process created it meanwhile.
-                Err(FenceError::AlreadyExists { .. }) => FileStore::open(&dir),
-                created => created,
-            },
-            opened => opened,
-        }
-    }
-
-    /// How long an admit waits for another writer to let go of the store's lock
-    /// before it fails with [`FenceError::Locked`]; default [`DEFAULT_LOCK_TIMEOUT`].
-    pub fn with_lock_timeout(mut self, timeout: Duration) -> Self {
-        self.lock_timeout = timeout;
-        self
-    }
-
-    /// The files of a new store, in a directory nobody else sees yet.
-    fn fill(&self) -> Result<(), FenceError> {
-        let lock = self.dir.join(LOCK_FILE);
-        File::create(&lock).map_err(io_error("create", &lock))?;
-        let journal = self.journal_path();
-        File::create(&journal)
-            .and_then(|f| f.sync_all())
-            .map_err(io_error("create", &journal))?;
-        self.write_marks(Marks::new())
-    }
-
-    /// The directory holds a whole store: both data files are there.
-    fn check_complete(&self) -> Result<(), FenceError> {
-        let no_store = |reason: String| FenceError::NoStore {
-            path: self.dir.clone(),
-            reason,
-        };
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(no_store("the directory does not exist".into()));
-            }
-            Err(e) => return Err(io_error("open fence store directory", &self.dir)(e)),
-        };
-        let mut names = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(io_error("list fence store directory", &self.dir))?;
-            names.push(entry.file_name());
-        }
-        if names.is_empty() {
-            return Err(no_store("the directory is empty".into()));
-        }
-        for file in [MARKS_FILE, JOURNAL_FILE] {
-            if !names.iter().any(|n| n == file) {
-                return Err(FenceError::Corrupt {
-                    path: self.dir.join(file),
-                    reason: "the file is missing (deleted, or this is not a fence store); \
-                             a store is never started over: restore it, or remove the \
-                             directory and create a new store on purpose"
-                        .into(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.dir
-    }
-
-    pub fn marks_path(&self) -> PathBuf {
-        self.dir.join(MARKS_FILE)
-    }
-
-    pub fn journal_path(&self) -> PathBuf {
-        self.dir.join(JOURNAL_FILE)
-    }
-
-    /// Waits (at most the lock timeout) until this process holds the store's
-    /// exclusive lock; dropping the returned file releases it.
-    ///
-    /// `flock(2)` has no timeout of its own, so this polls `try_lock` with short
-    /// sleeps (1 ms, doubling to 4 ms): a blocking `flock` could only be bounded
-    /// from another thread or with a signal, and would then still take the lock
-    /// after its caller gave up.
-    fn lock(&self) -> Result<File, FenceError> {
-        let path = self.dir.join(LOCK_FILE);
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(io_error("open lock file", &path))?;
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(file),
-                Err(std::fs::TryLockError::WouldBlock) => {}
-                Err(std::fs::TryLockError::Error(e)) => return Err(io_error("lock", &path)(e)),
-            }
-            let waited = started.elapsed();
-            if waited >= self.lock_timeout {
-                return Err(FenceError::Locked {
-                    path: self.dir.clone(),
-                    waited,
-                });
-            }
-            std::thread::sleep(pause.min(self.lock_timeout - waited));
-            pause = (pause * 2).min(Duration::from_millis(4));
-        }
-    }
-
-    fn read_marks(&self) -> Result<Marks, FenceError> {
-        let path = self.marks_path();
-        // A missing file is an error too: a store is created whole.
-        let bytes = fs::read(&path).map_err(io_error("read", &path))?;
-        match serde_json::from_slice::<MarksFile>(&bytes) {
-            Ok(file) => Ok(file.highest),
-            Err(e) => Err(FenceError::Corrupt {
-                path,
-                reason: e.to_string(),
-            }),
-        }
-    }
-
-    /// Replaces the marks file: temp file, fsync, rename, fsync the directory.
-    /// Called only under the lock, so one fixed temp name is enough; a temp file
-    /// left by a crashed writer is simply overwritten.
-    fn write_marks(&self, highest: Marks) -> Result<(), FenceError> {
-        let temp = self.dir.join(MARKS_TEMP);
-        let path = self.marks_path();
-        let mut bytes = serde_json::to_vec_pretty(&MarksFile { highest })
-            .expect("a map from strings to integers always serializes");
-        bytes.push(b'\n');
-        let mut file = File::create(&temp).map_err(io_error("create", &temp))?;
-        file.write_all(&bytes).map_err(io_error("write", &temp))?;
-        file.sync_all().map_err(io_error("sync", &temp))?;
-        fs::rename(&temp, &path).map_err(io_error("rename into place", &path))?;
-        sync_dir(&self.dir)
-    }
-
-    fn append_journal(&self, entry: &JournalEntry) -> Result<(), FenceError> {
-        let path = self.journal_path();
-        // No `create`: a store is created whole, so a missing journal is damage.
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(&path)
-            .map_err(io_error("open", &path))?;
-        cut_torn_tail(&mut file).map_err(io_error("repair torn tail of", &path))?;
-        let mut line = serde_json::to_string(entry).expect("a journal entry always serializes");
-        line.push('\n');
-        file.write_all(line.as_bytes())
-            .map_err(io_error("append to", &path))?;
-        // Synced before the admit returns, so an acknowledged write is on disk.
-        file.sync_data().map_err(io_error("sync", &path))
-    }
-}
-
-impl FenceStore for FileStore {
-    fn admit(
-        &mut self,
-        key: &str,
-        token: u64,
-        payload: Option<&str>,
-    ) -> Result<Admitted, FenceError> {
-        let _lock = self.lock()?;
-        // Re-read under the lock every time: another process may have raised the
-        // mark since this one last looked.
-        let mut marks = self.read_marks()?;
-        let admitted = check(key, token, marks.get(key).copied())?;
-        if admitted.raised() {
-            marks.insert(key.to_owned(), token);
-            self.write_marks(marks)?;
-        }
-        // The mark is durable before the journal line is written: a crash between
-        // the two loses an unacknowledged write, but the journal never shows a
-        // token that a lower one could follow.
-        if let Some(payload) = payload {
-            self.append_journal(&JournalEntry {
-                key: key.to_owned(),
-                token,
-                payload: payload.to_owned(),
-            })?;
-        }
-        Ok(admitted)
-    }
-
-    /// Needs no lock: the marks file is only ever replaced whole by rename.
-    fn marks(&mut self) -> Result<Marks, FenceError> {
-        self.read_marks()
-    }
-
-    /// Needs no lock: lines are appended whole, and a trailing fragment without
-    /// its newline (an append in flight, or torn by a crash) was never acknowledged
-    /// and is skipped. Any complete line that does not parse is corruption.
-    fn journal(&mut self) -> Result<Vec<JournalEntry>, FenceError> {
-        let path = self.journal_path();
-        let bytes = fs::read(&path).map_err(io_error("read", &path))?;
-        let complete = match bytes.iter().rposition(|&b| b == b'\n') {
-            Some(last) => &bytes[..=last],
-            None => &[][..],
-        };
-        complete
-            .split_inclusive(|&b| b == b'\n')
-            .enumerate()
-            .map(|(n, line)| {
-                serde_json::from_slice(&line[..line.len() - 1]).map_err(|e| FenceError::Corrupt {
-                    path: path.clone(),
-                    reason: format!("line {}: {e}", n + 1),
-                })
-            })
-            .collect()
-    }
-}
-
-/// A crash in the middle of an append can leave a line without its newline. That
-/// write was never acknowledged, so cut it off rather than glue the next line to it.
-fn cut_torn_tail(file: &mut File) -> io::Result<()> {
-    if file.metadata()?.len() == 0 {
-        return Ok(());
-    }
-    let mut last = [0u8];
-    file.seek(SeekFrom::End(-1))?;
-    file.read_exact(&mut last)?;
-    if last[0] == b'\n' {
-        return Ok(());
-    }
-    // Only after a crash, so reading the whole journal here is fine.
-    let mut bytes = Vec::new();
-    file.seek(SeekFrom::Start(0))?;
-    file.read_to_end(&mut bytes)?;
-    let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    file.set_len(keep as u64)?;
-    file.sync_data()
-}
-
-fn sync_dir(dir: &Path) -> Result<(), FenceError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_error("sync directory", dir))
-}
-
-fn parent_dir(path: &Path) -> &Path {
-    match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
     }
 }
 
@@ -610,281 +240,10 @@ pub fn parse_token(s: &str) -> Result<u64, ParseTokenError> {
     }
 }
 
-/// Exit status of `palisade fence` when the token is stale and the write refused.
-pub const EXIT_STALE: u8 = 3;
-/// Exit status for bad arguments (clap uses the same for its usage errors).
-pub const EXIT_USAGE: u8 = 2;
-
-/// `palisade fence`: admit a fencing token against a file-backed fence, from the shell.
-///
-/// Exit codes:
-/// - 0: admitted (or, with `--show`, the marks were printed; with `--create` alone, the store is ready);
-/// - 1: the store could not be read or written (I/O error, corrupt file);
-/// - 2: bad arguments, e.g. a token that is not an unsigned decimal integer;
-/// - 3: rejected: the token is lower than the highest admitted for the key.
-#[derive(clap::Args, Debug)]
-#[command(
-    after_help = "Exit codes: 0 admitted, 1 store error, 2 bad arguments, 3 stale token rejected."
-)]
-pub struct FenceArgs {
-    /// Where the marks live: a directory (it must exist unless --create is given),
-    /// `postgres://...` (palisade.fence, installed on first use) or `redis://...`.
-    #[arg(long, value_name = "DIR|URL")]
-    pub store: PathBuf,
-
-    /// Create the store first if the directory does not exist or is empty (its
-    /// parent must exist). Without a token, only that. A damaged store is an error
-    /// even so. Meant for setting a store up, not for every write: a writer that
-    /// always passes it would start a deleted store over at zero.
-    #[arg(long, conflicts_with = "show")]
-    pub create: bool,
-
-    /// How long to wait for another writer to let go of the store's lock (e.g. 500ms, 5s).
-    #[arg(long, default_value = "5s", value_parser = crate::lock::parse_duration)]
-    pub lock_timeout: Duration,
-
-    /// What the token fences, e.g. the resource written; defaults to the lease name.
-    #[arg(long, env = "PALISADE_LEASE", default_value = "default")]
-    pub key: String,
-
-    /// Fencing token of this write: an unsigned decimal integer.
-    #[arg(
-        long,
-        env = "PALISADE_FENCING_TOKEN",
-        value_parser = parse_token,
-        // So that `--token -1` reaches parse_token and gets its clear message.
-        allow_negative_numbers = true,
-        required_unless_present_any = ["show", "create"]
-    )]
-    pub token: Option<u64>,
-
-    /// Record this text in the store's journal as the accepted write.
-    #[arg(long, conflicts_with = "show")]
-    pub payload: Option<String>,
-
-    /// Print the highest admitted token of every key, as JSON, instead of admitting.
-    #[arg(long)]
-    pub show: bool,
-}
-
-pub fn run(args: FenceArgs) -> ExitCode {
-    if let Some(url) = args.store.to_str().filter(|s| is_database_url(s)) {
-        return run_database(&args, url);
-    }
-    let result = if args.show {
-        show(&args)
-    } else if let Some(token) = args.token {
-        admit_from_cli(&args, token)
-    } else if args.create {
-        open_from_cli(&args).map(|_| format!("fence store {} is ready", args.store.display()))
-    } else {
-        // clap requires the token; this guards callers that build FenceArgs by hand.
-        eprintln!("palisade fence: --token (or PALISADE_FENCING_TOKEN) is required");
-        return ExitCode::from(EXIT_USAGE);
-    };
-    match result {
-        Ok(out) => {
-            println!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err(err @ FenceError::Stale { .. }) => {
-            eprintln!("{err}");
-            ExitCode::from(EXIT_STALE)
-        }
-        Err(err) => {
-            eprintln!("palisade fence: {}", error_chain(&err));
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn open_from_cli(args: &FenceArgs) -> Result<FileStore, FenceError> {
-    let store = if args.create {
-        FileStore::open_or_create(&args.store)?
-    } else {
-        FileStore::open(&args.store)?
-    };
-    Ok(store.with_lock_timeout(args.lock_timeout))
-}
-
-fn admit_from_cli(args: &FenceArgs, token: u64) -> Result<String, FenceError> {
-    let fence = Fence::new(open_from_cli(args)?);
-    let admitted = match &args.payload {
-        Some(payload) => fence.admit_write(&args.key, token, payload)?,
-        None => fence.admit(&args.key, token)?,
-    };
-    Ok(admitted_line(&args.key, admitted))
-}
-
-fn show(args: &FenceArgs) -> Result<String, FenceError> {
-    // `open` creates nothing, so looking never makes a store at a mistyped path.
-    let marks = Fence::new(open_from_cli(args)?).marks()?;
-    Ok(serde_json::to_string_pretty(&marks)
-        .expect("a map from strings to integers always serializes"))
-}
-
-fn is_database_url(store: &str) -> bool {
-    ["postgres://", "postgresql://", "redis://", "rediss://"]
-        .iter()
-        .any(|scheme| store.starts_with(scheme))
-}
-
-/// What `palisade fence` reports for a database store: the line to print, or the
-/// exit status and message.
-type CliOutcome = Result<String, (u8, String)>;
-
-/// `palisade fence --store postgres://...|redis://...`.
-fn run_database(args: &FenceArgs, url: &str) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("palisade fence: starting the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = if url.starts_with("redis") {
-        runtime.block_on(redis_cli(args, url))
-    } else {
-        runtime.block_on(postgres_cli(args, url))
-    };
-    match result {
-        Ok(out) => {
-            println!("{out}");
-            ExitCode::SUCCESS
-        }
-        Err((code, message)) => {
-            eprintln!("{message}");
-            ExitCode::from(code)
-        }
-    }
-}
-
-fn admitted_line(key: &str, admitted: Admitted) -> String {
-    let previous = match admitted.previous {
-        None => "first token for this key".to_owned(),
-        Some(previous) if previous == admitted.token => "same as the highest admitted".to_owned(),
-        Some(previous) => format!("highest was {previous}"),
-    };
-    format!(
-        "admitted: fencing token {} for key {key:?} ({previous})",
-        admitted.token
-    )
-}
-
-#[cfg(feature = "postgres")]
-async fn postgres_cli(args: &FenceArgs, url: &str) -> CliOutcome {
-    use postgres::Error;
-    let store_error =
-        |e: &dyn std::error::Error| (1, format!("palisade fence: {}", error_chain(e)));
-    if args.payload.is_some() {
-        return Err((
-            EXIT_USAGE,
-            "palisade fence: --payload is for the file and Redis stores; with PostgreSQL, \
-             call palisade.fence in the transaction that does your write"
-                .into(),
-        ));
-    }
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .map_err(|e| store_error(&e))?;
-    tokio::spawn(connection);
-    postgres::install(&client)
-        .await
-        .map_err(|e| store_error(&e))?;
-    if args.show {
-        let marks = postgres::marks(&client)
-            .await
-            .map_err(|e| store_error(&e))?;
-        return Ok(serde_json::to_string_pretty(&marks).expect("marks serialize"));
-    }
-    let Some(token) = args.token else {
-        return Err((
-            EXIT_USAGE,
-            "palisade fence: --token (or PALISADE_FENCING_TOKEN) is required".into(),
-        ));
-    };
-    // Autocommit: the check is a transaction of its own (see sql/palisade-fence.sql).
-    match postgres::admit_with(&client, &args.key, token).await {
-        Ok(admitted) => Ok(admitted_line(&args.key, admitted)),
-        Err(e @ Error::Stale { .. }) => Err((EXIT_STALE, e.to_string())),
-        Err(e @ Error::BadInput(_)) => Err((EXIT_USAGE, format!("palisade fence: {e}"))),
-        Err(e) => Err(store_error(&e)),
-    }
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn postgres_cli(_: &FenceArgs, _: &str) -> CliOutcome {
-    Err((
-        EXIT_USAGE,
-        "palisade fence: this build has no PostgreSQL store (feature `postgres`)".into(),
-    ))
-}
-
-#[cfg(feature = "redis")]
-async fn redis_cli(args: &FenceArgs, url: &str) -> CliOutcome {
-    use self::redis::{Error, RedisFence, Write};
-    let store_error =
-        |e: &dyn std::error::Error| (1, format!("palisade fence: {}", error_chain(e)));
-    let client = ::redis::Client::open(url).map_err(|e| store_error(&e))?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| store_error(&e))?;
-    if args.show {
-        let marks = self::redis::marks(&mut conn)
-            .await
-            .map_err(|e| store_error(&e))?;
-        return Ok(serde_json::to_string_pretty(&marks).expect("marks serialize"));
-    }
-    let Some(token) = args.token else {
-        return Err((
-            EXIT_USAGE,
-            "palisade fence: --token (or PALISADE_FENCING_TOKEN) is required".into(),
-        ));
-    };
-    let value_key = self::redis::data_key(&args.key, "value");
-    let write = match &args.payload {
-        Some(payload) => Write::Set {
-            key: &value_key,
-            value: payload,
-        },
-        None => Write::None,
-    };
-    match RedisFence::new()
-        .admit(&mut conn, &args.key, token, write)
-        .await
-    {
-        Ok(admitted) => Ok(admitted_line(&args.key, admitted)),
-        Err(e @ Error::Stale { .. }) => Err((EXIT_STALE, e.to_string())),
-        Err(e @ Error::BadInput(_)) => Err((EXIT_USAGE, format!("palisade fence: {e}"))),
-        Err(e) => Err(store_error(&e)),
-    }
-}
-
-#[cfg(not(feature = "redis"))]
-async fn redis_cli(_: &FenceArgs, _: &str) -> CliOutcome {
-    Err((
-        EXIT_USAGE,
-        "palisade fence: this build has no Redis store (feature `redis`)".into(),
-    ))
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use proptest::prelude::*;
 

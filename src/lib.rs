@@ -3,20 +3,88 @@
 //! A grant of a [`api::Lease`] carries a strictly increasing fencing token; the
 //! protected resource rejects writes with a token lower than the highest it has
 //! seen. See DESIGN.md for the contract.
+//!
+//! # Features
+//!
+//! | feature | what it adds | heavy dependencies |
+//! | --- | --- | --- |
+//! | `client` | [`api`], [`client`], [`kube_client`], [`error`]: the CRD types and the client library | kube, tokio |
+//! | `fence` | [`fence`]: the fencing rule, [`fence::FileStore`] and [`fence::MemoryStore`] | none |
+//! | `postgres` | [`fence::postgres`] (implies `fence`) | tokio-postgres |
+//! | `redis` | [`fence::redis`] (implies `fence`) | redis |
+//! | `controller` | [`controller`] and [`telemetry`]: the lease controller (implies `client`) | axum, prometheus-client |
+//! | `cli` | the `palisade` binary (implies `client`, `fence`, `controller`) | clap, tracing-subscriber |
+//!
+//! `default` is the full build: `cli`, `postgres` and `redis`. A program that takes
+//! a Lease and fences its writes needs only
+//! `palisade = { version = "0.1", default-features = false, features = ["client", "fence"] }`.
+//!
+//! # Entry points
+//!
+//! - Take a Lease: [`client::LeaseClient::acquire`], which returns a [`client::Grant`]
+//!   (the fencing token, the loss of the lease, the release).
+//! - Enforce a token at the resource: [`fence::Fence::admit`] on a
+//!   [`fence::FileStore`], or the database's own check with [`fence::postgres::admit`]
+//!   and [`fence::redis::RedisFence::admit`].
+//! - Run the controller in a program of your own: [`controller::run`].
+//!
+//! A worker that takes a Lease and writes with its token (features `client` and `fence`):
+//!
+//! ```no_run
+//! use palisade::client::{AcquireOptions, LeaseClient};
+//! use palisade::fence::{Fence, FileStore};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let leases = LeaseClient::try_default(Some("payments")).await?;
+//! let grant = leases.acquire("ledger", AcquireOptions::default()).await?;
+//! let token = u64::try_from(grant.token())?; // tokens are positive
+//! let fence = Fence::new(FileStore::open("/var/lib/ledger/fence")?);
+//! tokio::select! {
+//!     reason = grant.lost() => eprintln!("lost the lease: {reason}"),
+//!     written = async { fence.admit_write("ledger", token, "credit 10") } => {
+//!         written?;
+//!     }
+//! }
+//! grant.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules not listed here (`cli`, `election`, `events`, `grant`, `index`, `watch`) are
+//! public for the tests and the benchmarks only; they are not part of the API.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "client")]
 pub mod api;
+#[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod cli;
+#[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "client")]
 pub mod conditions;
+#[cfg(feature = "controller")]
 pub mod controller;
+#[cfg(feature = "controller")]
+#[doc(hidden)]
 pub mod election;
+#[cfg(feature = "client")]
 pub mod error;
+#[cfg(feature = "controller")]
+#[doc(hidden)]
 pub mod events;
+#[cfg(feature = "fence")]
 pub mod fence;
+#[cfg(feature = "controller")]
+#[doc(hidden)]
 pub mod grant;
+#[cfg(feature = "controller")]
+#[doc(hidden)]
 pub mod index;
+#[cfg(feature = "client")]
 pub mod kube_client;
-pub mod lock;
+#[cfg(feature = "controller")]
 pub mod telemetry;
 pub mod token;
+#[cfg(feature = "client")]
+#[doc(hidden)]
 pub mod watch;

@@ -1,4 +1,4 @@
-//! Logs, Prometheus metrics and the health endpoints (`/healthz`, `/readyz`, `/metrics`).
+//! Prometheus metrics and the health endpoints (`/healthz`, `/readyz`, `/metrics`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,20 +16,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
-
-/// Starts `tracing` output: human-readable, or one JSON object per line.
-pub fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
 use palisade::api::{Lease, LeaseClaim};
+use palisade::cli::{parse_duration, parse_lease_duration};
 use palisade::fence::{ParseTokenError, parse_token};
-use palisade::lock::{parse_duration, parse_lease_duration};
 use palisade::token::parse_resource_version;
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -117,7 +117,7 @@ proptest! {
     #[test]
     fn durations_never_panic_and_name_the_input(s in ".{0,16}") {
         if let Err(e) = parse_duration(&s) {
-            prop_assert!(e.starts_with(&format!("invalid duration {s:?}")), "{e}");
+            prop_assert!(e.to_string().starts_with(&format!("invalid duration {s:?}")), "{e}");
         } else {
             prop_assert!(s.starts_with(|c: char| c.is_ascii_digit()), "{s:?} accepted");
         }

@@ -41,7 +41,6 @@
 //!   one waits in the queue, and once granted it expires after one lease duration.)
 
 mod clock;
-pub mod status;
 
 use std::fmt;
 use std::future::Future;

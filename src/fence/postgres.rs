@@ -64,6 +64,19 @@ pub async fn install(client: &Client) -> Result<(), Error> {
 /// Admits `token` for `key` inside the caller's transaction `tx`, raising the mark;
 /// the row lock it takes lasts until `tx` ends, so commit the protected write in
 /// the same `tx`. On any error the transaction is aborted: roll it back.
+///
+/// ```no_run
+/// use palisade::fence::postgres::{self, Error};
+/// # async fn demo(mut client: tokio_postgres::Client, token: u64) -> Result<(), Error> {
+/// postgres::install(&client).await?; // once; idempotent
+/// let tx = client.transaction().await.map_err(Error::Database)?;
+/// postgres::admit(&tx, "ledger", token).await?; // Error::Stale: the lease was lost
+/// tx.execute("UPDATE ledger SET balance = balance + 10", &[])
+///     .await
+///     .map_err(Error::Database)?;
+/// tx.commit().await.map_err(Error::Database)?;
+/// # Ok(()) }
+/// ```
 pub async fn admit(tx: &Transaction<'_>, key: &str, token: u64) -> Result<Admitted, Error> {
     admit_with(tx, key, token).await
 }

@@ -79,6 +79,19 @@ impl RedisFence {
     }
 
     /// Admits `token` for `key` and, only then, does `write`: all in one script.
+    ///
+    /// ```no_run
+    /// use palisade::fence::redis::{RedisFence, Write, data_key};
+    /// # async fn demo(token: u64) -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1/")?;
+    /// let mut conn = client.get_multiplexed_async_connection().await?;
+    /// let fence = RedisFence::new();
+    /// // The protected key shares the mark's hash slot (Redis Cluster).
+    /// let balance = data_key("ledger", "balance");
+    /// let write = Write::Set { key: &balance, value: "110" };
+    /// fence.admit(&mut conn, "ledger", token, write).await?; // Error::Stale: the lease was lost
+    /// # Ok(()) }
+    /// ```
     pub async fn admit<C: ConnectionLike>(
         &self,
         conn: &mut C,

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use kube::ResourceExt;
 use kube::api::ListParams;
 
-use super::{LeaseClient, call};
+use super::{Threads, block_on, init_logging};
 use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
+use crate::client::{self, LeaseClient, call};
 
 /// Show Leases: holder, fencing token, phase and how many claims wait.
 #[derive(clap::Args, Debug)]
@@ -21,33 +22,46 @@ pub struct StatusArgs {
 }
 
 pub fn run(args: StatusArgs) -> ExitCode {
-    crate::lock::init_logging();
-    match crate::lock::runtime().block_on(status(args)) {
-        Ok(out) => {
-            print!("{out}");
-            ExitCode::SUCCESS
+    init_logging("warn", false);
+    block_on("status", Threads::One, async {
+        match status(args).await {
+            Ok(out) => {
+                print!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("palisade status: {e}");
+                ExitCode::FAILURE
+            }
         }
-        Err(message) => {
-            eprintln!("palisade status: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
-async fn status(args: StatusArgs) -> Result<String, String> {
+/// Why `palisade status` printed no table.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("no Kubernetes client configuration (KUBECONFIG or in-cluster): {0}")]
+    NoConfig(kube::Error),
+    /// A call failed; `doing` says which, in which namespace.
+    #[error("{doing}: {error}")]
+    Api { doing: String, error: client::Error },
+    #[error("lease {name} not found in namespace {namespace}")]
+    NotFound { name: String, namespace: String },
+}
+
+async fn status(args: StatusArgs) -> Result<String, StatusError> {
     let client = LeaseClient::try_default(args.namespace.as_deref())
         .await
-        .map_err(|e| {
-            format!("no Kubernetes client configuration (KUBECONFIG or in-cluster): {e}")
-        })?;
+        .map_err(StatusError::NoConfig)?;
     let ns = client.namespace().to_string();
+    let failed = |doing: String| move |error: client::Error| StatusError::Api { doing, error };
     let Some(name) = args.lease else {
         let leases = call(
             || format!("listing leases in namespace {ns}"),
             client.leases().list(&ListParams::default()),
         )
         .await
-        .map_err(|e| format!("listing leases in namespace {ns}: {e}"))?;
+        .map_err(failed(format!("listing leases in namespace {ns}")))?;
         if leases.items.is_empty() {
             return Ok(format!("No leases found in namespace {ns}.\n"));
         }
@@ -60,8 +74,11 @@ async fn status(args: StatusArgs) -> Result<String, String> {
         client.leases().get_opt(&name),
     )
     .await
-    .map_err(|e| format!("reading lease {name} in namespace {ns}: {e}"))?
-    .ok_or_else(|| format!("lease {name} not found in namespace {ns}"))?;
+    .map_err(failed(format!("reading lease {name} in namespace {ns}")))?
+    .ok_or_else(|| StatusError::NotFound {
+        name: name.clone(),
+        namespace: ns.clone(),
+    })?;
     // spec.leaseName is a selectable field of LeaseClaim.
     let claims = call(
         || format!("listing claims of lease {name}"),
@@ -70,7 +87,9 @@ async fn status(args: StatusArgs) -> Result<String, String> {
             .list(&ListParams::default().fields(&format!("spec.leaseName={name}"))),
     )
     .await
-    .map_err(|e| format!("listing claims of lease {name} in namespace {ns}: {e}"))?;
+    .map_err(failed(format!(
+        "listing claims of lease {name} in namespace {ns}"
+    )))?;
     Ok(format!(
         "{}\n{}",
         lease_table(std::slice::from_ref(&lease)),

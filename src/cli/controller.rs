@@ -1,42 +1,19 @@
-//! The command line: `palisade <subcommand>`, also installable as the kubectl plugin `kubectl-palisade`.
+//! `palisade controller`: the lease controller, with leader election among its
+//! replicas and the admin server (/healthz, /readyz, /metrics).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::{Threads, block_on, default_identity, init_logging};
 use crate::controller::{self, ControllerConfig};
 use crate::election::{ElectionConfig, Elector};
 use crate::telemetry::{self, Metrics, Readiness};
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "palisade",
-    version,
-    about = "Kubernetes leases with fencing tokens"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Print the CustomResourceDefinitions (Lease, LeaseClaim) as YAML.
-    Crds,
-    /// Run the lease controller.
-    Controller(ControllerArgs),
-    /// Admit a write to a file-backed fenced store (the enforcement side of a fencing token).
-    Fence(crate::fence::FenceArgs),
-    /// Run a command while holding a Lease, with its fencing token in the environment.
-    Lock(crate::lock::LockArgs),
-    /// Show Leases: holder, fencing token, phase and waiting claims.
-    Status(crate::client::status::StatusArgs),
-}
 
 #[derive(Args, Debug)]
 pub struct ControllerArgs {
@@ -65,35 +42,19 @@ pub struct ControllerArgs {
     pub concurrency: usize,
 }
 
-pub fn main(cli: Cli) -> ExitCode {
-    match cli.command {
-        Command::Crds => {
-            print!("{}", crate::api::crds_yaml());
-            ExitCode::SUCCESS
-        }
-        Command::Controller(args) => runtime().block_on(run_controller(args)),
-        Command::Fence(args) => crate::fence::run(args),
-        Command::Lock(args) => crate::lock::run(args),
-        Command::Status(args) => crate::client::status::run(args),
-    }
+pub fn run(args: ControllerArgs) -> ExitCode {
+    block_on("controller", Threads::Many, run_controller(args))
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("starting the tokio runtime")
-}
-
-fn default_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "palisade".into());
-    format!("{host}-{}", std::process::id())
+/// This replica's identity when neither `--identity` nor `$POD_NAME` names it: the
+/// host name and the process id, so that two replicas on one host never share an
+/// identity in the election.
+fn replica_identity() -> String {
+    format!("{}-{}", default_identity(), std::process::id())
 }
 
 async fn run_controller(args: ControllerArgs) -> ExitCode {
-    telemetry::init_logging(args.log_json);
+    init_logging("info", args.log_json);
     let client = match crate::kube_client::controller_default().await {
         Ok(c) => c,
         Err(e) => {
@@ -101,7 +62,7 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let identity = args.identity.clone().unwrap_or_else(replica_identity);
     let metrics = Arc::new(Metrics::default());
     let ready = Readiness::default();
     let shutdown = CancellationToken::new();
