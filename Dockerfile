@@ -16,6 +16,9 @@ RUN apk add --no-cache musl-dev binutils
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY sql ./sql
+COPY benches ./benches
+COPY tests ./tests
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin palisade \
