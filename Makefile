@@ -213,6 +213,10 @@ check:
 	@for f in $(FEATURE_SETS); do echo "cargo check --no-default-features --features $$f"; \
 		cargo check --locked --quiet --no-default-features --features $$f; done
 	RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps
+	@heavy=$$(cargo tree --locked --no-default-features --features client,fence -e normal --prefix none \
+		| { grep -oE '^(axum|prometheus-client|clap|tracing-subscriber) ' || true; } | sort -u | tr '\n' ' '); \
+	if [ -n "$$heavy" ]; then echo "the client,fence build pulls in $$heavy(it must not)" >&2; exit 1; fi; \
+	echo "the client,fence build pulls in none of axum, prometheus-client, clap, tracing-subscriber"
 
 # The tests that need no cluster and no database, in seconds once built: the unit tests,
 # the grant decision's model and property tests (which drive the real controller loop),
