@@ -66,16 +66,23 @@ impl ApiErrorKind {
     }
 }
 
+/// The error a refusal with status `code` becomes, as kube returns it: for unit tests and
+/// model servers that answer like the API server.
+#[doc(hidden)]
+pub fn refusal(code: u16, message: &str) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(message, "Refused")
+            .with_code(code)
+            .boxed(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn status(code: u16) -> kube::Error {
-        kube::Error::Api(
-            kube::core::Status::failure("test", "Test")
-                .with_code(code)
-                .boxed(),
-        )
+        refusal(code, "test")
     }
 
     #[test]

@@ -411,14 +411,7 @@ impl World {
 struct Model(Arc<Mutex<World>>);
 
 fn refusal(call: &'static str, code: u16) -> controller::Error {
-    controller::Error::api(
-        call,
-        kube::Error::Api(
-            kube::core::Status::failure("refused by the model", "Model")
-                .with_code(code)
-                .boxed(),
-        ),
-    )
+    controller::Error::api(call, palisade::error::refusal(code, "refused by the model"))
 }
 
 impl Store for Model {

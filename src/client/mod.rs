@@ -1142,13 +1142,7 @@ mod tests {
 
     #[test]
     fn a_renewal_gives_up_only_when_the_claim_is_gone() {
-        let refused = |code: u16| {
-            RenewalError::Api(kube::Error::Api(
-                kube::core::Status::failure("refused", "Test")
-                    .with_code(code)
-                    .boxed(),
-            ))
-        };
+        let refused = |code: u16| RenewalError::Api(crate::error::refusal(code, "refused"));
         for code in [404, 409, 422] {
             assert!(!refused(code).is_retried(), "{code}");
         }

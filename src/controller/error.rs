@@ -63,11 +63,7 @@ mod tests {
     use super::*;
 
     fn status(code: u16) -> kube::Error {
-        kube::Error::Api(
-            kube::core::Status::failure("test", "Test")
-                .with_code(code)
-                .boxed(),
-        )
+        crate::error::refusal(code, "test")
     }
 
     #[test]

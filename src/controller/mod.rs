@@ -524,14 +524,7 @@ mod retry_tests {
     }
 
     fn refused(code: u16) -> Error {
-        Error::api(
-            "test",
-            kube::Error::Api(
-                kube::core::Status::failure("test", "Test")
-                    .with_code(code)
-                    .boxed(),
-            ),
-        )
+        Error::api("test", crate::error::refusal(code, "test"))
     }
 
     impl Store for Refusing {
