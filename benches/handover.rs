@@ -188,7 +188,8 @@ async fn main() {
         .await;
 
     let expiry_note = format!(
-        "2 s lease duration; time from the grant observed + 2 s to the next holder's acquire returning; \
+        "2 s lease duration; time from the grant observed + 2 s to the next holder's acquire returning, \
+         signed (negative: the handover landed before the duration as the bench saw the grant); \
          {} Leases side by side, {} handovers each",
         args.expiry_lanes, args.expiry_rounds
     );
@@ -237,7 +238,11 @@ async fn main() {
                  (holder, waiters and controller), over {:.0} s at steady state, {STEADY_LEASE_SECS} s \
                  lease duration, less the idle rate ({:.3} req/s); watches count when they end",
                 c.window, c.baseline_rate
-            ) + if c.baseline_rate > NOT_IDLE {
+            ) + if c.rate < c.baseline_rate {
+                "; INVALID: below the idle rate (other traffic fell into the idle window)"
+            } else {
+                ""
+            } + if c.baseline_rate > NOT_IDLE {
                 "; CAUTION: the cluster was not idle (palisade.dev requests from elsewhere), \
                  so this figure is noise: see the client-side one"
             } else {
@@ -466,7 +471,9 @@ async fn expiry_lanes(
 }
 
 /// The holder is a bare claim that never renews; its grant is observed at `granted`,
-/// so it expires no earlier than `granted + 2 s`: report the time past that.
+/// and it expires 2 s after the controller granted it: report the time past
+/// `granted + 2 s`, signed. The grant is observed after it was made, so a handover
+/// can land before that point: such a sample is negative and reported as it is.
 async fn expiry(
     client: &Client,
     leases: &LeaseClient,
@@ -508,8 +515,8 @@ async fn expiry(
             )
             .await
             .unwrap();
-        let past = granted.elapsed().saturating_sub(Duration::from_secs(2));
-        samples.push(past.as_secs_f64() * 1e3);
+        // Signed milliseconds: never clamped to 0.
+        samples.push((granted.elapsed().as_secs_f64() - 2.0) * 1e3);
         next.release().await.unwrap();
         let _ = claims
             .delete(&silent.name_any(), &DeleteParams::default())

@@ -96,7 +96,7 @@ fn run(dir: &Path, smoke: bool) -> Result<(), String> {
         })).collect::<Vec<_>>(),
         "missing_sources": missing,
         "latency": latency,
-        "figures": figures,
+        "figures": figures.iter().map(figure_json).collect::<Vec<_>>(),
         "targets": targets.iter().map(|t| json!({
             "target": t.target, "measured": t.measured, "status": t.status.word(),
         })).collect::<Vec<_>>(),
@@ -322,6 +322,7 @@ fn api_target(figures: &[Figure]) -> Target {
         let rate = |name: &str| figure(figures, system, config, name).map(|f| f.value);
         match (rate(name), rate(&format!("{name}_client_side"))) {
             (Some(server), Some(client)) => server < 0.9 * client,
+            (Some(server), None) => server < 0.0,
             _ => false,
         }
     };
@@ -416,6 +417,33 @@ fn ms(v: f64) -> String {
     } else {
         format!("{v:.1}")
     }
+}
+
+/// A rate that came out negative: a server-side count less an idle rate that
+/// other traffic inflated. Shown as invalid, never as a number or clamped to 0.
+fn invalid(f: &Figure) -> bool {
+    f.unit == "req/s" && f.value < 0.0
+}
+
+/// A figure's value for the table: "invalid" for [`invalid`] ones.
+fn figure_value(f: &Figure) -> String {
+    if invalid(f) {
+        "invalid (negative rate: other traffic in the idle window)".into()
+    } else {
+        value(f.value)
+    }
+}
+
+/// A figure for results.json: an [`invalid`] one has `value: null`, `invalid: true`
+/// and its raw value in `invalid_value`.
+fn figure_json(f: &Figure) -> serde_json::Value {
+    let mut v = json!(f);
+    if invalid(f) {
+        v["value"] = serde_json::Value::Null;
+        v["invalid"] = json!(true);
+        v["invalid_value"] = json!(f.value);
+    }
+    v
 }
 
 fn value(v: f64) -> String {
@@ -550,7 +578,7 @@ fn markdown(
             "| {} | {} | {} | {} |",
             label(&f.system, &f.config),
             f.name,
-            value(f.value),
+            figure_value(f),
             f.unit
         );
     }

@@ -12,6 +12,11 @@
 //!
 //! Scenarios are exactly [`SCENARIOS`]; one that does not apply has `n = 0` and a
 //! note saying why. Percentiles are nearest-rank.
+//!
+//! No figure is clamped. `expiry-past-duration` samples are signed: a handover that
+//! landed before the duration (as the bench saw the grant) is negative. A server-side
+//! rate less an idle rate is written as it came out, negative too; the report shows
+//! a negative rate as invalid.
 
 use std::collections::BTreeMap;
 
