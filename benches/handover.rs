@@ -49,41 +49,37 @@ const NOT_IDLE: f64 = 1.0;
 /// The longest wait for a state the bench expects (every wait is bounded; `acquire` by its timeout).
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
+/// Handover latency and API cost of palisade (`make bench`; needs `make cluster`).
+#[derive(clap::Parser)]
 struct Args {
+    /// Handovers after a release, and after a Pod deletion.
+    #[arg(long, default_value_t = 200)]
     rounds: usize,
+    /// Expiry: independent Leases side by side.
+    #[arg(long, default_value_t = 20)]
     expiry_lanes: usize,
+    /// Expiry: handovers per lane.
+    #[arg(long, default_value_t = 10)]
     expiry_rounds: usize,
+    /// API cost: the window at steady state, seconds (0 skips the API cost).
+    #[arg(long, default_value_t = 30.0)]
     steady: f64,
+    /// API cost: seconds before the window.
+    #[arg(long, default_value_t = 6.0)]
     warmup: f64,
+    /// API cost: the idle window before, seconds (default: --steady).
+    #[arg(long)]
     baseline: Option<f64>,
+    /// Where palisade-handover.json goes.
+    #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 fn args() -> Args {
-    let mut a = Args {
-        rounds: 200,
-        expiry_lanes: 20,
-        expiry_rounds: 10,
-        steady: 30.0,
-        warmup: 6.0,
-        baseline: None,
-        out: PathBuf::from("target/bench"),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-        match arg.as_str() {
-            "--rounds" => a.rounds = value().parse().expect("--rounds N"),
-            "--expiry-lanes" => a.expiry_lanes = value().parse().expect("--expiry-lanes N"),
-            "--expiry-rounds" => a.expiry_rounds = value().parse().expect("--expiry-rounds N"),
-            "--steady" => a.steady = value().parse().expect("--steady SECONDS"),
-            "--warmup" => a.warmup = value().parse().expect("--warmup SECONDS"),
-            "--baseline" => a.baseline = Some(value().parse().expect("--baseline SECONDS")),
-            "--out" => a.out = PathBuf::from(value()),
-            "--bench" => {} // passed by `cargo bench`
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
     assert!(
         a.rounds <= 10_000 && a.expiry_lanes * a.expiry_rounds <= 10_000 && a.expiry_lanes >= 1,
         "rounds out of range"

@@ -30,19 +30,23 @@ const OUTPUTS: [&str; 3] = ["results.json", "results.md", "handover-latency.png"
 /// The sources `make bench` is meant to produce; a missing one is named in the report.
 const EXPECTED: [&str; 4] = ["palisade-handover", "clientgo", "rust-peers", "scale"];
 
+/// Merges the outputs of one `make bench` run into results.json, results.md and the chart.
+#[derive(clap::Parser)]
+struct Args {
+    /// The directory of the benchmark outputs, and of the report.
+    #[arg(long, default_value = "target/bench")]
+    dir: PathBuf,
+    /// Say the figures come from a smoke run (they mean nothing).
+    #[arg(long)]
+    smoke: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
-    let mut dir = PathBuf::from("target/bench");
-    let mut smoke = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--dir" => dir = PathBuf::from(it.next().expect("--dir DIR")),
-            "--smoke" => smoke = true,
-            "--bench" => {} // passed by `cargo bench`
-            other => panic!("unknown argument {other}"),
-        }
-    }
-    if let Err(e) = run(&dir, smoke) {
+    let args = <Args as clap::Parser>::parse();
+    if let Err(e) = run(&args.dir, args.smoke) {
         eprintln!("report: {e}");
         std::process::exit(1);
     }

@@ -102,46 +102,46 @@ struct Args {
     handover: Duration,
 }
 
+/// Scale of palisade: many Leases on one controller (`make bench`; needs `make cluster`).
+#[derive(clap::Parser)]
+struct Cli {
+    /// Numbers of Leases, one run each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+    sizes: Vec<usize>,
+    /// Where scale.json goes.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Seconds the whole run may take.
+    #[arg(long, default_value_t = 1200)]
+    timeout: u64,
+    /// The Leases' duration, seconds.
+    #[arg(long, default_value_t = 600)]
+    lease_duration: i64,
+    /// Requests in flight at once while creating and granting.
+    #[arg(long, default_value_t = 32)]
+    inflight: usize,
+    /// The steady-state window, seconds (default 10; 3 below 1,000 Leases).
+    #[arg(long)]
+    steady: Option<u64>,
+    /// The sustained-handover window, seconds.
+    #[arg(long, default_value_t = 30)]
+    handover: u64,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn args() -> Args {
-    let mut a = Args {
-        sizes: vec![1000, 10000],
-        out: PathBuf::from("target/bench"),
-        timeout: Duration::from_secs(1200),
-        lease_duration: 600,
-        inflight: 32,
-        steady: None,
-        handover: Duration::from_secs(30),
+    let c = <Cli as clap::Parser>::parse();
+    let a = Args {
+        sizes: c.sizes,
+        out: c.out,
+        timeout: Duration::from_secs(c.timeout),
+        lease_duration: c.lease_duration,
+        inflight: c.inflight.clamp(1, 256),
+        steady: c.steady.map(Duration::from_secs),
+        handover: Duration::from_secs(c.handover),
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-        match arg.as_str() {
-            "--sizes" => {
-                a.sizes = value()
-                    .split(',')
-                    .map(|s| s.trim().parse().expect("--sizes N[,N...]"))
-                    .collect()
-            }
-            "--out" => a.out = PathBuf::from(value()),
-            "--timeout" => {
-                a.timeout = Duration::from_secs(value().parse().expect("--timeout SECONDS"))
-            }
-            "--lease-duration" => {
-                a.lease_duration = value().parse().expect("--lease-duration SECONDS")
-            }
-            "--inflight" => a.inflight = value().parse().expect("--inflight N"),
-            "--steady" => {
-                a.steady = Some(Duration::from_secs(
-                    value().parse().expect("--steady SECONDS"),
-                ))
-            }
-            "--handover" => {
-                a.handover = Duration::from_secs(value().parse().expect("--handover SECONDS"))
-            }
-            "--bench" => {} // passed by `cargo bench`
-            other => panic!("unknown argument {other}"),
-        }
-    }
     assert!(
         a.sizes.iter().all(|n| (1..=99_999).contains(n)),
         "--sizes: 1..=99999 Leases each"
@@ -150,7 +150,6 @@ fn args() -> Args {
         (3..=86_400).contains(&a.lease_duration),
         "--lease-duration: 3..=86400"
     );
-    a.inflight = a.inflight.clamp(1, 256);
     a
 }
 
