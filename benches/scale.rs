@@ -1421,10 +1421,11 @@ struct Report {
 
 impl Report {
     fn fig(&mut self, n: usize, name: &str, value: f64, unit: &str, note: String) {
+        // Not finite (not measured): written as null, never as 0.
         let value = if value.is_finite() {
             (value * 1000.0).round() / 1000.0
         } else {
-            0.0
+            f64::NAN
         };
         println!("scale: leases_{n}_{name} = {value} {unit}");
         self.figures.push(json!({
