@@ -220,7 +220,7 @@ test: cluster databases $(if $(filter 1,$(NODE)),image-local)
 # Benchmark figures (programs that print figures, not tests), in one run on the local
 # control plane. Each part writes BENCH_DIR/<source>.json in the schema of
 # benches/common/schema.rs: palisade-handover (benches/handover.rs, BENCH_ARGS), clientgo
-# and rust-peers-* (the peers below), scale (benches/scale.rs, SCALE_ARGS); then
+# and rust-peers-* (the peers below), scale (benches/scale/, SCALE_ARGS); then
 # benches/report.rs merges them into results.json, results.md (printed) and
 # handover-latency.png. A part that fails is missing from the report ("not measured")
 # and fails the target once the report is written.
