@@ -53,7 +53,14 @@ fn main() {
 }
 
 fn run(dir: &Path, smoke: bool) -> Result<(), String> {
-    let sources = read_sources(dir)?;
+    let (sources, rejected) = read_sources(dir)?;
+    // The smoke run of `make test` keeps the writers to the schema.
+    if smoke && !rejected.is_empty() {
+        return Err(format!(
+            "outputs not in the schema of benches/common/schema.rs: {}",
+            rejected.join("; ")
+        ));
+    }
     if sources.is_empty() {
         return Err(format!(
             "no benchmark outputs (*.json) in {}: run `make bench`",
@@ -99,6 +106,7 @@ fn run(dir: &Path, smoke: bool) -> Result<(), String> {
             "source": s.source, "file": file, "parameters": s.parameters,
         })).collect::<Vec<_>>(),
         "missing_sources": missing,
+        "rejected_sources": rejected,
         "latency": latency,
         "figures": figures.iter().map(figure_json).collect::<Vec<_>>(),
         "targets": targets.iter().map(|t| json!({
@@ -110,7 +118,7 @@ fn run(dir: &Path, smoke: bool) -> Result<(), String> {
         serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?,
     )?;
     let md = markdown(
-        smoke, &versions, &machine, &sources, &missing, &latency, &figures, &targets,
+        smoke, &versions, &machine, &sources, &missing, &rejected, &latency, &figures, &targets,
     );
     write(&dir.join(OUTPUTS[1]), &md)?;
     let png = dir.join(OUTPUTS[2]);
@@ -129,8 +137,11 @@ fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), String> {
     std::fs::write(path, contents).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-/// Every `*.json` of `dir` but the report's own, by file name.
-fn read_sources(dir: &Path) -> Result<Vec<(String, Source)>, String> {
+/// Every `*.json` of `dir` but the report's own, by file name, checked against the
+/// schema ([`Source::problems`]); those that break it come back apart, with why.
+type Sources = (Vec<(String, Source)>, Vec<String>);
+
+fn read_sources(dir: &Path) -> Result<Sources, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| Some(e.ok()?.path()))
@@ -139,21 +150,30 @@ fn read_sources(dir: &Path) -> Result<Vec<(String, Source)>, String> {
         .collect();
     files.sort();
     let mut sources = Vec::new();
+    let mut rejected = Vec::new();
     for f in files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         let text =
             std::fs::read_to_string(&f).map_err(|e| format!("reading {}: {e}", f.display()))?;
-        match serde_json::from_str::<Source>(&text) {
-            Ok(s) => sources.push((name, s)),
-            Err(e) => eprintln!(
-                "report: skipping {} (not in the common schema: {e})",
-                f.display()
-            ),
-        }
+        let problems = match serde_json::from_str::<Source>(&text) {
+            Ok(s) => match s.problems() {
+                p if p.is_empty() => {
+                    sources.push((name, s));
+                    continue;
+                }
+                p => p.join("; "),
+            },
+            Err(e) => e.to_string(),
+        };
+        eprintln!(
+            "report: skipping {} (not in the common schema: {problems})",
+            f.display()
+        );
+        rejected.push(format!("{name}: {problems}"));
     }
     // palisade first, then the peers, then the rest, each group by file name.
     sources.sort_by_key(|(name, s)| (rank(&s.source), name.clone()));
-    Ok(sources)
+    Ok((sources, rejected))
 }
 
 fn rank(source_or_system: &str) -> usize {
@@ -516,6 +536,7 @@ fn markdown(
     machine: &serde_json::Value,
     sources: &[(String, Source)],
     missing: &[&str],
+    rejected: &[String],
     latency: &[Latency],
     figures: &[Figure],
     targets: &[Target],
@@ -606,6 +627,13 @@ fn markdown(
     md += ".";
     if !missing.is_empty() {
         let _ = write!(md, " Not present: {}.", missing.join(", "));
+    }
+    if !rejected.is_empty() {
+        let _ = write!(
+            md,
+            " Skipped, not in the schema of benches/common/schema.rs: {}.",
+            rejected.join("; ")
+        );
     }
     md += "\n";
     md
