@@ -8,7 +8,8 @@
 //! Needs the cluster of `make cluster`. Writes `DIR/scale.json` (figures named
 //! `leases_<N>_...`) and prints them as a table.
 //!
-//! Modules: `run` (one size, the phases below), `controller` (the controller under
+//! Modules: one per phase below (`setup`, `initial_grant`, `renewals`, `resync`,
+//! `handover`), `run` (one size: the phases in order, and their helpers), `controller` (the controller under
 //! test), `renewer` (the holders' renewals), `procs` (CPU and memory from /proc),
 //! `output` (the figures).
 //!
@@ -76,10 +77,15 @@
 //! clean up). Every wait is bounded, the whole run by `--timeout` (default 1200 s).
 
 mod controller;
+mod handover;
+mod initial_grant;
 mod output;
 mod procs;
+mod renewals;
 mod renewer;
+mod resync;
 mod run;
+mod setup;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -103,10 +109,15 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use controller::*;
+use handover::handover;
+use initial_grant::initial_grant;
 use output::*;
 use procs::*;
+use renewals::renewals;
 use renewer::*;
+use resync::resync;
 use run::*;
+use setup::setup;
 
 struct Args {
     sizes: Vec<usize>,

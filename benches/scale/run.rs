@@ -1,4 +1,5 @@
-//! One size.
+//! One size: its phases are in `setup`, `initial_grant` (with `renewals`),
+//! `resync` and `handover`; the helpers they share are here.
 
 use super::*;
 
@@ -41,309 +42,47 @@ pub(crate) async fn run_size(
         kcm: read_pid(&cluster.join("kube-controller-manager.pid")),
     };
     let renew_rate = n as f64 / (args.lease_duration as f64 / 3.0);
-
-    // 1. Setup, with no controller running.
-    let t = Instant::now();
-    let c0 = procs.snap();
-    create_all(&leases, n, args.inflight, |i| {
-        json!({"apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-               "metadata": {"name": lease_name(i)},
-               "spec": {"leaseDurationSeconds": args.lease_duration}})
-    })
+    let size = Size {
+        n,
+        ns,
+        root,
+        args,
+        deadline,
+        cores,
+        leases,
+        claims,
+        events,
+        renew_rate,
+    };
+    let (pairs, api_capacity) = setup(&size, &procs, report).await?;
+    let (ctrl, renewer, per_renewal) =
+        initial_grant(&size, &mut procs, &pairs, api_capacity, report).await?;
+    let (ctrl, first_hwm) = resync(&size, &mut procs, ctrl, &renewer, report).await?;
+    handover(
+        &size,
+        &procs,
+        ctrl,
+        renewer,
+        &pairs,
+        (per_renewal, api_capacity, first_hwm),
+        report,
+    )
     .await
-    .context("creating Leases")?;
-    let holders = create_all(&claims, n, args.inflight, |i| claim_json("h", i))
-        .await
-        .context("creating holder claims")?;
-    let waiters = create_all(&claims, n, args.inflight, |i| claim_json("w", i))
-        .await
-        .context("creating waiter claims")?;
-    let setup = t.elapsed().as_secs_f64();
-    let setup_cpu = procs.snap().since(&c0);
-    let api_capacity = (3 * n) as f64 / setup;
-    let pairs: Arc<Vec<Pair>> = Arc::new(
-        holders
-            .into_iter()
-            .zip(waiters)
-            .map(|(h, w)| Pair {
-                holder: name_uid(&h),
-                waiter: name_uid(&w),
-            })
-            .collect(),
-    );
-    report.fig(
-        n,
-        "setup_creates_per_s",
-        api_capacity,
-        "objects/s",
-        format!(
-            "API server write throughput with no controller: {n} Leases + {} claims created in {setup:.1} s, {} in flight. {}",
-            2 * n,
-            args.inflight,
-            setup_cpu.split(cores)
-        ),
-    );
+}
 
-    // 2. Initial grant: the controller starts with N Leases and 2N claims.
-    let log = args.out.join(format!("scale-controller-{n}.log"));
-    let _ = std::fs::remove_file(&log);
-    let t_spawn = Instant::now();
-    let mut ctrl = Controller::spawn(root, ns, &log)?;
-    procs.controller = ctrl.pid;
-    let c0 = procs.snap();
-    let renewer = Renewer::start(claims.clone(), pairs.clone(), renew_rate);
-    let ready = ctrl.wait_ready(deadline).await?;
-    let mut timeline = Vec::new();
-    let granted = ctrl
-        .wait_grants(&|| n as f64, t_spawn, deadline, &mut timeline)
-        .await?;
-    let c1 = procs.snap();
-    let renewals_1 = renewer.ok();
-    let (events_at, events_n, events_lost) = ctrl.wait_events(&events, n, deadline).await?;
-    let renewals_2 = renewer.ok();
-    let idle = quiesce(&mut ctrl, &renewer, deadline).await?;
-    let c2 = procs.snap();
-    let first = c2.since(&c0);
-    let wrong = wrong_holders(&leases, &pairs, |_, p| &p.holder.0).await?;
-    if wrong > 0 {
-        bail!("after the initial grant, {wrong} Leases are not held by their h- claim");
-    }
-
-    // 3. Renewals alone, at the nominal rate.
-    let steady = args.steady.unwrap_or(if n >= 1000 {
-        Duration::from_secs(10)
-    } else {
-        Duration::from_secs(3)
-    });
-    let lease_rvs = resource_versions(&leases).await?;
-    let claim_rvs = resource_versions(&claims).await?;
-    let before = procs.snap();
-    let renewed_before = renewer.ok();
-    let grants_before = ctrl.metric("palisade_grants_total").await?;
-    sleep_within(steady, deadline).await?;
-    let w = procs.snap().since(&before);
-    let renewed = renewer.ok() - renewed_before;
-    let grants_during = ctrl.metric("palisade_grants_total").await? - grants_before;
-    renewer.pause(deadline).await?;
-    ctrl.settle(deadline).await?;
-    let lease_writes = changed(&lease_rvs, &resource_versions(&leases).await?, |_| true);
-    let waiter_writes = changed(&claim_rvs, &resource_versions(&claims).await?, |name| {
-        name.starts_with("w-")
-    });
-    renewer.resume();
-    let per_renewal = w.controller / renewed.max(1) as f64;
-    let renewal_figure = (
-        w.pct(w.controller),
-        format!(
-            "{renewed} renewals in {:.0} s ({:.1}/s: {n} holders of {} s leases, each renewing every third of it): {:.0} µs controller CPU per renewal; controller writes meanwhile: {lease_writes} Leases, {waiter_writes} waiter claims, {grants_during} grants (a renewal should cost none). {}",
-            w.secs,
-            renewed as f64 / w.secs,
-            args.lease_duration,
-            per_renewal * 1e6,
-            w.split(cores)
-        ),
-    );
-
-    // The initial grant's figures, now that the renewals' share is known.
-    let grant_s = (granted - ready).as_secs_f64();
-    report.fig(
-        n,
-        "initial_grant",
-        (granted - t_spawn).as_secs_f64(),
-        "s",
-        format!(
-            "controller start to {n} grants: ready (3 lists, index) after {:.2} s, then {grant_s:.1} s of grants ({:.0}/s; each 1 Lease + 2 claim writes + 1 Event), {renewals_1} renewals meanwhile; {}",
-            (ready - t_spawn).as_secs_f64(),
-            n as f64 / grant_s.max(1e-3),
-            {
-                let w = c1.since(&c0);
-                w.verdict(
-                    cores,
-                    ((4 * n) as f64 + renewals_1 as f64) / w.secs,
-                    api_capacity,
-                )
-            }
-        ),
-    );
-    let net = first.controller - renewals_2 as f64 * per_renewal;
-    report.fig(
-        n,
-        "initial_grant_controller_cpu_s_per_1000_grants",
-        net / n as f64 * 1000.0,
-        "s",
-        format!(
-            "controller CPU from start (list of {} objects, index) until idle again, per 1,000 grants, less its {renewals_2} renewals at the measured {:.0} µs each ({:.3} s per 1,000 with them); its Events were all published or dropped {:.1} s after the last grant ({events_n} published, {events_lost} dropped by its bounded queue or failed), idle {:.1} s after it",
-            3 * n,
-            per_renewal * 1e6,
-            first.controller / n as f64 * 1000.0,
-            (events_at.max(granted) - granted).as_secs_f64(),
-            (idle.max(granted) - granted).as_secs_f64(),
-        ),
-    );
-    report.fig(
-        n,
-        "renewals_controller_cpu",
-        renewal_figure.0,
-        "% of a core",
-        renewal_figure.1,
-    );
-
-    // 4. Resync after a restart with N Leases held.
-    renewer.pause(deadline).await?;
-    ctrl.settle(deadline).await?;
-    let lease_rvs = resource_versions(&leases).await?;
-    let claim_rvs = resource_versions(&claims).await?;
-    let first_hwm = status_kib(ctrl.pid, "VmHWM").unwrap_or(0.0);
-    ctrl.kill().await;
-    let t_spawn = Instant::now();
-    let mut ctrl = Controller::spawn(root, ns, &log)?;
-    procs.controller = ctrl.pid;
-    let c0 = procs.snap();
-    let ready = ctrl.wait_ready(deadline).await?;
-    let resync = (ready - t_spawn).as_secs_f64();
-    let idle = ctrl.settle(deadline).await?;
-    let resync_cpu = procs.snap().since(&c0);
-    let lease_writes = changed(&lease_rvs, &resource_versions(&leases).await?, |_| true);
-    let claim_writes = changed(&claim_rvs, &resource_versions(&claims).await?, |_| true);
-    let resync_grants = ctrl.metric("palisade_grants_total").await?;
-    renewer.resume();
-    report.fig(
-        n,
-        "resync_after_restart",
-        resync,
-        "s",
-        format!(
-            "SIGKILL with {n} Leases held and {n} claims waiting, new process to /readyz (lists of {} objects, index); idle again (every Lease re-decided) {:.2} s after the start; controller CPU {:.2} s",
-            3 * n,
-            (idle.max(ready) - t_spawn).as_secs_f64(),
-            resync_cpu.controller
-        ),
-    );
-    report.fig(
-        n,
-        "resync_writes",
-        (lease_writes + claim_writes) as f64,
-        "writes",
-        format!(
-            "Leases and claims whose resourceVersion changed across the restart (renewals paused): {lease_writes} Leases, {claim_writes} claims; {resync_grants} grants"
-        ),
-    );
-
-    // 5. Handover: delete holder claims (for at most --handover seconds); each waiter is granted.
-    let base = ctrl.metric("palisade_grants_total").await?;
-    let events_before = count_objects(&events).await?;
-    let renewed_before = renewer.ok();
-    let skipped_before = renewer.stats.skipped.load(Ordering::Relaxed);
-    let c0 = procs.snap();
-    let t0 = Instant::now();
-    let progress = Arc::new(DeleteProgress::default());
-    let deleter = tokio::spawn(delete_holders(
-        claims.clone(),
-        pairs.clone(),
-        renewer.released.clone(),
-        args.inflight,
-        t0 + args.handover,
-        progress.clone(),
-    ));
-    let target = || {
-        base + if progress.done.load(Ordering::Relaxed) {
-            progress.deleted.load(Ordering::Relaxed) as f64
-        } else {
-            n as f64
-        }
-    };
-    let mut timeline = Vec::new();
-    let granted = ctrl
-        .wait_grants(&target, t0, deadline, &mut timeline)
-        .await?;
-    let c1 = procs.snap();
-    let deleted_at = deleter.await??;
-    let k = progress.deleted.load(Ordering::Relaxed);
-    let renewals_1 = renewer.ok() - renewed_before;
-    let skipped = renewer.stats.skipped.load(Ordering::Relaxed) - skipped_before;
-    // The first controller's Events are in the namespace; this one adds two per handover.
-    let (events_at, events_n, events_lost) = ctrl
-        .wait_events(&events, events_before + 2 * k, deadline)
-        .await?;
-    let renewals_2 = renewer.ok() - renewed_before;
-    let idle = quiesce(&mut ctrl, &renewer, deadline).await?;
-    let c2 = procs.snap();
-    let expirations = ctrl.metric("palisade_expirations_total").await?;
-    let window = c1.since(&c0);
-    let total_s = (granted - t0).as_secs_f64();
-    let (rate, how) = match (
-        crossing(&timeline, base + 0.1 * k as f64),
-        crossing(&timeline, base + 0.9 * k as f64),
-    ) {
-        (Some(a), Some(b)) if b - a >= 0.5 => {
-            (0.8 * k as f64 / (b - a), "between 10% and 90% of them")
-        }
-        _ => (k as f64 / total_s.max(1e-3), "over the whole phase"),
-    };
-    // API writes in the window: the bench's deletes and renewals, the controller's
-    // Lease write, claim write and two Events per grant.
-    let writes = k as f64 + renewals_1 as f64 + 4.0 * k as f64;
-    report.fig(
-        n,
-        "sustained_grants_per_s",
-        rate,
-        "grants/s",
-        format!(
-            "{} Handover of {k} of {n} Leases: the bench deleted holder claims for at most {} s ({} in flight; done after {:.1} s), so their waiters were granted, all {k} after {total_s:.1} s; grants/s {how}; per grant 1 delete + 1 Lease + 1 claim write + 2 Events; {renewals_1} renewals meanwhile ({:.0}/s of the nominal {renew_rate:.0}/s; {skipped} not sent: 32 in flight){}",
-            window.verdict(cores, writes / window.secs, api_capacity),
-            args.handover.as_secs(),
-            args.inflight,
-            (deleted_at - t0).as_secs_f64(),
-            renewals_1 as f64 / window.secs,
-            if expirations > 0.0 {
-                format!("; {expirations} grants EXPIRED (renewals fell behind)")
-            } else {
-                String::new()
-            }
-        ),
-    );
-    let cpu = c2.since(&c0).controller;
-    let net = cpu - renewals_2 as f64 * per_renewal;
-    let initial = report
-        .value(n, "initial_grant_controller_cpu_s_per_1000_grants")
-        .unwrap_or(f64::NAN);
-    report.fig(
-        n,
-        "controller_cpu_s_per_1000_grants",
-        net / k.max(1) as f64 * 1000.0,
-        "s",
-        format!(
-            "handovers: controller CPU from the first delete until idle again, per 1,000 grants, less its {renewals_2} renewals at {:.0} µs each ({:.3} s per 1,000 with them); its Events (the namespace holds {events_n}; {events_lost} dropped by its bounded queue or failed) were all published or dropped {:.1} s after the last grant, idle {:.1} s after it; initial grants: {initial:.3} s per 1,000",
-            per_renewal * 1e6,
-            cpu / k.max(1) as f64 * 1000.0,
-            (events_at.max(granted) - granted).as_secs_f64(),
-            (idle.max(granted) - granted).as_secs_f64(),
-        ),
-    );
-    let wrong = wrong_holders(&leases, &pairs, |i, p| {
-        if i < k { &p.waiter.0 } else { &p.holder.0 }
-    })
-    .await?;
-    let second_hwm = status_kib(ctrl.pid, "VmHWM").unwrap_or(0.0);
-    let rss_now = status_kib(ctrl.pid, "VmRSS").unwrap_or(0.0);
-    report.fig(
-        n,
-        "peak_rss",
-        first_hwm.max(second_hwm) / 1024.0,
-        "MiB",
-        format!(
-            "VmHWM of the controller: {:.1} MiB through the initial grant and renewals, {:.1} MiB through resync and handover (RSS at the end {:.1} MiB)",
-            first_hwm / 1024.0,
-            second_hwm / 1024.0,
-            rss_now / 1024.0
-        ),
-    );
-    drop(renewer);
-    ctrl.kill().await;
-    if wrong > 0 {
-        bail!("after the handover, {wrong} Leases are not held by the expected claim");
-    }
-    Ok(())
+/// What the phases of one size share.
+pub(crate) struct Size<'a> {
+    pub(crate) n: usize,
+    pub(crate) ns: &'a str,
+    pub(crate) root: &'a Path,
+    pub(crate) args: &'a Args,
+    pub(crate) deadline: Instant,
+    pub(crate) cores: f64,
+    pub(crate) leases: Api<Lease>,
+    pub(crate) claims: Api<LeaseClaim>,
+    pub(crate) events: Api<CoreEvent>,
+    /// Renewals per second, the client's schedule.
+    pub(crate) renew_rate: f64,
 }
 
 /// Objects whose resourceVersion changed (or that are gone), among those `which` names.
