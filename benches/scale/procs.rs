@@ -115,8 +115,9 @@ impl CpuWindow {
 
     /// CPU of processes outside this benchmark and its control plane (other work on the machine).
     pub(crate) fn others(&self) -> f64 {
-        (self.machine - self.apiserver - self.etcd - self.kcm - self.controller - self.bench)
-            .max(0.0)
+        // As it comes out, never clamped: below 0 means the per-process and the
+        // machine-wide counts were read a moment apart.
+        self.machine - self.apiserver - self.etcd - self.kcm - self.controller - self.bench
     }
 
     pub(crate) fn split(&self, cores: f64) -> String {
