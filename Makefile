@@ -239,7 +239,7 @@ test: cluster databases $(if $(filter 1,$(NODE)),image-local)
 # Benchmark figures (programs that print figures, not tests), in one run on the local
 # control plane. Each part writes BENCH_DIR/<source>.json in the schema of
 # benches/common/schema.rs: palisade-handover (benches/handover.rs, BENCH_ARGS), clientgo
-# and rust-peers-* (the peers below), scale (benches/scale.rs, SCALE_ARGS); then
+# and rust-peers-* (the peers below), scale (benches/scale/, SCALE_ARGS); then
 # benches/report.rs merges them into results.json, results.md (printed) and
 # handover-latency.png. A part that fails is missing from the report ("not measured")
 # and fails the target once the report is written.
@@ -263,20 +263,20 @@ bench: cluster databases
 	cargo bench --locked --bench report -- --dir $(BENCH_DIR) || failed="$$failed report"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
-# The peers for comparison: client-go's tools/leaderelection (bench/peers/clientgo,
-# PEER_ARGS), the Rust crates kube-leader-election and kubert (bench/peers/rust,
+# The peers for comparison: client-go's tools/leaderelection (benches/peers/clientgo,
+# PEER_ARGS), the Rust crates kube-leader-election and kubert (benches/peers/rust,
 # RUST_PEER_ARGS).
 bench-peers: bench-clientgo bench-rust-peers
 
 bench-clientgo: cluster
 	@mkdir -p $(BENCH_DIR)
-	cd bench/peers/clientgo && CGO_ENABLED=0 go build -o $(CURDIR)/$(BENCH_DIR)/clientgo-bench .
+	cd benches/peers/clientgo && CGO_ENABLED=0 go build -o $(CURDIR)/$(BENCH_DIR)/clientgo-bench .
 	$(BENCH_DIR)/clientgo-bench --kubeconfig $(KUBECONFIG_TEST) --out $(BENCH_DIR)/clientgo.json $(PEER_ARGS)
 
 bench-rust-peers: cluster
 	@mkdir -p $(BENCH_DIR)
-	cd bench/peers/rust/kube-leader-election && CARGO_TARGET_DIR=$(RUST_PEERS_TARGET) cargo build --release --locked
-	cd bench/peers/rust/kubert && CARGO_TARGET_DIR=$(RUST_PEERS_TARGET) cargo build --release --locked
+	cd benches/peers/rust/kube-leader-election && CARGO_TARGET_DIR=$(RUST_PEERS_TARGET) cargo build --release --locked
+	cd benches/peers/rust/kubert && CARGO_TARGET_DIR=$(RUST_PEERS_TARGET) cargo build --release --locked
 	@failed=""; \
 	$(RUST_PEERS_TARGET)/release/rustpeer-kle --kubeconfig $(KUBECONFIG_TEST) \
 		--out $(BENCH_DIR)/rust-peers-kle.json $(RUST_PEER_ARGS) || failed="$$failed kube-leader-election"; \

@@ -25,31 +25,22 @@ use palisade::fence::postgres as pg_fence;
 use palisade::fence::redis::{self as redis_fence, RedisFence, Write};
 use schema::{Figure, Source, nearest_rank};
 
+/// The added latency of the fencing check in PostgreSQL and Redis (`make bench`).
+#[derive(clap::Parser)]
 struct Args {
+    /// Rounds, each one transaction without the check and one with it.
+    #[arg(long, default_value_t = 300)]
     rounds: usize,
+    /// Where fence-db.json goes.
+    #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 fn args() -> Result<Args, String> {
-    let mut args = Args {
-        rounds: 300,
-        out: PathBuf::from("target/bench"),
-    };
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = raw.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--rounds" => {
-                args.rounds = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("--rounds needs a number")?
-            }
-            "--out" => args.out = it.next().ok_or("--out needs a directory")?.into(),
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
+    let args = <Args as clap::Parser>::parse();
     if args.rounds == 0 {
         return Err("--rounds must be at least 1".into());
     }

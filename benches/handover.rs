@@ -49,41 +49,37 @@ const NOT_IDLE: f64 = 1.0;
 /// The longest wait for a state the bench expects (every wait is bounded; `acquire` by its timeout).
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
+/// Handover latency and API cost of palisade (`make bench`; needs `make cluster`).
+#[derive(clap::Parser)]
 struct Args {
+    /// Handovers after a release, and after a Pod deletion.
+    #[arg(long, default_value_t = 200)]
     rounds: usize,
+    /// Expiry: independent Leases side by side.
+    #[arg(long, default_value_t = 20)]
     expiry_lanes: usize,
+    /// Expiry: handovers per lane.
+    #[arg(long, default_value_t = 10)]
     expiry_rounds: usize,
+    /// API cost: the window at steady state, seconds (0 skips the API cost).
+    #[arg(long, default_value_t = 30.0)]
     steady: f64,
+    /// API cost: seconds before the window.
+    #[arg(long, default_value_t = 6.0)]
     warmup: f64,
+    /// API cost: the idle window before, seconds (default: --steady).
+    #[arg(long)]
     baseline: Option<f64>,
+    /// Where palisade-handover.json goes.
+    #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 fn args() -> Args {
-    let mut a = Args {
-        rounds: 200,
-        expiry_lanes: 20,
-        expiry_rounds: 10,
-        steady: 30.0,
-        warmup: 6.0,
-        baseline: None,
-        out: PathBuf::from("target/bench"),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{arg} needs a value"));
-        match arg.as_str() {
-            "--rounds" => a.rounds = value().parse().expect("--rounds N"),
-            "--expiry-lanes" => a.expiry_lanes = value().parse().expect("--expiry-lanes N"),
-            "--expiry-rounds" => a.expiry_rounds = value().parse().expect("--expiry-rounds N"),
-            "--steady" => a.steady = value().parse().expect("--steady SECONDS"),
-            "--warmup" => a.warmup = value().parse().expect("--warmup SECONDS"),
-            "--baseline" => a.baseline = Some(value().parse().expect("--baseline SECONDS")),
-            "--out" => a.out = PathBuf::from(value()),
-            "--bench" => {} // passed by `cargo bench`
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let a = <Args as clap::Parser>::parse();
     assert!(
         a.rounds <= 10_000 && a.expiry_lanes * a.expiry_rounds <= 10_000 && a.expiry_lanes >= 1,
         "rounds out of range"
@@ -188,7 +184,8 @@ async fn main() {
         .await;
 
     let expiry_note = format!(
-        "2 s lease duration; time from the grant observed + 2 s to the next holder's acquire returning; \
+        "2 s lease duration; time from the grant observed + 2 s to the next holder's acquire returning, \
+         signed (negative: the handover landed before the duration as the bench saw the grant); \
          {} Leases side by side, {} handovers each",
         args.expiry_lanes, args.expiry_rounds
     );
@@ -237,7 +234,11 @@ async fn main() {
                  (holder, waiters and controller), over {:.0} s at steady state, {STEADY_LEASE_SECS} s \
                  lease duration, less the idle rate ({:.3} req/s); watches count when they end",
                 c.window, c.baseline_rate
-            ) + if c.baseline_rate > NOT_IDLE {
+            ) + if c.rate < c.baseline_rate {
+                "; INVALID: below the idle rate (other traffic fell into the idle window)"
+            } else {
+                ""
+            } + if c.baseline_rate > NOT_IDLE {
                 "; CAUTION: the cluster was not idle (palisade.dev requests from elsewhere), \
                  so this figure is noise: see the client-side one"
             } else {
@@ -466,7 +467,9 @@ async fn expiry_lanes(
 }
 
 /// The holder is a bare claim that never renews; its grant is observed at `granted`,
-/// so it expires no earlier than `granted + 2 s`: report the time past that.
+/// and it expires 2 s after the controller granted it: report the time past
+/// `granted + 2 s`, signed. The grant is observed after it was made, so a handover
+/// can land before that point: such a sample is negative and reported as it is.
 async fn expiry(
     client: &Client,
     leases: &LeaseClient,
@@ -508,8 +511,8 @@ async fn expiry(
             )
             .await
             .unwrap();
-        let past = granted.elapsed().saturating_sub(Duration::from_secs(2));
-        samples.push(past.as_secs_f64() * 1e3);
+        // Signed milliseconds: never clamped to 0.
+        samples.push((granted.elapsed().as_secs_f64() - 2.0) * 1e3);
         next.release().await.unwrap();
         let _ = claims
             .delete(&silent.name_any(), &DeleteParams::default())

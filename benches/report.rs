@@ -30,26 +30,37 @@ const OUTPUTS: [&str; 3] = ["results.json", "results.md", "handover-latency.png"
 /// The sources `make bench` is meant to produce; a missing one is named in the report.
 const EXPECTED: [&str; 4] = ["palisade-handover", "clientgo", "rust-peers", "scale"];
 
+/// Merges the outputs of one `make bench` run into results.json, results.md and the chart.
+#[derive(clap::Parser)]
+struct Args {
+    /// The directory of the benchmark outputs, and of the report.
+    #[arg(long, default_value = "target/bench")]
+    dir: PathBuf,
+    /// Say the figures come from a smoke run (they mean nothing).
+    #[arg(long)]
+    smoke: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
-    let mut dir = PathBuf::from("target/bench");
-    let mut smoke = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--dir" => dir = PathBuf::from(it.next().expect("--dir DIR")),
-            "--smoke" => smoke = true,
-            "--bench" => {} // passed by `cargo bench`
-            other => panic!("unknown argument {other}"),
-        }
-    }
-    if let Err(e) = run(&dir, smoke) {
+    let args = <Args as clap::Parser>::parse();
+    if let Err(e) = run(&args.dir, args.smoke) {
         eprintln!("report: {e}");
         std::process::exit(1);
     }
 }
 
 fn run(dir: &Path, smoke: bool) -> Result<(), String> {
-    let sources = read_sources(dir)?;
+    let (sources, rejected) = read_sources(dir)?;
+    // The smoke run of `make test` keeps the writers to the schema.
+    if smoke && !rejected.is_empty() {
+        return Err(format!(
+            "outputs not in the schema of benches/common/schema.rs: {}",
+            rejected.join("; ")
+        ));
+    }
     if sources.is_empty() {
         return Err(format!(
             "no benchmark outputs (*.json) in {}: run `make bench`",
@@ -95,8 +106,9 @@ fn run(dir: &Path, smoke: bool) -> Result<(), String> {
             "source": s.source, "file": file, "parameters": s.parameters,
         })).collect::<Vec<_>>(),
         "missing_sources": missing,
+        "rejected_sources": rejected,
         "latency": latency,
-        "figures": figures,
+        "figures": figures.iter().map(figure_json).collect::<Vec<_>>(),
         "targets": targets.iter().map(|t| json!({
             "target": t.target, "measured": t.measured, "status": t.status.word(),
         })).collect::<Vec<_>>(),
@@ -106,7 +118,7 @@ fn run(dir: &Path, smoke: bool) -> Result<(), String> {
         serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?,
     )?;
     let md = markdown(
-        smoke, &versions, &machine, &sources, &missing, &latency, &figures, &targets,
+        smoke, &versions, &machine, &sources, &missing, &rejected, &latency, &figures, &targets,
     );
     write(&dir.join(OUTPUTS[1]), &md)?;
     let png = dir.join(OUTPUTS[2]);
@@ -125,8 +137,11 @@ fn write(path: &Path, contents: impl AsRef<[u8]>) -> Result<(), String> {
     std::fs::write(path, contents).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-/// Every `*.json` of `dir` but the report's own, by file name.
-fn read_sources(dir: &Path) -> Result<Vec<(String, Source)>, String> {
+/// Every `*.json` of `dir` but the report's own, by file name, checked against the
+/// schema ([`Source::problems`]); those that break it come back apart, with why.
+type Sources = (Vec<(String, Source)>, Vec<String>);
+
+fn read_sources(dir: &Path) -> Result<Sources, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| Some(e.ok()?.path()))
@@ -135,21 +150,30 @@ fn read_sources(dir: &Path) -> Result<Vec<(String, Source)>, String> {
         .collect();
     files.sort();
     let mut sources = Vec::new();
+    let mut rejected = Vec::new();
     for f in files {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         let text =
             std::fs::read_to_string(&f).map_err(|e| format!("reading {}: {e}", f.display()))?;
-        match serde_json::from_str::<Source>(&text) {
-            Ok(s) => sources.push((name, s)),
-            Err(e) => eprintln!(
-                "report: skipping {} (not in the common schema: {e})",
-                f.display()
-            ),
-        }
+        let problems = match serde_json::from_str::<Source>(&text) {
+            Ok(s) => match s.problems() {
+                p if p.is_empty() => {
+                    sources.push((name, s));
+                    continue;
+                }
+                p => p.join("; "),
+            },
+            Err(e) => e.to_string(),
+        };
+        eprintln!(
+            "report: skipping {} (not in the common schema: {problems})",
+            f.display()
+        );
+        rejected.push(format!("{name}: {problems}"));
     }
     // palisade first, then the peers, then the rest, each group by file name.
     sources.sort_by_key(|(name, s)| (rank(&s.source), name.clone()));
-    Ok(sources)
+    Ok((sources, rejected))
 }
 
 fn rank(source_or_system: &str) -> usize {
@@ -322,6 +346,7 @@ fn api_target(figures: &[Figure]) -> Target {
         let rate = |name: &str| figure(figures, system, config, name).map(|f| f.value);
         match (rate(name), rate(&format!("{name}_client_side"))) {
             (Some(server), Some(client)) => server < 0.9 * client,
+            (Some(server), None) => server < 0.0,
             _ => false,
         }
     };
@@ -418,6 +443,33 @@ fn ms(v: f64) -> String {
     }
 }
 
+/// A rate that came out negative: a server-side count less an idle rate that
+/// other traffic inflated. Shown as invalid, never as a number or clamped to 0.
+fn invalid(f: &Figure) -> bool {
+    f.unit == "req/s" && f.value < 0.0
+}
+
+/// A figure's value for the table: "invalid" for [`invalid`] ones.
+fn figure_value(f: &Figure) -> String {
+    if invalid(f) {
+        "invalid (negative rate: other traffic in the idle window)".into()
+    } else {
+        value(f.value)
+    }
+}
+
+/// A figure for results.json: an [`invalid`] one has `value: null`, `invalid: true`
+/// and its raw value in `invalid_value`.
+fn figure_json(f: &Figure) -> serde_json::Value {
+    let mut v = json!(f);
+    if invalid(f) {
+        v["value"] = serde_json::Value::Null;
+        v["invalid"] = json!(true);
+        v["invalid_value"] = json!(f.value);
+    }
+    v
+}
+
 fn value(v: f64) -> String {
     if !v.is_finite() {
         "-".into()
@@ -484,6 +536,7 @@ fn markdown(
     machine: &serde_json::Value,
     sources: &[(String, Source)],
     missing: &[&str],
+    rejected: &[String],
     latency: &[Latency],
     figures: &[Figure],
     targets: &[Target],
@@ -550,7 +603,7 @@ fn markdown(
             "| {} | {} | {} | {} |",
             label(&f.system, &f.config),
             f.name,
-            value(f.value),
+            figure_value(f),
             f.unit
         );
     }
@@ -574,6 +627,13 @@ fn markdown(
     md += ".";
     if !missing.is_empty() {
         let _ = write!(md, " Not present: {}.", missing.join(", "));
+    }
+    if !rejected.is_empty() {
+        let _ = write!(
+            md,
+            " Skipped, not in the schema of benches/common/schema.rs: {}.",
+            rejected.join("; ")
+        );
     }
     md += "\n";
     md

@@ -12,6 +12,11 @@
 //!
 //! Scenarios are exactly [`SCENARIOS`]; one that does not apply has `n = 0` and a
 //! note saying why. Percentiles are nearest-rank.
+//!
+//! No figure is clamped. `expiry-past-duration` samples are signed: a handover that
+//! landed before the duration (as the bench saw the grant) is negative. A server-side
+//! rate less an idle rate is written as it came out, negative too; the report shows
+//! a negative rate as invalid.
 
 use std::collections::BTreeMap;
 
@@ -83,6 +88,70 @@ fn ms() -> String {
 /// `null` (what a writer without NaN makes of "no value") reads as NaN.
 fn number_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// Latency units the report converts to milliseconds.
+pub const UNITS: [&str; 5] = ["ms", "s", "us", "µs", "ns"];
+
+impl Source {
+    /// What in this source breaks the schema; empty when it keeps to it. Values may be
+    /// negative (an expiry landing before the duration, a rate less an idle rate) and a
+    /// figure may be null (not measured); nothing else is loose.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.source.is_empty() {
+            out.push("`source` is empty".to_string());
+        }
+        for l in &self.latency {
+            let at = format!("latency {}/{}/{}", l.system, l.config, l.scenario);
+            if l.system.is_empty() {
+                out.push(format!("{at}: `system` is empty"));
+            }
+            if !SCENARIOS.contains(&l.scenario.as_str()) {
+                out.push(format!("{at}: scenario not one of {SCENARIOS:?}"));
+            }
+            if !UNITS.contains(&l.unit.as_str()) {
+                out.push(format!("{at}: unit {:?} not one of {UNITS:?}", l.unit));
+            }
+            if l.n == 0 {
+                if l.note.is_empty() {
+                    out.push(format!("{at}: n = 0 without a note saying why"));
+                }
+                continue;
+            }
+            if l.samples.len() != l.n {
+                out.push(format!("{at}: n = {} but {} samples", l.n, l.samples.len()));
+            }
+            let summary = [l.min, l.p50, l.p95, l.p99, l.max, l.mean];
+            if summary.iter().chain(&l.samples).any(|v| !v.is_finite()) {
+                out.push(format!("{at}: a value that is not a finite number"));
+            } else if !in_order(l) {
+                out.push(format!(
+                    "{at}: summary out of order (min {} p50 {} p95 {} p99 {} max {} mean {})",
+                    l.min, l.p50, l.p95, l.p99, l.max, l.mean
+                ));
+            }
+        }
+        for f in &self.figures {
+            if f.system.is_empty() || f.name.is_empty() || f.unit.is_empty() {
+                out.push(format!(
+                    "figure {}/{}: `system`, `name` and `unit` must be set",
+                    f.system, f.name
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// min <= p50 <= p95 <= p99 <= max, and the mean within min..=max (to rounding).
+fn in_order(l: &Latency) -> bool {
+    let slack = 1e-9 * l.min.abs().max(l.max.abs()).max(1.0);
+    [l.min, l.p50, l.p95, l.p99, l.max]
+        .windows(2)
+        .all(|w| w[0] <= w[1])
+        && l.min - slack <= l.mean
+        && l.mean <= l.max + slack
 }
 
 /// The nearest-rank percentile `q` (0..=1) of sorted `v`.

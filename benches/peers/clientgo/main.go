@@ -465,7 +465,7 @@ type lanesFlags map[string]*int
 func (l lanesFlags) get(cfg, scen string) int { return *l[cfg+"-"+scen] }
 
 func main() {
-	kubeconfig := flag.String("kubeconfig", "/work/main/target/cluster/kubeconfig", "admin kubeconfig")
+	kubeconfig := flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "admin kubeconfig (default: $KUBECONFIG)")
 	rounds := flag.Int("rounds", 200, "handovers per config and scenario (release, expiry)")
 	lanes := lanesFlags{
 		"default-release": flag.Int("lanes-default-release", 40, "lanes (Leases side by side) for default-timing releases"),
@@ -509,6 +509,10 @@ func main() {
 		}
 	}
 
+	if *kubeconfig == "" {
+		fmt.Fprintln(os.Stderr, "no kubeconfig: pass --kubeconfig PATH or set KUBECONFIG (make bench-clientgo passes target/cluster/kubeconfig)")
+		os.Exit(2)
+	}
 	base, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
 		fatal(err)

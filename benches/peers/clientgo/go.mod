@@ -1,4 +1,4 @@
-module palisade.dev/bench/peers/clientgo
+module palisade.dev/benches/peers/clientgo
 
 go 1.26.0
 

@@ -37,7 +37,7 @@ pub struct Args {
 
 pub fn parse_args(default_out: &str, default_steady: u64) -> Args {
     let mut a = Args {
-        kubeconfig: "/work/main/target/cluster/kubeconfig".into(),
+        kubeconfig: std::env::var("KUBECONFIG").unwrap_or_default(),
         out: default_out.into(),
         release_rounds: 200,
         expiry_rounds: 200,
@@ -48,7 +48,7 @@ pub fn parse_args(default_out: &str, default_steady: u64) -> Args {
         steady_attempts: 2,
         timeout: 600,
     };
-    let usage = "flags: --kubeconfig PATH --out PATH --release-rounds N (total) --expiry-rounds N (total) \
+    let usage = "flags: --kubeconfig PATH (default $KUBECONFIG) --out PATH --release-rounds N (total) --expiry-rounds N (total) \
         --lanes N --steady SECONDS (API-cost window, 0 = skip) --warmup SECONDS (15) --baseline SECONDS (30) \
         --steady-attempts N (2: redo baseline+window while other lease traffic spoils it) --timeout SECONDS (600)";
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -89,6 +89,10 @@ pub fn parse_args(default_out: &str, default_steady: u64) -> Args {
             }
         }
         i += 2;
+    }
+    if a.kubeconfig.is_empty() {
+        eprintln!("no kubeconfig: pass --kubeconfig PATH or set KUBECONFIG\n{usage}");
+        std::process::exit(2);
     }
     a
 }

@@ -1,0 +1,294 @@
+//! Scale of the palisade controller on the local control plane (`cargo bench --bench scale`).
+//!
+//! For each size N (`--sizes 1000,10000`): N Leases, each with a holder that
+//! renews and one waiter. A program that prints figures, not a test:
+//! `cargo bench --bench scale -- [--sizes N,...] [--out DIR] [--timeout SECS]
+//! [--lease-duration SECS] [--inflight N] [--steady SECS] [--handover SECS]`; smoke
+//! run (debug build, figures mean nothing): `cargo test --bench scale -- --sizes 20`.
+//! Needs the cluster of `make cluster`. Writes `DIR/scale.json` (figures named
+//! `leases_<N>_...`) and prints them as a table.
+//!
+//! Modules: one per phase below (`setup`, `initial_grant`, `renewals`, `resync`,
+//! `handover`), `run` (one size: the phases in order, and their helpers), `controller` (the controller under
+//! test), `renewer` (the holders' renewals), `procs` (CPU and memory from /proc),
+//! `output` (the figures).
+//!
+//! How, per size, in a namespace `scale-<pid>-<N>` of its own:
+//!
+//! 1. **Setup**, no controller running: N Leases (`leaseDurationSeconds` 600, see
+//!    3.), then N holder claims `h-i`, then N waiter claims `w-i` (bare claims with
+//!    a `holderIdentity` and no pod), `--inflight` (32) creates in flight. Holders
+//!    are created first, so FIFO order makes `h-i` the first holder. The create rate
+//!    is the API server's write throughput with no controller, the yardstick of 5.
+//! 2. **Initial grant**: the controller under test is the binary of the same
+//!    profile (`CARGO_BIN_EXE_palisade`, release under `cargo bench`) run as a child
+//!    process with its defaults (`--concurrency 16`, info logs to
+//!    `DIR/scale-controller-N.log`), so its CPU (utime+stime of /proc/PID/stat) and
+//!    peak RSS (VmHWM of /proc/PID/status) are its own. It lists 3N objects, then
+//!    makes N grants, each one Lease status write, two claim status writes (holder
+//!    Granted, waiter Pending at position 1) and one Event. Timed from spawn to
+//!    `palisade_grants_total` = N (polled on its /metrics). Its CPU is counted from
+//!    spawn until it is idle again: the namespace holds all N Events, less those the
+//!    controller dropped or failed (its metrics; it publishes them off the write path
+//!    through a bounded queue, after the grants) and, renewals paused, it uses under 5%
+//!    of a core over half a second. The renewals' share (4.) is subtracted.
+//! 3. **Renewals**: from the controller's start to the end, the bench renews every
+//!    current holder the way the client does (one merge patch of `spec.renewTime`
+//!    with the claim's UID), round robin at N / (duration / 3) per second, the
+//!    client's schedule: with 600 s leases N/200 per second (50/s at 10,000; at most
+//!    32 in flight, a renewal that would exceed that is counted as not sent). 600 s
+//!    rather than 300 s because on 2 cores the API server takes only a few hundred
+//!    writes per second and N/100 would eat half of it. A window of renewals alone
+//!    (`--steady`, 10 s; 3 s below 1,000 Leases) gives the controller's CPU per
+//!    renewal, and checks that renewals cost no controller write (resourceVersions
+//!    of the Leases and waiter claims before and after).
+//! 4. **Resync after restart**: renewals paused and the controller idle, the
+//!    resourceVersions of all Leases and claims are recorded, the controller is
+//!    SIGKILLed and started again. Resync time is spawn to `/readyz` (all three
+//!    watches listed, index built); the note adds when it is idle again (every
+//!    Lease re-decided). Writes on resync are the Leases and claims whose
+//!    resourceVersion changed (only the controller writes meanwhile): there should
+//!    be none.
+//! 5. **Handover, sustained grants**: the bench deletes holder claims in order
+//!    (`--inflight` deletes in flight, as fast as the API server takes them) for at
+//!    most `--handover` seconds (30), so their waiters are granted: per grant, the
+//!    bench's delete, one Lease write, one claim write and two Events. Grants per
+//!    second are taken between 10% and 90% of those grants (the steady part). Which
+//!    side saturates: the controller if it uses about 100% of a core (it decides on
+//!    one task); the API server if the API writes per second (bench and controller)
+//!    come to 70% or more of the create rate it sustained alone in 1., or if
+//!    kube-apiserver and etcd fill the machine. The note gives the CPU of each over
+//!    the same window: controller, kube-apiserver, etcd, kube-controller-manager
+//!    (pids from `target/cluster/*.pid`), the bench, and other processes (the rest of
+//!    /proc/stat). The headline CPU per 1,000 grants is from this phase, counted as
+//!    in 2. (first delete until idle, Events included, renewals subtracted).
+//! 6. Peak RSS is the higher VmHWM of the two controller processes. Then the
+//!    controller is killed and the namespace's claims, Leases and Events are
+//!    deleted with the namespace (waited for, at most 3 minutes; also on failure).
+//!
+//! What the numbers mean: everything shares one machine (2 cores on the
+//! development machine): etcd, kube-apiserver, kube-controller-manager, the bench,
+//! the controller, and whatever else runs there (the notes show it as "other
+//! processes"). So a grant rate is the rate of this whole system, not of the
+//! controller alone; the CPU split says where the time went. The default run took
+//! 8 minutes on the idle 2-core machine (1,000 Leases 71 s, 10,000 Leases 401 s) and
+//! 13 to 17 minutes while other work ran there: it is API-server bound (at 10,000:
+//! 30,000 creates, 40,000 writes for the initial grants, some 45,000 deletes to
+//! clean up). Every wait is bounded, the whole run by `--timeout` (default 1200 s).
+
+mod controller;
+mod handover;
+mod initial_grant;
+mod output;
+mod procs;
+mod renewals;
+mod renewer;
+mod resync;
+mod run;
+mod setup;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::stream::{self, FuturesUnordered, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Namespace};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, CustomResourceExt, Resource, ResourceExt};
+use palisade::api::{Lease, LeaseClaim};
+use palisade::client::CLIENT_MANAGER;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use controller::*;
+use handover::handover;
+use initial_grant::initial_grant;
+use output::*;
+use procs::*;
+use renewals::renewals;
+use renewer::*;
+use resync::resync;
+use run::*;
+use setup::setup;
+
+struct Args {
+    sizes: Vec<usize>,
+    out: PathBuf,
+    timeout: Duration,
+    lease_duration: i64,
+    inflight: usize,
+    steady: Option<Duration>,
+    handover: Duration,
+}
+
+/// Scale of palisade: many Leases on one controller (`make bench`; needs `make cluster`).
+#[derive(clap::Parser)]
+struct Cli {
+    /// Numbers of Leases, one run each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1000, 10000])]
+    sizes: Vec<usize>,
+    /// Where scale.json goes.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// Seconds the whole run may take.
+    #[arg(long, default_value_t = 1200)]
+    timeout: u64,
+    /// The Leases' duration, seconds.
+    #[arg(long, default_value_t = 600)]
+    lease_duration: i64,
+    /// Requests in flight at once while creating and granting.
+    #[arg(long, default_value_t = 32)]
+    inflight: usize,
+    /// The steady-state window, seconds (default 10; 3 below 1,000 Leases).
+    #[arg(long)]
+    steady: Option<u64>,
+    /// The sustained-handover window, seconds.
+    #[arg(long, default_value_t = 30)]
+    handover: u64,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn args() -> Args {
+    let c = <Cli as clap::Parser>::parse();
+    let a = Args {
+        sizes: c.sizes,
+        out: c.out,
+        timeout: Duration::from_secs(c.timeout),
+        lease_duration: c.lease_duration,
+        inflight: c.inflight.clamp(1, 256),
+        steady: c.steady.map(Duration::from_secs),
+        handover: Duration::from_secs(c.handover),
+    };
+    assert!(
+        a.sizes.iter().all(|n| (1..=99_999).contains(n)),
+        "--sizes: 1..=99999 Leases each"
+    );
+    assert!(
+        (3..=86_400).contains(&a.lease_duration),
+        "--lease-duration: 3..=86400"
+    );
+    a
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = args();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let run_started = Instant::now();
+    let deadline = run_started + args.timeout;
+    let client = match admin_client(&root).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("scale: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let kubernetes = client
+        .apiserver_version()
+        .await
+        .map(|v| v.git_version)
+        .unwrap_or_default();
+    let mut report = Report::default();
+    let mut failure = None;
+    if let Err(e) = install_crds(&client).await {
+        failure = Some(e);
+    }
+    if let Err(e) = std::fs::create_dir_all(&args.out) {
+        eprintln!("scale: creating {}: {e}", args.out.display());
+        return ExitCode::FAILURE;
+    }
+    for &n in &args.sizes {
+        if failure.is_some() {
+            break;
+        }
+        let ns = format!("scale-{}-{n}", std::process::id());
+        let size_started = Instant::now();
+        println!("scale: {n} Leases in namespace {ns}");
+        let run = run_size(&client, &root, &args, n, &ns, deadline, &mut report);
+        let outcome = tokio::select! {
+            r = tokio::time::timeout_at(deadline.into(), run) => match r {
+                Ok(r) => r,
+                Err(_) => Err(anyhow!("--timeout of {} s reached", args.timeout.as_secs())),
+            },
+            _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+        };
+        // The controller (kill_on_drop) and the renewer (aborted on drop) are gone by now.
+        let cleanup = cleanup(&client, &ns).await;
+        println!(
+            "scale: {n} Leases done in {:.0} s (cleanup {:.0} s)",
+            size_started.elapsed().as_secs_f64(),
+            cleanup.as_secs_f64()
+        );
+        if let Err(e) = outcome {
+            failure = Some(e.context(format!("{n} Leases")));
+        }
+    }
+    let total = run_started.elapsed().as_secs_f64();
+    let json = json!({
+        "source": "scale",
+        "versions": {"palisade": env!("CARGO_PKG_VERSION"), "kubernetes": kubernetes},
+        "latency": [],
+        "figures": report.figures,
+    });
+    let path = args.out.join("scale.json");
+    if let Err(e) = std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&json).unwrap_or_default(),
+    ) {
+        eprintln!("scale: writing {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    println!("\n{}", report.table());
+    println!(
+        "scale: {} written; the run took {total:.0} s",
+        path.display()
+    );
+    match failure {
+        None => ExitCode::SUCCESS,
+        Some(e) => {
+            eprintln!("scale: FAILED: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn admin_client(root: &Path) -> Result<Client> {
+    let kubeconfig = root.join("target/cluster/kubeconfig");
+    let kc = Kubeconfig::read_from(&kubeconfig)
+        .context("no target/cluster/kubeconfig: run `make cluster` first")?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+async fn install_crds(client: &Client) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [Lease::crd(), LeaseClaim::crd()] {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply("palisade-bench").force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
+        let established = kube::runtime::wait::await_condition(
+            crds.clone(),
+            &name,
+            kube::runtime::wait::conditions::is_crd_established(),
+        );
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .context("CRD not established in 30 s")??;
+    }
+    Ok(())
+}
