@@ -570,7 +570,8 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         .await
         .expect("the CRD survives helm uninstall");
 
-    // The frozen-holder story (make demo-cluster): stale write refused, exit 75, restart.
+    // The frozen-holder story (make demo-cluster): the stale write refused or never sent,
+    // the newer token kept, exit 75, restart.
     let demo = {
         let mut cmd = Command::new("bash");
         cmd.arg(support::repo_root().join("tests/demo/demo-cluster.sh"))

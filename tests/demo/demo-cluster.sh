@@ -94,9 +94,19 @@ wait_for 60 "the thawed container to exit and be restarted" bash -c \
 code=$(k -n "$NS" get pod "$holder" -o jsonpath='{.status.containerStatuses[0].lastState.terminated.exitCode}')
 logs=$(k -n "$NS" logs "$holder" --previous 2>&1 || true)
 refused=$(grep -m1 -o 'stale fencing token[^;]*' <<<"$logs" || true)
-step "its write: ${refused:-(no refusal in the log)}"
+# The command and its `palisade lock` wake at the same moment: either the write goes
+# out first and the API server refuses it, or `palisade lock` sees its local deadline has
+# passed and stops the command before it writes. Both are safe; a stale write that
+# succeeded ("token N: exit") is the failure.
+if [[ -n $refused ]]; then
+  step "its write: $refused"
+elif grep -q "lost lease" <<<"$logs" && ! grep -q "token $token: exit" <<<"$logs"; then
+  step "its write was never sent: its palisade lock woke first, saw the local deadline had passed, and stopped it"
+else
+  echo "$logs" >&2
+  fail "the stale holder's write was neither refused nor stopped"
+fi
 step "its palisade lock exited $code; the kubelet restarted the container (restarts: $restarts -> $((restarts + 1)))"
-[[ -n $refused ]] || { echo "$logs" >&2; fail "the stale write was not refused"; }
 [[ $code == 75 ]] || { echo "$logs" >&2; fail "palisade lock exited $code, expected 75 (lease lost)"; }
 [[ $(cm .metadata.annotations.palisade\\.dev/fencing-token) -ge $new_token ]] || fail "the ConfigMap lost the newer token"
 
@@ -104,4 +114,4 @@ say "6. The restarted container competes again"
 wait_for 60 "the restarted pod to be Ready" bash -c \
   "[[ \$($KUBECTL -n $NS get pod $holder -o jsonpath='{.status.containerStatuses[0].state.running}') != '' ]]"
 step "pod $holder is running again; ConfigMap token $(cm .metadata.annotations.palisade\\.dev/fencing-token), holder $(cm .data.holder)"
-say "Done: the frozen holder's stale write was refused by the API server, and it exited 75."
+say "Done: the frozen holder could not write with its stale token, and it exited 75."
