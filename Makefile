@@ -185,7 +185,7 @@ $(STATIC_BIN): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
 $(IMAGE_DIR)/palisade.tar: $(STATIC_BIN) tests/controlplane/images/docker-archive.sh
 	@rm -rf $@.root && mkdir -p $@.root/etc $@.root/tmp && chmod 1777 $@.root/tmp
 	install -m 0755 -s $(STATIC_BIN) $@.root/palisade
-	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > $@.root/etc/passwd
+	printf 'root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/tmp:/sbin/nologin\n' > $@.root/etc/passwd
 	printf 'root:x:0:\nnonroot:x:65532:\n' > $@.root/etc/group
 	tests/controlplane/images/docker-archive.sh $@ $(IMAGE) $@.root \
 		'{"User":"65532:65532","Entrypoint":["/palisade"],"Cmd":["controller"],"Env":["PATH=/"]}'
@@ -197,7 +197,7 @@ $(IMAGE_DIR)/palisade-example.tar: $(STATIC_BIN) $(KUBE_BIN)/kubectl tests/contr
 	install -m 0755 $(KUBE_BIN)/kubectl $@.root/usr/local/bin/kubectl
 	install -m 0755 /bin/busybox $@.root/bin/busybox
 	for a in $$(/bin/busybox --list); do [ $$a = busybox ] || ln -sf busybox $@.root/bin/$$a; done
-	printf 'root:x:0:0:root:/root:/bin/sh\nnonroot:x:65532:65532:nonroot:/tmp:/bin/sh\n' > $@.root/etc/passwd
+	printf 'root:x:0:0:root:/:/bin/sh\nnonroot:x:65532:65532:nonroot:/tmp:/bin/sh\n' > $@.root/etc/passwd
 	printf 'root:x:0:\nnonroot:x:65532:\n' > $@.root/etc/group
 	tests/controlplane/images/docker-archive.sh $@ $(EXAMPLE_IMAGE) $@.root \
 		'{"User":"65532:65532","Entrypoint":["/usr/local/bin/palisade"],"Env":["PATH=/usr/local/bin:/bin","HOME=/tmp"]}'
