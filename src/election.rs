@@ -10,6 +10,13 @@
 //! Every call has a deadline: an attempt to renew may take no longer than what is
 //! left of the renew deadline, so a leader stuck on a dead connection gives up
 //! leadership on time instead of waiting for the kernel's TCP timeout.
+//!
+//! Takeover is timed to the record: a standby that saw the record unchanged tries
+//! again the moment it would expire rather than at its next retry tick, so a dead
+//! leader is replaced within the lease duration plus one retry period. A leader
+//! counts its renew deadline from the *start* of its last successful attempt, which
+//! is before the write landed and so before any standby's clock for it started: it
+//! stops (and steps down) before a standby may take over.
 
 use std::time::{Duration, Instant};
 
@@ -29,16 +36,94 @@ pub struct ElectionConfig {
     pub namespace: String,
     pub name: String,
     pub identity: String,
+    pub timings: ElectionTimings,
+}
+
+/// How long a leader's record stands, how long a leader keeps trying to renew it,
+/// and how often it tries. Why these defaults: DESIGN.md, "Leader election".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElectionTimings {
+    /// Written as the record's `leaseDurationSeconds`, so whole seconds, at least 1.
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry_period: Duration,
 }
 
+impl Default for ElectionTimings {
+    fn default() -> Self {
+        ElectionTimings {
+            lease_duration: Duration::from_secs(1),
+            renew_deadline: Duration::from_millis(750),
+            retry_period: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Timings that cannot work: named, with the values given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimingsError {
+    #[error(
+        "leader election lease duration {0:?} must be whole seconds, at least 1s \
+         (it is written as the election Lease's leaseDurationSeconds)"
+    )]
+    LeaseDurationNotWholeSeconds(Duration),
+    #[error(
+        "leader election renew deadline {renew_deadline:?} must be shorter than the lease \
+         duration {lease_duration:?}, or a standby could take over while the leader still grants"
+    )]
+    RenewDeadlineNotShorter {
+        renew_deadline: Duration,
+        lease_duration: Duration,
+    },
+    #[error(
+        "leader election retry period {retry_period:?} must be greater than zero and shorter \
+         than the renew deadline {renew_deadline:?}, or a leader gets no second try to renew"
+    )]
+    RetryPeriodNotShorter {
+        retry_period: Duration,
+        renew_deadline: Duration,
+    },
+}
+
+impl ElectionTimings {
+    pub fn validate(self) -> std::result::Result<Self, TimingsError> {
+        let ElectionTimings {
+            lease_duration,
+            renew_deadline,
+            retry_period,
+        } = self;
+        if lease_duration.subsec_nanos() != 0 || lease_duration < Duration::from_secs(1) {
+            return Err(TimingsError::LeaseDurationNotWholeSeconds(lease_duration));
+        }
+        if renew_deadline >= lease_duration {
+            return Err(TimingsError::RenewDeadlineNotShorter {
+                renew_deadline,
+                lease_duration,
+            });
+        }
+        if retry_period.is_zero() || retry_period >= renew_deadline {
+            return Err(TimingsError::RetryPeriodNotShorter {
+                retry_period,
+                renew_deadline,
+            });
+        }
+        Ok(self)
+    }
+}
+
 pub struct Elector {
     api: Api<CoordinationLease>,
     config: ElectionConfig,
-    /// The last record seen (resourceVersion) and when we first saw it.
-    observed: Option<(String, Instant)>,
+    /// The last record seen: its resourceVersion, when we first saw it, and when it
+    /// expires unless it changes (None: ours or free).
+    observed: Option<Observed>,
+    last_attempt_started: Option<Instant>,
+}
+
+struct Observed {
+    resource_version: String,
+    first_seen: Instant,
+    expires_at: Option<Instant>,
 }
 
 impl Elector {
@@ -47,54 +132,64 @@ impl Elector {
             api: Api::namespaced(client, &config.namespace),
             config,
             observed: None,
+            last_attempt_started: None,
         }
     }
 
     /// Waits until this replica holds the election lease. Returns false on shutdown.
     pub async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
+        let timings = self.config.timings;
         loop {
-            match self.attempt(self.config.renew_deadline).await {
+            match self.attempt(timings.renew_deadline).await {
                 Ok(true) => return true,
                 Ok(false) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, reason = e.label(), "leader election: acquire attempt failed")
                 }
             }
+            // Try again at the next tick, or the moment the record we saw expires.
+            let next_tick = Instant::now() + timings.retry_period;
+            let wake = match self.observed.as_ref().and_then(|o| o.expires_at) {
+                Some(expiry) => next_tick.min(expiry),
+                None => next_tick,
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return false,
-                _ = tokio::time::sleep(self.config.retry_period) => {}
+                _ = tokio::time::sleep_until(wake.into()) => {}
             }
         }
     }
 
     /// Renews until shutdown (Ok) or until the lease cannot be renewed within the renew deadline (Err).
     pub async fn hold(&mut self, shutdown: &CancellationToken) -> Result<()> {
-        let mut last_renewed = Instant::now();
+        let timings = self.config.timings;
+        // Counted from the start of the attempt that acquired or renewed: see the module doc.
+        let mut last_renewed = self.last_attempt_started.unwrap_or_else(Instant::now);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(self.config.retry_period) => {}
+                _ = tokio::time::sleep(timings.retry_period) => {}
             }
-            let left = self
-                .config
+            let started = Instant::now();
+            let left = timings
                 .renew_deadline
-                .saturating_sub(last_renewed.elapsed());
+                .saturating_sub(started - last_renewed);
             match self.attempt(left).await {
-                Ok(true) => last_renewed = Instant::now(),
+                Ok(true) => last_renewed = started,
                 Ok(false) => return Err(Error::ElectionLost),
                 Err(e) => {
                     tracing::warn!(error = %e, reason = e.label(), "leader election: renewal failed")
                 }
             }
-            if last_renewed.elapsed() > self.config.renew_deadline {
-                return Err(Error::RenewDeadline(self.config.renew_deadline));
+            if last_renewed.elapsed() > timings.renew_deadline {
+                return Err(Error::RenewDeadline(timings.renew_deadline));
             }
         }
     }
 
     /// Gives the election lease up so a standby takes over at once.
     pub async fn release(&mut self) {
-        let limit = self.config.retry_period;
+        let limit = self.config.timings.retry_period;
         let Ok(Some(mut lease)) = within(limit, self.api.get_opt(&self.config.name)).await else {
             return;
         };
@@ -119,6 +214,7 @@ impl Elector {
 
     /// One attempt, given up (as a failed attempt) after `limit`.
     async fn attempt(&mut self, limit: Duration) -> Result<bool> {
+        self.last_attempt_started = Some(Instant::now());
         within(limit, self.try_acquire_or_renew())
             .await
             .map_err(|e| Error::api("write the election lease", e))
@@ -127,7 +223,7 @@ impl Elector {
     async fn try_acquire_or_renew(&mut self) -> std::result::Result<bool, kube::Error> {
         let now = MicroTime(Timestamp::now());
         let me = self.config.identity.clone();
-        let duration_secs = self.config.lease_duration.as_secs().max(1) as i32;
+        let duration_secs = self.config.timings.lease_duration.as_secs().max(1) as i32;
         let Some(mut lease) = self.api.get_opt(&self.config.name).await? else {
             let lease = CoordinationLease {
                 metadata: ObjectMeta {
@@ -151,16 +247,21 @@ impl Elector {
         };
         let rv = lease.resource_version().unwrap_or_default();
         let first_seen = match &self.observed {
-            Some((seen_rv, at)) if *seen_rv == rv => *at,
+            Some(seen) if seen.resource_version == rv => seen.first_seen,
             _ => Instant::now(),
         };
-        self.observed = Some((rv, first_seen));
         let spec = lease.spec.get_or_insert_with(Default::default);
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let their_duration =
             Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
         let ours = holder == me;
-        let free = holder.is_empty() || first_seen.elapsed() >= their_duration;
+        let expires_at = first_seen + their_duration;
+        let free = holder.is_empty() || Instant::now() >= expires_at;
+        self.observed = Some(Observed {
+            resource_version: rv,
+            first_seen,
+            expires_at: (!ours && !free).then_some(expires_at),
+        });
         if !ours && !free {
             return Ok(false);
         }
@@ -178,14 +279,55 @@ impl Elector {
             .await
         {
             Ok(written) => {
-                self.observed = Some((
-                    written.resource_version().unwrap_or_default(),
-                    Instant::now(),
-                ));
+                self.observed = Some(Observed {
+                    resource_version: written.resource_version().unwrap_or_default(),
+                    first_seen: Instant::now(),
+                    expires_at: None,
+                });
                 Ok(true)
             }
             Err(e) if ApiErrorKind::of(&e) == ApiErrorKind::Conflict => Ok(false),
             Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timings(lease_ms: u64, renew_ms: u64, retry_ms: u64) -> ElectionTimings {
+        ElectionTimings {
+            lease_duration: Duration::from_millis(lease_ms),
+            renew_deadline: Duration::from_millis(renew_ms),
+            retry_period: Duration::from_millis(retry_ms),
+        }
+    }
+
+    #[test]
+    fn the_defaults_and_client_gos_defaults_are_valid() {
+        assert!(ElectionTimings::default().validate().is_ok());
+        assert!(timings(15_000, 10_000, 2_000).validate().is_ok());
+    }
+
+    #[test]
+    fn timings_that_cannot_work_are_refused_with_the_values_named() {
+        let cases = [
+            (timings(1_500, 750, 250), "whole seconds"),
+            (timings(0, 0, 0), "whole seconds"),
+            (
+                timings(1_000, 1_000, 250),
+                "renew deadline 1s must be shorter",
+            ),
+            (
+                timings(2_000, 750, 750),
+                "retry period 750ms must be greater than zero",
+            ),
+            (timings(2_000, 750, 0), "retry period 0ns"),
+        ];
+        for (bad, message) in cases {
+            let error = bad.validate().expect_err(&format!("{bad:?} accepted"));
+            assert!(error.to_string().contains(message), "{error}");
         }
     }
 }

@@ -10,9 +10,11 @@ use clap::Args;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{Threads, block_on, default_identity, init_logging};
+use super::{
+    Threads, block_on, default_identity, init_logging, parse_duration, parse_lease_duration,
+};
 use crate::controller::{self, ControllerConfig};
-use crate::election::{ElectionConfig, Elector};
+use crate::election::{ElectionConfig, ElectionTimings, Elector};
 use crate::telemetry::{self, Metrics, Readiness};
 
 #[derive(Args, Debug)]
@@ -37,6 +39,16 @@ pub struct ControllerArgs {
     /// This replica's name (defaults to the pod name, else host name and PID).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// How long a leader's election record stands without renewal before a standby
+    /// takes over (whole seconds: it is the election Lease's leaseDurationSeconds).
+    #[arg(long, default_value = "1s", value_parser = parse_lease_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops granting and stands by.
+    #[arg(long, default_value = "750ms", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often the leader renews and a standby tries to take over.
+    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
     /// Leases decided and written concurrently.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
@@ -55,6 +67,19 @@ fn replica_identity() -> String {
 
 async fn run_controller(args: ControllerArgs) -> ExitCode {
     init_logging("info", args.log_json);
+    let timings = match (ElectionTimings {
+        lease_duration: args.leader_elect_lease_duration,
+        renew_deadline: args.leader_elect_renew_deadline,
+        retry_period: args.leader_elect_retry_period,
+    })
+    .validate()
+    {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
     let client = match crate::kube_client::controller_default().await {
         Ok(c) => c,
         Err(e) => {
@@ -90,7 +115,8 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
         shutdown.clone(),
     ));
 
-    let mut exit = ExitCode::SUCCESS;
+    // Set on shutdown while leading: released once in-flight writes have finished.
+    let mut release = None;
     if args.leader_elect {
         let mut elector = Elector::new(
             client,
@@ -98,41 +124,45 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
                 namespace: args.election_namespace.clone(),
                 name: args.election_name.clone(),
                 identity: identity.clone(),
-                lease_duration: Duration::from_secs(15),
-                renew_deadline: Duration::from_secs(10),
-                retry_period: Duration::from_secs(2),
+                timings,
             },
         );
-        tracing::info!(%identity, "waiting for leadership");
-        if elector.acquire(&shutdown).await {
+        loop {
+            tracing::info!(%identity, "waiting for leadership");
+            if !elector.acquire(&shutdown).await {
+                break; // shutdown
+            }
             tracing::info!(%identity, "became leader");
             metrics.is_leader.set(1);
             let _ = leading_tx.send(true);
-            if let Err(lost) = elector.hold(&shutdown).await {
-                // Stop at once: another replica may be granting already.
-                tracing::error!(%lost, "lost leadership; exiting");
-                exit = ExitCode::FAILURE;
-                let _ = leading_tx.send(false);
-                shutdown.cancel();
-            }
-            let _ = controller.await;
+            let held = elector.hold(&shutdown).await;
+            let _ = leading_tx.send(false);
             metrics.is_leader.set(0);
-            if exit == ExitCode::SUCCESS {
-                elector.release().await;
+            match held {
+                Ok(()) => {
+                    release = Some(elector);
+                    break;
+                }
+                // Stop granting at once (another replica may be granting already) and
+                // stand by with warm caches: cheaper than a restart when a loaded API
+                // server delays renewals (DESIGN.md, "Leader election").
+                Err(lost) => tracing::error!(%lost, "lost leadership; standing by"),
             }
-        } else {
-            let _ = controller.await;
         }
     } else {
         metrics.is_leader.set(1);
-        let _ = controller.await;
+    }
+    let _ = controller.await;
+    if let Some(mut elector) = release {
+        // In-flight writes have finished: a standby may take over at once.
+        elector.release().await;
     }
     shutdown.cancel();
     if let Ok(Err(e)) = admin.await {
         tracing::error!(error = %e, addr = %args.admin_addr, "admin server failed");
         return ExitCode::FAILURE;
     }
-    exit
+    ExitCode::SUCCESS
 }
 
 /// SIGTERM or Ctrl-C: stop granting, finish in-flight writes, release the election lease.

@@ -128,6 +128,9 @@ pub async fn run(
             state.take_leadership(Instant::now());
             was_leading = true;
         }
+        // Stepped down: start nothing (writes in flight finish; they are
+        // compare-and-swap), and take leadership afresh if it comes back.
+        was_leading &= is_leading;
         if is_leading && state.is_synced() {
             while writes.len() < state.config.concurrency {
                 let Some(fut) = state.next_write(Instant::now()) else {
