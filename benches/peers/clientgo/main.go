@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"sort"
@@ -652,6 +653,9 @@ func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
 func writeJSON(path string, o output) error {
 	data, err := json.MarshalIndent(o, "", "  ")
 	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)
