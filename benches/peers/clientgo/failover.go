@@ -256,6 +256,9 @@ func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (o
 		return nil, 0, ctx.Err()
 	}
 	for len(out) < kills {
+		if discarded > kills { // bounded: every round either samples or is discarded
+			return out, discarded, fmt.Errorf("%d rounds in which the leader lost the lease before the kill", discarded)
+		}
 		if err = wait(ctx, standby.tried, limit, standby.id+" to read the Lease"); err != nil {
 			return
 		}
@@ -263,12 +266,19 @@ func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (o
 		if err = sleepCtx(ctx, time.Duration(rand.Int64N(int64(float64(f.t.RetryPeriod)*2.2)+1))); err != nil {
 			return
 		}
+		lost := false
 		select {
 		case <-standby.leading:
-			// The leader lost the lease by itself: not a failover after a kill.
+			lost = true
+		case <-leader.exited:
+			lost = true
+		default:
+		}
+		if lost {
+			// The leader lost the lease (or died) by itself: not a failover after a kill.
 			discarded++
-			if discarded > kills {
-				return out, discarded, fmt.Errorf("%d rounds in which the standby led before the kill", discarded)
+			if err = wait(ctx, standby.leading, limit, standby.id+" to lead after "+leader.id+" lost the lease"); err != nil {
+				return
 			}
 			leader.kill()
 			leader = standby
@@ -276,7 +286,6 @@ func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (o
 				return
 			}
 			continue
-		default:
 		}
 		t0 := time.Now()
 		if err = leader.cmd.Process.Kill(); err != nil {
@@ -286,7 +295,11 @@ func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (o
 			return
 		}
 		d := standby.leadingAt.Sub(t0)
-		out = append(out, ms(d))
+		if d < 0 { // it led between the check above and the kill: not caused by the kill
+			discarded++
+		} else {
+			out = append(out, ms(d))
+		}
 		if verbose {
 			fmt.Fprintf(os.Stderr, "  [failover %s] kill %d/%d: %s -> %s in %.1f ms\n", f.t.Name, len(out), kills, leader.id, standby.id, ms(d))
 		}
@@ -376,7 +389,7 @@ func runFailover(argv []string) {
 			"identity, own client) on one Lease; after each kill a replacement candidate starts and reads the Lease once "+
 			"before the next kill, at a random phase (0..2.2 RetryPeriods); %s", timingNote)
 		if discarded > 0 {
-			note += fmt.Sprintf("; %d round(s) discarded: the standby led before the kill (the leader's renewals failed on the loaded machine)", discarded)
+			note += fmt.Sprintf("; %d round(s) discarded: the leader lost the lease before the kill (its renewals failed on the loaded machine)", discarded)
 		}
 		if err != nil {
 			note += "; RUN FAILED: " + err.Error()
