@@ -263,15 +263,22 @@ bench: cluster databases
 	cargo bench --locked --bench report -- --dir $(BENCH_DIR) || failed="$$failed report"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
-# The peers for comparison: client-go's tools/leaderelection (benches/peers/clientgo,
-# PEER_ARGS), the Rust crates kube-leader-election and kubert (benches/peers/rust,
-# RUST_PEER_ARGS).
+# The peers for comparison: client-go's tools/leaderelection (benches/peers/clientgo:
+# handovers and API cost, PEER_ARGS; then its failover mode, SIGKILL of the leading
+# process to the standby's OnStartedLeading, FAILOVER_ARGS such as
+# "--kills-default 5 --kills-tuned 20"), the Rust crates kube-leader-election and
+# kubert (benches/peers/rust, RUST_PEER_ARGS).
 bench-peers: bench-clientgo bench-rust-peers
 
 bench-clientgo: cluster
 	@mkdir -p $(BENCH_DIR)
 	cd benches/peers/clientgo && CGO_ENABLED=0 go build -o $(CURDIR)/$(BENCH_DIR)/clientgo-bench .
-	$(BENCH_DIR)/clientgo-bench --kubeconfig $(KUBECONFIG_TEST) --out $(BENCH_DIR)/clientgo.json $(PEER_ARGS)
+	@failed=""; \
+	$(BENCH_DIR)/clientgo-bench --kubeconfig $(KUBECONFIG_TEST) --out $(BENCH_DIR)/clientgo.json $(PEER_ARGS) \
+		|| failed="$$failed handovers"; \
+	$(BENCH_DIR)/clientgo-bench failover --kubeconfig $(KUBECONFIG_TEST) --out $(BENCH_DIR)/clientgo-failover.json \
+		$(FAILOVER_ARGS) || failed="$$failed failover"; \
+	if [ -n "$$failed" ]; then echo "bench-clientgo: failed:$$failed" >&2; exit 1; fi
 
 bench-rust-peers: cluster
 	@mkdir -p $(BENCH_DIR)

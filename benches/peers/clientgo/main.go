@@ -9,6 +9,10 @@
 // ceil(rounds/lanes) handovers per lane. Then the steady-state lease request rate
 // of one holder and three waiters. Writes the common result schema of
 // benches/common/schema.rs (source "clientgo").
+//
+// `clientgo-bench failover` is the failover mode (failover.go, source
+// "clientgo-failover"): SIGKILL of the leading candidate process to the standby's
+// OnStartedLeading.
 package main
 
 import (
@@ -24,6 +28,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"sort"
@@ -67,7 +72,12 @@ var timings = map[string]timing{
 	"tuned":   {"tuned", 2 * time.Second, 1500 * time.Millisecond, 250 * time.Millisecond},
 }
 
-// latency and figure are the common result schema (benches/common/schema.rs).
+// latency, figure and output are the common result schema, defined in
+// benches/common/schema.rs (Source, Latency, Figure; report.rs checks each file
+// with Source::problems). Go cannot share the Rust code, so keep these
+// field-for-field with it: the same JSON names and types, latencies in "ms",
+// percentiles nearest-rank, a scenario from schema.rs's SCENARIOS, n = 0 with a
+// note for one that does not apply, and no null where schema.rs wants a list.
 type latency struct {
 	System   string    `json:"system"`
 	Config   string    `json:"config"`
@@ -465,6 +475,16 @@ type lanesFlags map[string]*int
 func (l lanesFlags) get(cfg, scen string) int { return *l[cfg+"-"+scen] }
 
 func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "candidate": // one contender of the failover mode, started by it
+			runCandidate(os.Args[2:])
+			return
+		case "failover":
+			runFailover(os.Args[2:])
+			return
+		}
+	}
 	kubeconfig := flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "admin kubeconfig (default: $KUBECONFIG)")
 	rounds := flag.Int("rounds", 200, "handovers per config and scenario (release, expiry)")
 	lanes := lanesFlags{
@@ -533,7 +553,7 @@ func main() {
 	for k, v := range lanes {
 		params["lanes_"+k] = strconv.Itoa(*v)
 	}
-	o := output{Source: "clientgo", Parameters: params, Versions: map[string]string{
+	o := output{Source: "clientgo", Parameters: params, Latency: []latency{}, Figures: []figure{}, Versions: map[string]string{
 		"client-go": clientGoVersion(), "go": runtime.Version(),
 	}}
 	if v, err := admin.Discovery().ServerVersion(); err == nil {
@@ -633,6 +653,9 @@ func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
 func writeJSON(path string, o output) error {
 	data, err := json.MarshalIndent(o, "", "  ")
 	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)

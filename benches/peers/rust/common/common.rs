@@ -1,12 +1,12 @@
 //! Shared by the two peer benchmarks (`kube-leader-election/` and `kubert/`),
 //! each of which includes this file with `#[path]`. The two packages pin
 //! different kube / k8s-openapi versions, so only APIs that are identical in
-//! kube 1.1 and kube 4.2 are used here.
+//! kube 1.1 and kube 4.2 are used here. The output schema is not here: each
+//! binary includes `benches/common/schema.rs` as `crate::schema`, the one
+//! definition every benchmark writes.
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
-use serde::Serialize;
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,10 +21,47 @@ pub fn err(msg: impl Into<String>) -> BoxError {
 
 // --- command line --------------------------------------------------------------
 
+/// Benchmark of a Rust lease crate against a real kube-apiserver (a peer baseline for
+/// palisade); writes the result schema of benches/common/schema.rs.
+#[derive(Debug, Clone, clap::Parser)]
+pub struct Cli {
+    /// Admin kubeconfig (`make cluster` prints the export line).
+    #[arg(long, env = "KUBECONFIG", hide_env_values = true)]
+    pub kubeconfig: std::path::PathBuf,
+    /// Output file [default: rust-peers-<peer>.json in the working directory].
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+    /// Voluntary-release handovers, in total (split over the lanes).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=5000))]
+    pub release_rounds: u64,
+    /// Expiry handovers, in total (split over the lanes).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=5000))]
+    pub expiry_rounds: u64,
+    /// Independent Leases measured concurrently.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub lanes: u64,
+    /// API-cost window in seconds, 0 skips it [default: 30 for kube-leader-election, 58 for kubert].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub steady: Option<u64>,
+    /// Seconds between starting the steady-state candidates and the window.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub warmup: u64,
+    /// Idle window (seconds) measured before, and subtracted from, the steady window.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub baseline: u64,
+    /// Baseline + window are redone while other lease traffic spoils them, up to this many times.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=5))]
+    pub steady_attempts: u64,
+    /// Overall timeout, seconds.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=7200))]
+    pub timeout: u64,
+}
+
+/// The flags, with the peer's own defaults filled in.
 #[derive(Debug, Clone)]
 pub struct Args {
-    pub kubeconfig: String,
-    pub out: String,
+    pub kubeconfig: std::path::PathBuf,
+    pub out: std::path::PathBuf,
     pub release_rounds: usize,
     pub expiry_rounds: usize,
     pub lanes: usize,
@@ -36,110 +73,24 @@ pub struct Args {
 }
 
 pub fn parse_args(default_out: &str, default_steady: u64) -> Args {
-    let mut a = Args {
-        kubeconfig: std::env::var("KUBECONFIG").unwrap_or_default(),
-        out: default_out.into(),
-        release_rounds: 200,
-        expiry_rounds: 200,
-        lanes: 10,
-        steady: default_steady,
-        warmup: 15,
-        baseline: 30,
-        steady_attempts: 2,
-        timeout: 600,
-    };
-    let usage = "flags: --kubeconfig PATH (default $KUBECONFIG) --out PATH --release-rounds N (total) --expiry-rounds N (total) \
-        --lanes N --steady SECONDS (API-cost window, 0 = skip) --warmup SECONDS (15) --baseline SECONDS (30) \
-        --steady-attempts N (2: redo baseline+window while other lease traffic spoils it) --timeout SECONDS (600)";
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let flag = argv[i].as_str();
-        if flag == "-h" || flag == "--help" {
-            println!("{usage}");
-            std::process::exit(0);
-        }
-        let Some(val) = argv.get(i + 1) else {
-            eprintln!("missing value for {flag}\n{usage}");
-            std::process::exit(2);
-        };
-        let num = |lo: u64, hi: u64| -> u64 {
-            match val.parse::<u64>() {
-                Ok(n) if (lo..=hi).contains(&n) => n,
-                _ => {
-                    eprintln!("{flag}: expected an integer in {lo}..={hi}, got {val:?}");
-                    std::process::exit(2);
-                }
-            }
-        };
-        match flag {
-            "--kubeconfig" => a.kubeconfig = val.clone(),
-            "--out" => a.out = val.clone(),
-            "--release-rounds" => a.release_rounds = num(0, 5000) as usize,
-            "--expiry-rounds" => a.expiry_rounds = num(0, 5000) as usize,
-            "--lanes" => a.lanes = num(1, 100) as usize,
-            "--steady" => a.steady = num(0, 3600),
-            "--warmup" => a.warmup = num(0, 600),
-            "--baseline" => a.baseline = num(0, 600),
-            "--steady-attempts" => a.steady_attempts = num(1, 5),
-            "--timeout" => a.timeout = num(1, 7200),
-            _ => {
-                eprintln!("unknown flag {flag}\n{usage}");
-                std::process::exit(2);
-            }
-        }
-        i += 2;
+    let a = <Cli as clap::Parser>::parse();
+    Args {
+        kubeconfig: a.kubeconfig,
+        out: a.out.unwrap_or_else(|| default_out.into()),
+        release_rounds: a.release_rounds as usize,
+        expiry_rounds: a.expiry_rounds as usize,
+        lanes: a.lanes as usize,
+        steady: a.steady.unwrap_or(default_steady),
+        warmup: a.warmup,
+        baseline: a.baseline,
+        steady_attempts: a.steady_attempts,
+        timeout: a.timeout,
     }
-    if a.kubeconfig.is_empty() {
-        eprintln!("no kubeconfig: pass --kubeconfig PATH or set KUBECONFIG\n{usage}");
-        std::process::exit(2);
-    }
-    a
 }
 
-// --- output (fixed schema shared with the report writer) --------------------------
+// --- output: the schema of benches/common/schema.rs --------------------------------
 
-#[derive(Debug, Clone, Serialize)]
-pub struct Latency {
-    pub system: String,
-    pub config: String,
-    pub scenario: String,
-    pub unit: String,
-    pub n: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub p50: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub p95: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub p99: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mean: Option<f64>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub samples: Vec<f64>,
-    pub note: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Figure {
-    pub system: String,
-    pub name: String,
-    pub value: f64,
-    pub unit: String,
-    pub note: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Output {
-    pub source: String,
-    pub versions: BTreeMap<String, String>,
-    pub latency: Vec<Latency>,
-    pub figures: Vec<Figure>,
-    pub note: String,
-}
+pub use crate::schema::{Figure, Latency, Source};
 
 pub fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
@@ -161,7 +112,7 @@ pub fn wall_diff_ms(a: std::time::SystemTime, b: std::time::SystemTime) -> f64 {
     }
 }
 
-/// Nearest-rank percentiles over the sorted samples.
+/// A latency row (nearest-rank percentiles, ms) with the mean rounded like the samples.
 pub fn summarize(
     system: &str,
     config: &str,
@@ -169,69 +120,48 @@ pub fn summarize(
     samples: &[f64],
     note: String,
 ) -> Latency {
-    let mut s = samples.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let pct = |p: f64| -> Option<f64> {
-        if s.is_empty() {
-            return None;
-        }
-        let k = ((p / 100.0) * s.len() as f64).ceil() as usize;
-        Some(s[k.clamp(1, s.len()) - 1])
-    };
-    let mean = if s.is_empty() {
-        None
-    } else {
-        Some(round2(s.iter().sum::<f64>() / s.len() as f64))
-    };
-    Latency {
-        system: system.into(),
-        config: config.into(),
-        scenario: scenario.into(),
-        unit: "ms".into(),
-        n: s.len(),
-        p50: pct(50.0),
-        p95: pct(95.0),
-        p99: pct(99.0),
-        min: s.first().copied(),
-        max: s.last().copied(),
-        mean,
-        samples: samples.to_vec(),
-        note,
-    }
+    let mut l = Latency::of(system, config, scenario, samples.to_vec(), &note);
+    l.mean = round2(l.mean);
+    l
 }
 
+/// A scenario the crate has no counterpart for: n = 0 and why.
 pub fn not_applicable(system: &str, scenario: &str, note: &str) -> Latency {
-    Latency {
-        system: system.into(),
-        config: "-".into(),
-        scenario: scenario.into(),
-        unit: "ms".into(),
-        n: 0,
-        p50: None,
-        p95: None,
-        p99: None,
-        min: None,
-        max: None,
-        mean: None,
-        samples: vec![],
-        note: note.into(),
-    }
+    Latency::of(system, "-", scenario, Vec::new(), note)
 }
 
-pub fn write_json(path: &str, o: &Output) -> Res<()> {
-    if let Some(dir) = std::path::Path::new(path).parent() {
+pub fn write_json(path: &std::path::Path, o: &Source) -> Res<()> {
+    if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir)?;
         }
     }
+    let problems = o.problems();
+    if !problems.is_empty() {
+        // Written anyway (the figures are worth reading), but the run fails.
+        eprintln!(
+            "output breaks benches/common/schema.rs: {}",
+            problems.join("; ")
+        );
+    }
     let mut data = serde_json::to_vec_pretty(o)?;
     data.push(b'\n');
     std::fs::write(path, data)?;
-    Ok(())
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(err("output breaks the schema (see above)"))
+    }
 }
 
-pub fn print_table(o: &Output) {
-    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
+pub fn print_table(o: &Source) {
+    let f = |l: &Latency, x: f64| {
+        if l.n == 0 {
+            "-".to_string()
+        } else {
+            format!("{x:.1}")
+        }
+    };
     println!();
     println!("versions: {:?}", o.versions);
     println!();
@@ -246,12 +176,12 @@ pub fn print_table(o: &Output) {
             l.scenario,
             l.config,
             l.n,
-            f(l.p50),
-            f(l.p95),
-            f(l.p99),
-            f(l.min),
-            f(l.max),
-            f(l.mean)
+            f(l, l.p50),
+            f(l, l.p95),
+            f(l, l.p99),
+            f(l, l.min),
+            f(l, l.max),
+            f(l, l.mean)
         );
     }
     println!();
@@ -270,8 +200,8 @@ pub fn print_table(o: &Output) {
     for g in &o.figures {
         println!("note [{} / {}]: {}", g.system, g.name, g.note);
     }
-    if !o.note.is_empty() {
-        println!("note: {}", o.note);
+    if let Some(note) = o.parameters.get("note").and_then(|v| v.as_str()) {
+        println!("note: {note}");
     }
 }
 
@@ -299,7 +229,7 @@ impl LeaseCounter {
     }
 }
 
-pub async fn load_config(path: &str) -> Res<kube::Config> {
+pub async fn load_config(path: &std::path::Path) -> Res<kube::Config> {
     let kc = kube::config::Kubeconfig::read_from(path)?;
     let mut cfg =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
@@ -645,7 +575,9 @@ pub struct Env {
 pub struct Run {
     pub args: Args,
     pub env: Arc<Env>,
-    pub output: Output,
+    pub output: Source,
+    /// How the run went, for `parameters.note`.
+    note: String,
     started: Instant,
     load0: String,
 }
@@ -660,7 +592,7 @@ pub async fn start(peer: &Peer) -> Run {
     let cfg = match load_config(&args.kubeconfig).await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fatal: kubeconfig {}: {e}", args.kubeconfig);
+            eprintln!("fatal: kubeconfig {}: {e}", args.kubeconfig.display());
             std::process::exit(1);
         }
     };
@@ -672,20 +604,30 @@ pub async fn start(peer: &Peer) -> Run {
         }
     };
     let ns = format!("rpeer-{}-{}", peer.slug, std::process::id());
-    let mut o = Output {
-        source: "rust-peers".into(),
-        versions: Default::default(),
-        latency: vec![],
-        figures: vec![],
-        note: format!(
+    let note = format!(
             "{} only ({}). All candidates \
              run in one process, each with its own kube::Client (own TLS connection); lanes = independent Leases \
              measured concurrently (--lanes {}); namespace {ns} (deleted after the run). Flags: release-rounds {}, \
              expiry-rounds {}, steady {}s, warm-up {}s, baseline {}s, steady attempts <= {}.",
             peer.system, peer.other, args.lanes, args.release_rounds, args.expiry_rounds, args.steady, args.warmup,
             args.baseline, args.steady_attempts
-        ),
+    );
+    let mut o = Source {
+        source: "rust-peers".into(),
+        ..Default::default()
     };
+    for (k, v) in [
+        ("release_rounds", args.release_rounds as u64),
+        ("expiry_rounds", args.expiry_rounds as u64),
+        ("lanes", args.lanes as u64),
+        ("steady_s", args.steady),
+        ("warmup_s", args.warmup),
+        ("baseline_s", args.baseline),
+        ("steady_attempts", args.steady_attempts),
+    ] {
+        o.parameters.insert(k.into(), v.into());
+    }
+    o.parameters.insert("namespace".into(), ns.clone().into());
     o.versions.insert(peer.system.into(), peer.version.into());
     o.versions
         .insert(format!("kube (for {})", peer.system), peer.kube.into());
@@ -713,6 +655,7 @@ pub async fn start(peer: &Peer) -> Run {
         args,
         env,
         output: o,
+        note,
         started,
         load0: loadavg(),
     }
@@ -737,29 +680,35 @@ impl Run {
             args,
             env,
             output: mut o,
+            mut note,
             started,
             load0,
         } = self;
-        o.note.push_str(&format!(
+        note.push_str(&format!(
             " 1-min load average at start {load0}, at end {} (2-core machine shared with other work; the apiserver \
              serves other clients too).",
             loadavg()
         ));
         delete_namespace(&env.admin, &env.ns).await;
         if let Some(f) = &failure {
-            o.note.push_str(&format!(" RUN FAILED: {f}"));
+            note.push_str(&format!(" RUN FAILED: {f}"));
         }
-        if let Err(e) = write_json(&args.out, &o) {
-            eprintln!("write {}: {e}", args.out);
+        o.parameters.insert("note".into(), note.into());
+        let written = write_json(&args.out, &o);
+        if let Err(e) = &written {
+            eprintln!("write {}: {e}", args.out.display());
         }
         print_table(&o);
         println!(
             "wrote {} in {:.1}s",
-            args.out,
+            args.out.display(),
             started.elapsed().as_secs_f64()
         );
         if let Some(f) = failure {
             eprintln!("ERROR: {f}");
+            std::process::exit(1);
+        }
+        if written.is_err() {
             std::process::exit(1);
         }
     }

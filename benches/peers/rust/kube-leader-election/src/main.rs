@@ -1,5 +1,6 @@
 //! Peer benchmark: `kube-leader-election` (LeaseLock) against a real
-//! kube-apiserver. Writes the `rust-peers` JSON schema (see ../README.md).
+//! kube-apiserver. Writes the schema of
+//! benches/common/schema.rs (source `rust-peers`; see ../README.md).
 //!
 //! The crate offers no loop of its own: an application calls
 //! `try_acquire_or_renew()` periodically (holder and waiters alike) and
@@ -8,6 +9,10 @@
 
 #[path = "../../common/common.rs"]
 mod common;
+/// The result schema of every benchmark (one definition, shared with palisade's benches).
+#[path = "../../../../common/schema.rs"]
+#[allow(dead_code)]
+mod schema;
 
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -321,7 +326,7 @@ async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate
     Ok((base, r))
 }
 
-async fn steady(env: &Env, args: &Args, o: &mut Output) -> Res<()> {
+async fn steady(env: &Env, args: &Args, o: &mut Source) -> Res<()> {
     let mut attempt = 1;
     let (base, r, warn) = loop {
         let (base, r) = steady_attempt(env, args, attempt).await?;
@@ -341,6 +346,7 @@ async fn steady(env: &Env, args: &Args, o: &mut Output) -> Res<()> {
     let cfg = "15s lease, try_acquire_or_renew() every 5s (ttl/3, the crate's documented ratio) by holder and waiters";
     o.figures.push(Figure {
         system: SYSTEM.into(),
+        config: String::new(),
         name: "lease_requests_per_s_1_holder_3_waiters".into(),
         value: round3(r.server_rps - base.server_rps),
         unit: "req/s".into(),
@@ -353,6 +359,7 @@ async fn steady(env: &Env, args: &Args, o: &mut Output) -> Res<()> {
     });
     o.figures.push(Figure {
         system: SYSTEM.into(),
+        config: String::new(),
         name: "lease_requests_per_s_1_holder_3_waiters_client_side".into(),
         value: round3(r.client_rps),
         unit: "req/s".into(),
@@ -363,6 +370,7 @@ async fn steady(env: &Env, args: &Args, o: &mut Output) -> Res<()> {
     });
     o.figures.push(Figure {
         system: SYSTEM.into(),
+        config: String::new(),
         name: "idle_cluster_lease_requests_per_s".into(),
         value: round3(base.server_rps),
         unit: "req/s".into(),
@@ -371,7 +379,7 @@ async fn steady(env: &Env, args: &Args, o: &mut Output) -> Res<()> {
     Ok(())
 }
 
-async fn run(env: Arc<Env>, args: &Args, o: &mut Output) -> Res<()> {
+async fn run(env: Arc<Env>, args: &Args, o: &mut Source) -> Res<()> {
     let mut failures = Vec::new();
     if args.release_rounds > 0 {
         println!(
@@ -411,9 +419,9 @@ async fn run(env: Arc<Env>, args: &Args, o: &mut Output) -> Res<()> {
              (A's last renewTime + leaseDurationSeconds 2s), read from the Lease. kle considers a lease expired when \
              now > renewTime+duration and B polls every 250 ms, so expect ~0-250 ms. Raw time from A's stop to B leader: \
              p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.",
-            raw_sum.p50.unwrap_or(f64::NAN),
-            raw_sum.p99.unwrap_or(f64::NAN),
-            raw_sum.max.unwrap_or(f64::NAN)
+            raw_sum.p50,
+            raw_sum.p99,
+            raw_sum.max
         );
         note.push_str(&lo.note_suffix());
         failures.extend(lo.errors.iter().cloned());
