@@ -1038,9 +1038,10 @@ async fn inject(
                 signal(pid, libc::SIGCONT);
             }
             format!(
-                "{} ({} of {of} holders) for {} ms",
+                "{} ({} of {of} live holders, {} leases) for {} ms",
                 holders.join(","),
                 holders.len(),
+                ctx.leases.len(),
                 pause.as_millis()
             )
         }
