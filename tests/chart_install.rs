@@ -13,6 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -100,6 +101,18 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases_and_crds() 
             .get(&format!("{full}-{policy}"))
             .await
             .expect("ValidatingAdmissionPolicyBinding");
+    }
+    // API Priority and Fairness: the API server accepts both FlowSchemas and the level,
+    // and finds the levels they name.
+    Api::<PriorityLevelConfiguration>::all(client.clone())
+        .get(&full)
+        .await
+        .expect("PriorityLevelConfiguration");
+    for name in [full.clone(), format!("{full}-election")] {
+        Api::<FlowSchema>::all(client.clone())
+            .get(&name)
+            .await
+            .expect("FlowSchema");
     }
     // The built-in edit role aggregates the client role (by label: the aggregation
     // controller itself does not run in the test control plane).
@@ -204,6 +217,14 @@ async fn left_behind(ns: &TestNamespace, full: &str) -> Vec<String> {
     {
         left.push("ClusterRoleBinding".into());
     }
+    for name in [full.to_string(), format!("{full}-election")] {
+        if exists(Api::<FlowSchema>::all(client.clone()), &name).await {
+            left.push(format!("FlowSchema {name}"));
+        }
+    }
+    if exists(Api::<PriorityLevelConfiguration>::all(client.clone()), full).await {
+        left.push("PriorityLevelConfiguration".into());
+    }
     for policy in ["claim-identity", "object-fencing", "fencing-lease"] {
         let name = format!("{full}-{policy}");
         if exists(Api::<ValidatingAdmissionPolicy>::all(client.clone()), &name).await {
@@ -241,6 +262,20 @@ async fn rendered_chart_passes_server_side_validation() {
             "podDisruptionBudget.minAvailable=1",
             "--set",
             "controller.leaderElection.leaseName=elect",
+            "--set",
+            "controller.leaderElection.leaseDuration=15s",
+            "--set",
+            "controller.leaderElection.renewDeadline=10s",
+            "--set",
+            "controller.leaderElection.retryPeriod=2s",
+            "--set",
+            "apiPriority.matchingPrecedence=9999",
+            "--set",
+            "apiPriority.priorityLevel.lendablePercent=100",
+            "--set",
+            "apiPriority.priorityLevel.queues=128",
+            "--set",
+            "apiPriority.priorityLevel.handSize=8",
         ][..],
     ] {
         let mut args = vec![
@@ -289,6 +324,8 @@ async fn rendered_chart_passes_server_side_validation() {
             "validatingadmissionpolicybinding.admissionregistration.k8s.io/",
             "clusterrole.rbac.authorization.k8s.io/",
             "poddisruptionbudget.policy/",
+            "flowschema.flowcontrol.apiserver.k8s.io/",
+            "prioritylevelconfiguration.flowcontrol.apiserver.k8s.io/",
         ] {
             assert!(applied.contains(kind), "{kind} not applied:\n{applied}");
         }
@@ -342,4 +379,178 @@ async fn controller_pod_meets_the_restricted_pod_security_standard() {
         refused.message.contains("violates PodSecurity"),
         "{refused:?}"
     );
+}
+
+/// The FlowSchema and priority level the API server classified a request into: the UIDs
+/// it reports in the X-Kubernetes-PF-FlowSchema-UID and X-Kubernetes-PF-PriorityLevel-UID
+/// response headers, for a GET of `path` made by `client`.
+async fn classified_as(client: &kube::Client, path: &str) -> (String, String) {
+    let request = http::Request::get(path)
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let response = client
+        .send(request)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "GET {path} ({}): no {name} header in {:?}",
+                    response.status(),
+                    response.headers()
+                )
+            })
+            .to_string()
+    };
+    (
+        header("X-Kubernetes-PF-FlowSchema-UID"),
+        header("X-Kubernetes-PF-PriorityLevel-UID"),
+    )
+}
+
+/// A client of the admin credentials impersonating `user` (as `kubectl --as`): API
+/// Priority and Fairness classifies the impersonated user's requests.
+async fn impersonating(user: &str) -> kube::Client {
+    let mut config = support::admin_config().await;
+    config.auth_info.impersonate = Some(user.to_string());
+    kube::Client::try_from(config).unwrap()
+}
+
+fn uid<K: kube::Resource>(object: &K) -> String {
+    object
+        .meta()
+        .uid
+        .clone()
+        .expect("a stored object has a UID")
+}
+
+#[tokio::test]
+async fn api_priority_classifies_the_controller_requests_and_only_those() {
+    let ns = setup("helm-apf").await;
+    let release = Release::install(&ns, &[&ns.name], &[]);
+    let full = release.name.clone();
+    let schemas: Api<FlowSchema> = Api::all(ns.client.clone());
+    let levels: Api<PriorityLevelConfiguration> = Api::all(ns.client.clone());
+    let ours = uid(&schemas.get(&full).await.unwrap());
+    let election = uid(&schemas.get(&format!("{full}-election")).await.unwrap());
+    let our_level = uid(&levels.get(&full).await.unwrap());
+    let leader_election = uid(&levels.get("leader-election").await.unwrap());
+
+    // The API server digests new FlowSchemas asynchronously: wait until it uses ours.
+    let controller = impersonating(&format!("system:serviceaccount:{}:{full}", ns.name)).await;
+    let leases = format!("/apis/palisade.dev/v1alpha1/namespaces/{}/leases", ns.name);
+    let installed = Instant::now();
+    let deadline = installed + WAIT;
+    loop {
+        let (schema, level) = classified_as(&controller, &leases).await;
+        if schema == ours {
+            assert_eq!(level, our_level, "{leases}");
+            eprintln!(
+                "the API server classified by FlowSchema {full} {:?} after it was read back",
+                installed.elapsed()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the controller's GET {leases} is still classified by FlowSchema {schema}, not {full} ({ours})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The controller's other requests: cluster-wide lists and watches, its status writes'
+    // resources, Events.
+    for path in [
+        "/apis/palisade.dev/v1alpha1/leaseclaims?limit=1".to_string(),
+        "/api/v1/pods?limit=1".to_string(),
+        format!(
+            "/apis/palisade.dev/v1alpha1/namespaces/{}/leases/missing/status",
+            ns.name
+        ),
+        format!("/api/v1/namespaces/{}/pods?limit=1", ns.name),
+        format!(
+            "/apis/events.k8s.io/v1/namespaces/{}/events?limit=1",
+            ns.name
+        ),
+    ] {
+        assert_eq!(
+            classified_as(&controller, &path).await,
+            (ours.clone(), our_level.clone()),
+            "{path}"
+        );
+    }
+    // coordination.k8s.io Leases outside the release namespace are not the election.
+    let elsewhere = "/apis/coordination.k8s.io/v1/namespaces/default/leases/x";
+    let (schema, _) = classified_as(&controller, elsewhere).await;
+    assert!(
+        schema != ours && schema != election,
+        "{elsewhere} classified by our FlowSchema {schema}"
+    );
+    // The election Lease goes to the built-in leader-election level.
+    let lease = format!(
+        "/apis/coordination.k8s.io/v1/namespaces/{}/leases/{full}-controller",
+        ns.name
+    );
+    assert_eq!(
+        classified_as(&controller, &lease).await,
+        (election.clone(), leader_election.clone()),
+        "{lease}"
+    );
+    // Requests the controller does not make keep the cluster's default classification.
+    let configmaps = format!("/api/v1/namespaces/{}/configmaps", ns.name);
+    let (schema, level) = classified_as(&controller, &configmaps).await;
+    assert!(
+        schema != ours && schema != election && level != our_level,
+        "{configmaps} classified by {schema}"
+    );
+    // Only the controller's ServiceAccount: another one in the same namespace, and the
+    // admin, are not ours.
+    let other = impersonating(&format!("system:serviceaccount:{}:default", ns.name)).await;
+    for (who, client) in [("default ServiceAccount", &other), ("admin", &ns.client)] {
+        for path in [&leases, &lease] {
+            let (schema, level) = classified_as(client, path).await;
+            assert!(
+                schema != ours && schema != election && level != our_level,
+                "{who}: {path} classified by our FlowSchema {schema}"
+            );
+        }
+    }
+
+    // With the election on the chart's own level (electionPriorityLevel empty), the
+    // election FlowSchema is gone and the main one takes the election Lease.
+    helm_ok(
+        true,
+        &[
+            "upgrade",
+            &full,
+            chart_dir().to_str().unwrap(),
+            "--namespace",
+            &ns.name,
+            "--reuse-values",
+            "--set",
+            "apiPriority.electionPriorityLevel=",
+        ],
+    );
+    assert!(
+        schemas
+            .get_opt(&format!("{full}-election"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let classified = classified_as(&controller, &lease).await;
+        if classified == (ours.clone(), our_level.clone()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{lease} is still classified as {classified:?} after the election FlowSchema was removed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

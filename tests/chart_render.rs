@@ -131,7 +131,10 @@ fn helm_lint_is_clean() {
             "controller.watchNamespace=apps",
             "--set",
             "controller.leaderElection.enabled=false",
+            "--set",
+            "apiPriority.electionPriorityLevel=",
         ][..],
+        &["--set", "apiPriority.enabled=false"][..],
     ] {
         let mut args = vec!["lint", "--strict", chart.to_str().unwrap()];
         args.extend_from_slice(extra);
@@ -231,6 +234,103 @@ fn bad_values_fail_with_a_message_naming_the_value() {
             &["--set", "serviceAccount.create=false"],
             &["serviceAccount.name is required"],
         ),
+        // Election timings: the schema checks the syntax ...
+        (
+            &["--set", "controller.leaderElection.leaseDuration=1.5s"],
+            &["leaseDuration"],
+        ),
+        (
+            &["--set", "controller.leaderElection.leaseDuration=1500ms"],
+            &["leaseDuration"],
+        ),
+        (
+            &["--set", "controller.leaderElection.renewDeadline=750us"],
+            &["renewDeadline"],
+        ),
+        (
+            &["--set", "controller.leaderElection.retryPeriod=250"],
+            &["retryPeriod"],
+        ),
+        (
+            &["--set", "controller.leaderElection.retryPeriod=0.25s"],
+            &["retryPeriod"],
+        ),
+        // ... and the templates the order and the range (and the syntax again, for
+        // installs that skip the schema).
+        (
+            &["--set", "controller.leaderElection.renewDeadline=1s"],
+            &[
+                "controller.leaderElection.renewDeadline (1s) must be shorter than \
+                 controller.leaderElection.leaseDuration (1s)",
+            ],
+        ),
+        (
+            &[
+                "--set",
+                "controller.leaderElection.leaseDuration=2s",
+                "--set",
+                "controller.leaderElection.renewDeadline=2500ms",
+            ],
+            &[
+                "controller.leaderElection.renewDeadline (2500ms) must be shorter than \
+                 controller.leaderElection.leaseDuration (2s)",
+            ],
+        ),
+        (
+            &["--set", "controller.leaderElection.retryPeriod=1s"],
+            &[
+                "controller.leaderElection.retryPeriod (1s) must be greater than zero and \
+                 shorter than controller.leaderElection.renewDeadline (750ms)",
+            ],
+        ),
+        (
+            &["--set", "controller.leaderElection.retryPeriod=0ms"],
+            &["controller.leaderElection.retryPeriod (0ms) must be greater than zero"],
+        ),
+        (
+            &["--set", "controller.leaderElection.leaseDuration=25h"],
+            &[
+                "controller.leaderElection.leaseDuration",
+                "whole seconds from 1s to 24h",
+            ],
+        ),
+        (
+            &[
+                "--skip-schema-validation",
+                "--set",
+                "controller.leaderElection.renewDeadline=1.5s",
+            ],
+            &[
+                "controller.leaderElection.renewDeadline",
+                "\"1.5s\" is not a duration",
+            ],
+        ),
+        (
+            &[
+                "--skip-schema-validation",
+                "--set",
+                "controller.leaderElection.leaseDuration=1500ms",
+            ],
+            &["controller.leaderElection.leaseDuration", "whole seconds"],
+        ),
+        (
+            &["--set", "apiPriority.matchingPrecedence=0"],
+            &["matchingPrecedence"],
+        ),
+        (
+            &["--set", "apiPriority.priorityLevel.lendablePercent=101"],
+            &["lendablePercent"],
+        ),
+        (
+            &["--set", "apiPriority.electionPriorityLevel=Leader_Election"],
+            &["electionPriorityLevel"],
+        ),
+        (
+            &["--set", "apiPriority.priorityLevel.handSize=17"],
+            &[
+                "apiPriority.priorityLevel.handSize (17) must not exceed apiPriority.priorityLevel.queues (16)",
+            ],
+        ),
     ];
     for (args, expected) in cases {
         let mut cmd = helm_command(false);
@@ -283,6 +383,10 @@ fn rendered_controller_deployment_matches_the_contract() {
         "--leader-elect=true",
         "--admin-addr=0.0.0.0:8080",
         "--election-name=palisade-controller",
+        // The binary's defaults, passed explicitly.
+        "--leader-elect-lease-duration=1s",
+        "--leader-elect-renew-deadline=750ms",
+        "--leader-elect-retry-period=250ms",
     ] {
         assert!(args.contains(&expected), "args {args:?} lack {expected}");
     }
@@ -580,4 +684,261 @@ fn rendered_fencing_policy_covers_configmaps_and_the_configured_resources() {
         "{:?}",
         kinds(&off)
     );
+}
+
+/// The controller container's args.
+fn controller_args(objects: &[Value]) -> Vec<String> {
+    let deploy = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("a Deployment");
+    deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn election_timings_are_passed_as_flags() {
+    let timed = render(
+        "palisade",
+        "ops",
+        &[
+            "--set",
+            "controller.leaderElection.leaseDuration=15s",
+            "--set",
+            "controller.leaderElection.renewDeadline=10s",
+            "--set",
+            "controller.leaderElection.retryPeriod=2s",
+        ],
+    );
+    let args = controller_args(&timed);
+    for expected in [
+        "--leader-elect-lease-duration=15s",
+        "--leader-elect-renew-deadline=10s",
+        "--leader-elect-retry-period=2s",
+    ] {
+        assert!(
+            args.iter().any(|a| a == expected),
+            "args {args:?} lack {expected}"
+        );
+    }
+    // Units are compared, not strings: 2000ms > 1s > 999ms.
+    let mixed = render(
+        "palisade",
+        "ops",
+        &[
+            "--set",
+            "controller.leaderElection.leaseDuration=2000ms",
+            "--set",
+            "controller.leaderElection.renewDeadline=1s",
+            "--set",
+            "controller.leaderElection.retryPeriod=999ms",
+        ],
+    );
+    assert!(
+        controller_args(&mixed)
+            .iter()
+            .any(|a| a == "--leader-elect-lease-duration=2000ms")
+    );
+    // Without an election there are no timings to pass.
+    let single = render(
+        "palisade",
+        "ops",
+        &["--set", "controller.leaderElection.enabled=false"],
+    );
+    let args = controller_args(&single);
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.starts_with("--leader-elect-") && a.as_str() != "--leader-elect=false"),
+        "{args:?}"
+    );
+}
+
+/// The (apiGroup, resource) pairs a FlowSchema's resource rules match in `namespace`
+/// (a rule with namespaces ["*"] matches every namespace).
+fn flow_schema_matches(fs: &Value, namespace: &str) -> BTreeSet<(String, String)> {
+    let mut set = BTreeSet::new();
+    for rule in fs["spec"]["rules"].as_array().unwrap() {
+        for r in rule["resourceRules"].as_array().unwrap() {
+            let namespaces = r["namespaces"].as_array().unwrap();
+            if !namespaces.contains(&json!("*")) && !namespaces.contains(&json!(namespace)) {
+                continue;
+            }
+            assert_eq!(r["verbs"], json!(["*"]), "every verb: {r}");
+            for g in r["apiGroups"].as_array().unwrap() {
+                for res in r["resources"].as_array().unwrap() {
+                    set.insert((
+                        g.as_str().unwrap().to_string(),
+                        res.as_str().unwrap().to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    set
+}
+
+#[test]
+fn rendered_api_priority_objects_match_only_the_controller_service_account() {
+    let objects = render("palisade", "ops", &[]);
+    let sa = json!([{"kind": "ServiceAccount", "serviceAccount": {"name": "palisade", "namespace": "ops"}}]);
+
+    let level = find(&objects, "PriorityLevelConfiguration", "palisade");
+    assert_eq!(level["apiVersion"], "flowcontrol.apiserver.k8s.io/v1");
+    assert_eq!(
+        level["spec"],
+        json!({"type": "Limited", "limited": {
+            "nominalConcurrencyShares": 20, "lendablePercent": 50,
+            "limitResponse": {"type": "Queue",
+                "queuing": {"queues": 16, "handSize": 4, "queueLengthLimit": 50}}}})
+    );
+
+    let fs = find(&objects, "FlowSchema", "palisade");
+    assert_eq!(fs["apiVersion"], "flowcontrol.apiserver.k8s.io/v1");
+    assert_eq!(fs["spec"]["priorityLevelConfiguration"]["name"], "palisade");
+    assert_eq!(fs["spec"]["matchingPrecedence"], 501);
+    assert_eq!(fs["spec"]["distinguisherMethod"]["type"], "ByNamespace");
+    let rules = fs["spec"]["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0]["subjects"], sa,
+        "the controller's ServiceAccount only"
+    );
+    assert!(rules[0]["nonResourceRules"].is_null());
+    // Every resource the controller's ClusterRole grants is classified here (a new grant
+    // without a rule would fall back to the cluster's default priority), and the election
+    // Lease too, as a fallback for the election FlowSchema.
+    let granted: BTreeSet<(String, String)> =
+        rule_set(find(&objects, "ClusterRole", "palisade-controller"))
+            .into_iter()
+            .map(|(g, r, _, _)| (g, r))
+            .collect();
+    let matched = flow_schema_matches(fs, "some-tenant");
+    assert!(
+        granted.is_subset(&matched),
+        "granted {granted:?}, classified {matched:?}"
+    );
+    let in_release_ns = flow_schema_matches(fs, "ops");
+    assert!(in_release_ns.contains(&("coordination.k8s.io".into(), "leases".into())));
+    assert!(
+        !matched.contains(&("coordination.k8s.io".into(), "leases".into())),
+        "coordination Leases only in the release namespace"
+    );
+    // Lists and watches across namespaces are cluster-scope requests.
+    let palisade_rule = rules[0]["resourceRules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["apiGroups"] == json!(["palisade.dev"]))
+        .unwrap();
+    assert_eq!(palisade_rule["clusterScope"], true);
+
+    let election = find(&objects, "FlowSchema", "palisade-election");
+    assert_eq!(
+        election["spec"]["priorityLevelConfiguration"]["name"],
+        "leader-election"
+    );
+    assert_eq!(election["spec"]["matchingPrecedence"], 500);
+    assert_eq!(
+        election["spec"]["rules"],
+        json!([{"subjects": sa, "resourceRules": [{
+            "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "verbs": ["get", "create", "update"], "namespaces": ["ops"]}]}])
+    );
+
+    // Values: precedence, shares, a ServiceAccount of the user's, another release.
+    let tuned = render(
+        "other",
+        "tenant-a",
+        &[
+            "--set",
+            "apiPriority.matchingPrecedence=1000",
+            "--set",
+            "apiPriority.priorityLevel.nominalConcurrencyShares=7",
+            "--set",
+            "apiPriority.priorityLevel.lendablePercent=0",
+            "--set",
+            "apiPriority.priorityLevel.queues=64",
+            "--set",
+            "apiPriority.priorityLevel.handSize=8",
+            "--set",
+            "apiPriority.priorityLevel.queueLengthLimit=100",
+            "--set",
+            "serviceAccount.create=false",
+            "--set",
+            "serviceAccount.name=lease-controller",
+        ],
+    );
+    let level = find(&tuned, "PriorityLevelConfiguration", "other-palisade");
+    assert_eq!(level["spec"]["limited"]["nominalConcurrencyShares"], 7);
+    assert_eq!(level["spec"]["limited"]["lendablePercent"], 0);
+    assert_eq!(
+        level["spec"]["limited"]["limitResponse"]["queuing"],
+        json!({"queues": 64, "handSize": 8, "queueLengthLimit": 100})
+    );
+    let fs = find(&tuned, "FlowSchema", "other-palisade");
+    assert_eq!(fs["spec"]["matchingPrecedence"], 1001);
+    assert_eq!(
+        fs["spec"]["priorityLevelConfiguration"]["name"],
+        "other-palisade"
+    );
+    let sa = json!([{"kind": "ServiceAccount",
+        "serviceAccount": {"name": "lease-controller", "namespace": "tenant-a"}}]);
+    assert_eq!(fs["spec"]["rules"][0]["subjects"], sa);
+    let election = find(&tuned, "FlowSchema", "other-palisade-election");
+    assert_eq!(election["spec"]["matchingPrecedence"], 1000);
+    assert_eq!(election["spec"]["rules"][0]["subjects"], sa);
+    assert_eq!(
+        election["spec"]["rules"][0]["resourceRules"][0]["namespaces"],
+        json!(["tenant-a"])
+    );
+    // Two releases never share a cluster-scoped name.
+    let names = |objects: &[Value]| -> BTreeSet<String> {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == "FlowSchema" || o["kind"] == "PriorityLevelConfiguration")
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap(),
+                    o["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(names(&objects).len(), 3);
+    assert!(names(&objects).is_disjoint(&names(&tuned)));
+
+    // The election's own level, or none at all.
+    for extra in [
+        &["--set", "apiPriority.electionPriorityLevel="][..],
+        &["--set", "controller.leaderElection.enabled=false"][..],
+    ] {
+        let objects = render("palisade", "ops", extra);
+        find(&objects, "FlowSchema", "palisade");
+        assert_eq!(
+            names(&objects),
+            BTreeSet::from([
+                "FlowSchema/palisade".to_string(),
+                "PriorityLevelConfiguration/palisade".to_string()
+            ]),
+            "{extra:?}"
+        );
+    }
+    let other_level = render(
+        "palisade",
+        "ops",
+        &["--set", "apiPriority.electionPriorityLevel=workload-high"],
+    );
+    assert_eq!(
+        find(&other_level, "FlowSchema", "palisade-election")["spec"]["priorityLevelConfiguration"]
+            ["name"],
+        "workload-high"
+    );
+    let off = render("palisade", "ops", &["--set", "apiPriority.enabled=false"]);
+    assert!(names(&off).is_empty(), "{:?}", names(&off));
 }

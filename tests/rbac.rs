@@ -1,7 +1,8 @@
 //! Least-privilege RBAC of the Helm chart: the real controller runs on the chart's
 //! ServiceAccount token (grants, handover, revocation, Events, leader election), and
 //! SubjectAccessReviews show the controller and client roles allow exactly the calls
-//! they need.
+//! they need. The controller's requests go through the chart's API Priority and Fairness
+//! FlowSchemas.
 
 mod support;
 
@@ -272,6 +273,30 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // API Priority and Fairness: the API server dispatched the controller's requests
+    // through the chart's FlowSchema and level, and the leader's renewals (every
+    // retryPeriod, 250 ms) through the election FlowSchema to leader-election.
+    let full = &release.name;
+    let work = dispatched(&ns.client, full, full).await;
+    assert!(
+        work > 0,
+        "no request dispatched by FlowSchema {full} to priority level {full}"
+    );
+    let election_schema = format!("{full}-election");
+    let renewals = dispatched(&ns.client, &election_schema, "leader-election").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let renewals_later = dispatched(&ns.client, &election_schema, "leader-election").await;
+    assert!(
+        renewals_later >= renewals + 2,
+        "election renewals through FlowSchema {election_schema} to leader-election: \
+         {renewals} then {renewals_later} a second later"
+    );
+    eprintln!(
+        "dispatched: {work} by {full}, {renewals_later} by {election_schema} \
+         ({} in the last second)",
+        renewals_later - renewals
+    );
+
     controller.child.start_kill().unwrap();
     let _ = controller.child.wait().await;
     let log = controller.log_text();
@@ -283,6 +308,22 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
             hits.join("\n")
         );
     }
+}
+
+/// Requests the API server has dispatched through `flow_schema` to `priority_level`
+/// (its apiserver_flowcontrol_dispatched_requests_total counter; 0 before the first).
+async fn dispatched(admin: &Client, flow_schema: &str, priority_level: &str) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let metrics = admin.request_text(request).await.expect("GET /metrics");
+    let series = format!(
+        "apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"{flow_schema}\",\
+         priority_level=\"{priority_level}\"}} "
+    );
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map(|v| v.trim().parse::<f64>().expect("a counter value") as u64)
+        .unwrap_or(0)
 }
 
 /// (verb, apiGroup, resource, subresource, namespace, name, allowed)

@@ -77,3 +77,44 @@ app.kubernetes.io/part-of: palisade
 {{- end -}}
 {{- toJson $actions -}}
 {{- end -}}
+
+{{/*
+A duration value ("750ms", "15s", "2m", "1h": a whole number and a unit) in milliseconds,
+for comparing the election timings. Called with (list "values.key" value); fails naming the
+key when the value is not such a duration (values.schema.json checks the same, this keeps
+the check when the schema is skipped).
+*/}}
+{{- define "palisade.durationMs" -}}
+{{- $key := index . 0 -}}
+{{- $value := toString (index . 1) -}}
+{{- if not (regexMatch "^[0-9]{1,9}(ms|s|m|h)$" $value) -}}
+{{- fail (printf "%s: %q is not a duration: expected a whole number and a unit, ms, s, m or h (e.g. 750ms, 15s, 2m)" $key $value) -}}
+{{- end -}}
+{{- $n := regexFind "^[0-9]+" $value | atoi -}}
+{{- $unit := trimPrefix (regexFind "^[0-9]+" $value) $value -}}
+{{- $perUnit := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 -}}
+{{- mul $n (get $perUnit $unit) -}}
+{{- end -}}
+
+{{/*
+The election timings as the controller requires them (src/election.rs): leaseDuration whole
+seconds from 1s to 24h, leaseDuration > renewDeadline > retryPeriod > 0. A leader keeps
+trying to renew until renewDeadline and then stops granting; that must come before a standby
+may take over (leaseDuration), and it must leave room for more than one try (retryPeriod).
+Renders nothing; fails with a message naming the values.
+*/}}
+{{- define "palisade.checkElectionTimings" -}}
+{{- $e := .Values.controller.leaderElection -}}
+{{- $lease := include "palisade.durationMs" (list "controller.leaderElection.leaseDuration" $e.leaseDuration) | atoi -}}
+{{- $renew := include "palisade.durationMs" (list "controller.leaderElection.renewDeadline" $e.renewDeadline) | atoi -}}
+{{- $retry := include "palisade.durationMs" (list "controller.leaderElection.retryPeriod" $e.retryPeriod) | atoi -}}
+{{- if or (lt $lease 1000) (gt $lease 86400000) (ne (mod $lease 1000) 0) -}}
+{{- fail (printf "controller.leaderElection.leaseDuration: %q must be whole seconds from 1s to 24h (it is the election Lease's leaseDurationSeconds)" (toString $e.leaseDuration)) -}}
+{{- end -}}
+{{- if ge $renew $lease -}}
+{{- fail (printf "controller.leaderElection.renewDeadline (%s) must be shorter than controller.leaderElection.leaseDuration (%s): a leader must stop granting before a standby may take over" (toString $e.renewDeadline) (toString $e.leaseDuration)) -}}
+{{- end -}}
+{{- if or (le $retry 0) (ge $retry $renew) -}}
+{{- fail (printf "controller.leaderElection.retryPeriod (%s) must be greater than zero and shorter than controller.leaderElection.renewDeadline (%s): a leader needs more than one try to renew" (toString $e.retryPeriod) (toString $e.renewDeadline)) -}}
+{{- end -}}
+{{- end -}}
