@@ -293,11 +293,13 @@ bench-rust-peers: cluster
 
 # The fault-injection suite on a control plane of its own (it crashes kube-apiserver
 # and etcd). `make test` runs it for 90 s with seed 1; this runs DURATION with a new
-# seed each time (printed, so a failing run can be repeated with SEED=).
+# seed each time (printed, so a failing run can be repeated with SEED=). CHAOS_ARGS
+# passes more flags, e.g. "--workers 8 --leases 4" for wider storms.
 DURATION ?= 10m
 SEED ?= $(shell date +%s)
+CHAOS_ARGS ?=
 chaos: controlplane-bins
-	cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED)
+	cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
 
 # The fencing story with real pods on the node; see tests/demo/demo-cluster.sh.
 demo-cluster: cluster image-local

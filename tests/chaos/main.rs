@@ -1,9 +1,29 @@
 //! The fault-injection suite: `make chaos DURATION=10m SEED=7` (and a short run in
 //! `make test`). Proves, the way Jepsen does, that no stale write is accepted:
-//! worker processes contend for Leases and write to two fenced stores while a
-//! seeded scheduler pauses and kills holders, kills controllers, runs two at once,
-//! restarts kube-apiserver and etcd, and delays or cuts connections; then a checker
-//! judges the recorded history (see history.rs for the rules).
+//! worker processes contend for Leases and write to four fenced stores while a
+//! seeded scheduler injects faults; then a checker judges the recorded history (see
+//! history.rs for the rules).
+//!
+//! The controller runs as two replicas with leader election on (identities `c0`,
+//! `c1`, ...; a replacement gets a new name), both behind the controller's proxy.
+//! The faults, in shuffled rounds of every kind (the first round begins with the
+//! pause, its database twin, the storm and the failover):
+//!
+//! - `pause_holder`: SIGSTOP one holder past its lease, then SIGCONT.
+//! - `storm`: SIGSTOP every holder (most, with three or more: a seeded half of the
+//!   storms spare one) at the same moment, for 1.5 to 3 lease durations, then SIGCONT
+//!   them together: their grants expire together, the waiters are granted in a burst,
+//!   and every paused holder wakes up with a stale token.
+//! - `kill_holder`: SIGKILL a holder (a new worker takes its place).
+//! - `kill_controller`: SIGKILL both replicas, start two new ones 0.2 to 3 s later.
+//! - `failover`: SIGKILL the leader the election's coordination.k8s.io Lease names
+//!   (so it cannot release), wait for the standby to take over (recorded), then start
+//!   a replacement so two replicas run again.
+//! - `split_brain`: one more controller, election off, straight to the API server:
+//!   grants must stay safe whatever the election says.
+//! - `restart_apiserver`, `restart_etcd`; delays, cuts and black holes of the
+//!   controllers' link or the workers' links (proxy.rs); and the database faults of
+//!   dbstores.rs.
 //!
 //! It runs on a control plane of its own (other ports, `target/chaos-cluster`), so
 //! it can crash kube-apiserver and etcd without disturbing anything else, and tears
@@ -25,6 +45,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -47,8 +68,27 @@ const LONG_HOLD_WRITES: u64 = 20;
 /// After the faults stop, each Lease must be granted again within its duration plus
 /// this: the controller's and workers' watches that were cut reconnect with the backoff
 /// of `palisade::watch` (0.2 s doubling to 2 s, plus jitter), and a holder killed just
-/// before the end is only expired after its duration.
-const LIVENESS_BOUND: Duration = Duration::from_secs(10);
+/// before the end is only expired after its duration (10 s for all that, as before
+/// leader election); and the replicas may have to elect a leader first, when the last
+/// fault killed the leader or both replicas: a standby takes over once the dead
+/// leader's record has stood unrenewed for the election's lease duration, at its next
+/// try at the latest (the election's own promise, DESIGN.md "Leader election").
+const LIVENESS_BOUND: Duration = Duration::from_secs(10)
+    .saturating_add(ELECTION_LEASE)
+    .saturating_add(ELECTION_RETRY);
+
+/// The controller runs as this many replicas with leader election on.
+const REPLICAS: usize = 2;
+/// The election's coordination.k8s.io Lease, in [`NAMESPACE`].
+const ELECTION_NAME: &str = "chaos-controller";
+/// The election timings, passed as flags (the controller's defaults, stated here so
+/// the liveness bound above is computed from what the replicas really run with).
+const ELECTION_LEASE: Duration = Duration::from_secs(1);
+const ELECTION_RENEW_DEADLINE: Duration = Duration::from_millis(750);
+const ELECTION_RETRY: Duration = Duration::from_millis(250);
+/// How long `failover` waits for a standby to take over before it gives up waiting
+/// (and says so in the fault's record): many times the election's promise.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(15);
 
 // The suite's own control plane: ports apart from `make cluster`'s.
 const ETCD_PORT: u16 = 23791;
@@ -239,7 +279,10 @@ struct Processes {
     out: PathBuf,
     controller_kubeconfig: PathBuf,
     worker_kubeconfig: PathBuf,
-    controller: Option<std::process::Child>,
+    /// The elected replicas, by identity (`c0`, `c1`, ...; a replacement gets a new
+    /// name, as a Deployment's pod does).
+    controllers: Vec<(String, std::process::Child)>,
+    spawned_controllers: usize,
     workers: Vec<(String, std::process::Child)>,
     spawned_workers: usize,
     worker_template: WorkerTemplate,
@@ -251,20 +294,52 @@ struct WorkerTemplate {
     seed: u64,
 }
 
+/// How a controller process takes part in leader election.
+enum Election<'a> {
+    /// A replica of the elected pair, with this identity.
+    Replica(&'a str),
+    /// `--leader-elect=false`: grants from the start, whoever else is leading.
+    Off,
+}
+
 impl Processes {
-    fn start_controller(&self, kubeconfig: &Path, log_name: &str) -> std::process::Child {
+    fn start_controller(
+        &self,
+        kubeconfig: &Path,
+        election: Election<'_>,
+        log_name: &str,
+    ) -> std::process::Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.out.join(log_name))
             .expect("controller log");
-        Command::new(&self.palisade)
-            .args([
-                "controller",
-                "--namespace",
-                NAMESPACE,
-                "--leader-elect=false",
-            ])
+        let mut command = Command::new(&self.palisade);
+        command.args(["controller", "--namespace", NAMESPACE]);
+        match election {
+            Election::Replica(identity) => {
+                command
+                    .args(["--leader-elect=true", "--election-namespace", NAMESPACE])
+                    .args(["--election-name", ELECTION_NAME, "--identity", identity])
+                    .arg(format!(
+                        "--leader-elect-lease-duration={}s",
+                        ELECTION_LEASE.as_secs()
+                    ))
+                    .arg(format!(
+                        "--leader-elect-renew-deadline={}ms",
+                        ELECTION_RENEW_DEADLINE.as_millis()
+                    ))
+                    .arg(format!(
+                        "--leader-elect-retry-period={}ms",
+                        ELECTION_RETRY.as_millis()
+                    ));
+            }
+            Election::Off => {
+                command.arg("--leader-elect=false");
+            }
+        }
+        // Port 0: every replica gets an admin port of its own.
+        command
             .args(["--admin-addr", "127.0.0.1:0"])
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info")
@@ -272,6 +347,42 @@ impl Processes {
             .stderr(log)
             .spawn()
             .expect("spawning palisade controller")
+    }
+
+    /// One more elected replica, behind the controller proxy. Returns its identity.
+    fn start_replica(&mut self) -> String {
+        let identity = format!("c{}", self.spawned_controllers);
+        self.spawned_controllers += 1;
+        let child = self.start_controller(
+            &self.controller_kubeconfig,
+            Election::Replica(&identity),
+            &format!("controller-{identity}.log"),
+        );
+        self.controllers.push((identity.clone(), child));
+        identity
+    }
+
+    /// Starts replicas until [`REPLICAS`] run.
+    fn start_missing_replicas(&mut self) -> Vec<String> {
+        let mut started = Vec::new();
+        for _ in 0..REPLICAS {
+            if self.controllers.len() >= REPLICAS {
+                break;
+            }
+            started.push(self.start_replica());
+        }
+        started
+    }
+
+    /// SIGKILLs one replica (it cannot release the election lease). False: no such replica.
+    fn kill_replica(&mut self, identity: &str) -> bool {
+        let Some(i) = self.controllers.iter().position(|(id, _)| id == identity) else {
+            return false;
+        };
+        let (_, mut child) = self.controllers.remove(i);
+        let _ = child.kill();
+        let _ = child.wait();
+        true
     }
 
     fn spawn_worker(&mut self) {
@@ -318,17 +429,21 @@ impl Processes {
         }
     }
 
-    fn kill_controller(&mut self) {
-        if let Some(mut c) = self.controller.take() {
+    /// SIGKILLs every elected replica: no controller at all.
+    fn kill_controllers(&mut self) -> Vec<String> {
+        let mut killed = Vec::new();
+        for (identity, mut c) in self.controllers.drain(..) {
             let _ = c.kill();
             let _ = c.wait();
+            killed.push(identity);
         }
+        killed
     }
 }
 
 impl Drop for Processes {
     fn drop(&mut self) {
-        self.kill_controller();
+        self.kill_controllers();
         for (_, child) in &mut self.workers {
             // A paused worker dies of SIGKILL too.
             let _ = child.kill();
@@ -397,7 +512,8 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         out: out.clone(),
         controller_kubeconfig: via(&controller_proxy, "controller.kubeconfig"),
         worker_kubeconfig: via(&worker_proxy, "worker.kubeconfig"),
-        controller: None,
+        controllers: Vec::new(),
+        spawned_controllers: 0,
         workers: Vec::new(),
         spawned_workers: 0,
         worker_template: WorkerTemplate {
@@ -410,8 +526,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     palisade::fence::FileStore::create(&store).expect("creating the file store");
 
     let observers = tokio::spawn(observe(admin.clone(), out.clone()));
-    procs.controller =
-        Some(procs.start_controller(&procs.controller_kubeconfig.clone(), "controller.log"));
+    procs.start_missing_replicas();
     for _ in 0..args.workers {
         procs.spawn_worker();
     }
@@ -419,31 +534,32 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let mut faults = Recorder::create(&out.join("faults.jsonl")).expect("fault log");
-    let mut rng = Rng::new(args.seed);
+    // The order of fault kinds depends on the seed alone: this generator only
+    // shuffles rounds and seeds each fault's own generator, the same number of draws
+    // whatever the faults found. Each fault draws its parameters (and the pause after
+    // it) from its own, so what one fault found cannot shift the next one's.
+    let mut scheduler = Rng::new(args.seed);
     let mut schedule = Vec::new();
     let end = Instant::now() + args.duration;
     let mut first = true;
     while Instant::now() < end {
         if schedule.is_empty() {
             schedule = FAULTS.iter().chain(&dbstores::FAULTS).copied().collect();
-            rng.shuffle(&mut schedule);
+            scheduler.shuffle(&mut schedule);
             if first {
-                // The classic case comes first, so even a short run has stale writes.
-                let i = schedule
-                    .iter()
-                    .position(|f| *f == "pause_holder")
-                    .expect("listed");
+                // The classic case comes first, so even a short run has stale writes;
+                // its database twin second, so the database stores see stale writes
+                // too; then the storm and the failover, so the short run has them.
                 let last = schedule.len() - 1;
-                schedule.swap(i, last);
-                // And its database twin second, so the database stores see stale writes too.
-                let i = schedule
-                    .iter()
-                    .position(|f| *f == "pause_in_transaction")
-                    .expect("listed");
-                schedule.swap(i, last - 1);
+                for (k, kind) in FIRST_FAULTS.iter().enumerate() {
+                    let i = schedule.iter().position(|f| f == kind).expect("listed");
+                    schedule.swap(i, last - k);
+                }
                 first = false;
             }
         }
+        let mut rng = Rng::new(scheduler.next_u64());
+        let pause_after = rng.millis(500, 2500);
         let fault = schedule.pop().expect("refilled above");
         let ctx = FaultContext {
             admin: &admin,
@@ -474,7 +590,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
                 return false;
             }
         }
-        tokio::time::sleep(rng.millis(500, 2500)).await;
+        tokio::time::sleep(pause_after).await;
     }
 
     // Heal: everything resumed, restored and running, and nothing more injected.
@@ -483,10 +599,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     for (_, child) in &procs.workers {
         signal(child.id() as i32, libc::SIGCONT);
     }
-    if procs.controller.is_none() {
-        procs.controller =
-            Some(procs.start_controller(&procs.controller_kubeconfig.clone(), "controller.log"));
-    }
+    procs.start_missing_replicas();
     let healed = now_ns();
     faults.record(&Event::Healed { t_ns: healed });
     // Workers keep cycling through the Leases; give each time to be granted again.
@@ -783,10 +896,12 @@ fn rv_of<K: ResourceExt>(object: &K) -> u64 {
         .unwrap_or(0)
 }
 
-const FAULTS: [&str; 12] = [
+const FAULTS: [&str; 14] = [
     "pause_holder",
+    "storm",
     "kill_holder",
     "kill_controller",
+    "failover",
     "split_brain",
     "restart_apiserver",
     "restart_etcd",
@@ -797,6 +912,9 @@ const FAULTS: [&str; 12] = [
     "blackhole_controller_link",
     "blackhole_worker_links",
 ];
+
+/// The first round begins with these, in this order (see `run`).
+const FIRST_FAULTS: [&str; 4] = ["pause_holder", "pause_in_transaction", "storm", "failover"];
 
 struct FaultContext<'a> {
     admin: &'a Client,
@@ -823,6 +941,43 @@ async fn pick_holder(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -
     }
     let i = rng.range(0, holders.len() as u64) as usize;
     Some(holders.swap_remove(i))
+}
+
+/// The current holders that are live workers, in Lease order, polled until every
+/// Lease has one (or until one and a half seconds have passed): a storm should catch
+/// every grant, not the moment between a release and the next grant.
+async fn all_holders(ctx: &FaultContext<'_>, procs: &Processes) -> Vec<String> {
+    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
+    let mut holders = Vec::new();
+    for _ in 0..15 {
+        holders.clear();
+        for lease in ctx.leases {
+            if let Ok(Ok(l)) = tokio::time::timeout(Duration::from_secs(2), api.get(lease)).await
+                && let Some(h) = l.status.and_then(|s| s.holder)
+                && procs.worker_pid(&h.identity).is_some()
+                && !holders.contains(&h.identity)
+            {
+                holders.push(h.identity);
+            }
+        }
+        if holders.len() == ctx.leases.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    holders
+}
+
+/// Who the election record names (read straight from the API server), if anyone.
+async fn election_holder(admin: &Client) -> Option<String> {
+    let api: Api<CoordinationLease> = Api::namespaced(admin.clone(), NAMESPACE);
+    match tokio::time::timeout(Duration::from_secs(2), api.get_opt(ELECTION_NAME)).await {
+        Ok(Ok(Some(lease))) => lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty()),
+        _ => None,
+    }
 }
 
 /// Injects one fault and waits until it is over. Returns what it hit, or `None`
@@ -852,6 +1007,44 @@ async fn inject(
             signal(pid, libc::SIGCONT);
             format!("{holder} for {} ms", pause.as_millis())
         }
+        "storm" => {
+            // Drawn first, whatever is found: the same draws for every run of a seed.
+            let pause = rng.millis(
+                lease.as_millis() as u64 * 3 / 2,
+                lease.as_millis() as u64 * 3,
+            );
+            let spare_one = rng.range(0, 2) == 1;
+            let spared_pick = rng.next_u64();
+            let mut holders = all_holders(ctx, procs).await;
+            if holders.is_empty() {
+                return Ok(None);
+            }
+            let of = holders.len();
+            // Most or all: with three holders or more, a seeded half of the storms spare one.
+            if of >= 3 && spare_one {
+                holders.remove((spared_pick % of as u64) as usize);
+            }
+            let pids: Vec<i32> = holders
+                .iter()
+                .map(|h| procs.worker_pid(h).expect("picked among live workers"))
+                .collect();
+            // Together: their grants expire in the same controller pass or nearly, the
+            // waiters are granted in a burst, and every paused holder wakes up stale.
+            for &pid in &pids {
+                signal(pid, libc::SIGSTOP);
+            }
+            tokio::time::sleep(pause).await;
+            for &pid in &pids {
+                signal(pid, libc::SIGCONT);
+            }
+            format!(
+                "{} ({} of {of} live holders, {} leases) for {} ms",
+                holders.join(","),
+                holders.len(),
+                ctx.leases.len(),
+                pause.as_millis()
+            )
+        }
         "kill_holder" => {
             let Some(holder) = pick_holder(ctx, procs, rng).await else {
                 return Ok(None);
@@ -861,23 +1054,76 @@ async fn inject(
             holder
         }
         "kill_controller" => {
-            procs.kill_controller();
+            // Every replica at once: no controller at all, then two new replicas
+            // that find the dead leader's record and must wait it out.
             let down = rng.millis(200, 3000);
+            let killed = procs.kill_controllers();
             tokio::time::sleep(down).await;
-            let kubeconfig = procs.controller_kubeconfig.clone();
-            procs.controller = Some(procs.start_controller(&kubeconfig, "controller.log"));
-            format!("down for {} ms", down.as_millis())
+            let started = procs.start_missing_replicas();
+            format!(
+                "{} down for {} ms, {} started",
+                killed.join(","),
+                down.as_millis(),
+                started.join(",")
+            )
+        }
+        "failover" => {
+            let replace_after = rng.millis(0, 2000);
+            let Some(leader) = election_holder(ctx.admin)
+                .await
+                .filter(|h| procs.controllers.iter().any(|(id, _)| id == h))
+            else {
+                return Ok(None);
+            };
+            // SIGKILL: it cannot release, so the standby waits for the record to expire.
+            procs.kill_replica(&leader);
+            let killed = Instant::now();
+            let mut took_over = None;
+            while killed.elapsed() < TAKEOVER_WAIT {
+                if let Some(h) = election_holder(ctx.admin).await
+                    && h != leader
+                {
+                    took_over = Some((h, killed.elapsed()));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let takeover = match took_over {
+                Some((h, after)) => format!("{h} leading {} ms later", after.as_millis()),
+                None => {
+                    println!(
+                        "chaos: failover: no replica took over from {leader} within {} s",
+                        TAKEOVER_WAIT.as_secs()
+                    );
+                    format!("no takeover within {} ms", TAKEOVER_WAIT.as_millis())
+                }
+            };
+            tokio::time::sleep(replace_after).await;
+            let started = procs.start_missing_replicas();
+            format!(
+                "leader {leader} killed, {takeover}, {} started {} ms after",
+                started.join(","),
+                replace_after.as_millis()
+            )
         }
         "split_brain" => {
-            // A second controller, election off, straight to the API server (so the
-            // two see the world with different delays), for 5 to 15 s.
-            let second = procs.start_controller(&ctx.plane.kubeconfig(), "controller-second.log");
+            // One more controller, election off, straight to the API server (so it
+            // and the elected leader see the world with different delays), for 5 to
+            // 15 s: grants must stay safe whatever the election says.
+            let second = procs.start_controller(
+                &ctx.plane.kubeconfig(),
+                Election::Off,
+                "controller-extra.log",
+            );
             let span = rng.millis(5000, 15000);
             tokio::time::sleep(span).await;
             let mut second = second;
             let _ = second.kill();
             let _ = second.wait();
-            format!("two controllers for {} ms", span.as_millis())
+            format!(
+                "a controller with election off beside the replicas for {} ms",
+                span.as_millis()
+            )
         }
         "restart_apiserver" | "restart_etcd" => {
             let component = if fault == "restart_apiserver" {
