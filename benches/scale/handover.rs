@@ -113,7 +113,11 @@ pub(crate) async fn handover(
         ),
     );
     let wrong = wrong_holders(&leases, pairs, |i, p| {
-        if i < k { &p.waiter.0 } else { &p.holder.0 }
+        if renewer.released[i].load(Ordering::Relaxed) {
+            &p.waiter.0
+        } else {
+            &p.holder.0
+        }
     })
     .await?;
     let second_hwm = status_kib(ctrl.pid, "VmHWM").unwrap_or(0.0);

@@ -76,7 +76,12 @@
 //! 30,000 creates, 40,000 writes for the initial grants, some 45,000 deletes to
 //! clean up). Every wait is bounded, the whole run by `--timeout` (default 1200 s).
 
+#[path = "../common/schema.rs"]
+#[allow(dead_code)]
+mod schema;
+
 mod controller;
+mod failover;
 mod handover;
 mod initial_grant;
 mod output;
@@ -86,6 +91,7 @@ mod renewer;
 mod resync;
 mod run;
 mod setup;
+mod storm;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -109,6 +115,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use controller::*;
+use failover::failover;
 use handover::handover;
 use initial_grant::initial_grant;
 use output::*;
@@ -118,6 +125,7 @@ use renewer::*;
 use resync::resync;
 use run::*;
 use setup::setup;
+use storm::storm;
 
 struct Args {
     sizes: Vec<usize>,
@@ -127,6 +135,10 @@ struct Args {
     inflight: usize,
     steady: Option<Duration>,
     handover: Duration,
+    failover_at: usize,
+    failover_kills: Option<usize>,
+    failover_before_kills: Option<usize>,
+    storm_duration: Option<i64>,
 }
 
 /// Scale of palisade: many Leases on one controller (`make bench`; needs `make cluster`).
@@ -153,6 +165,22 @@ struct Cli {
     /// The sustained-handover window, seconds.
     #[arg(long, default_value_t = 30)]
     handover: u64,
+    /// The size at which the failover phase runs (default: the smallest of --sizes).
+    #[arg(long)]
+    failover_at: Option<usize>,
+    /// Leaders SIGKILLed with the default election timings (default 20; 3 below 1,000 Leases).
+    #[arg(long)]
+    failover_kills: Option<usize>,
+    /// Leaders SIGKILLed with the old timings 15s/10s/2s (default 5; 1 below 1,000 Leases).
+    #[arg(long)]
+    failover_before_kills: Option<usize>,
+    /// The storm's lease duration, seconds (default 10 below 1,000 Leases, else
+    /// 6 s per 1,000 Leases and at least 30).
+    #[arg(long)]
+    storm_duration: Option<i64>,
+    /// The palisade binary to run as the controller (default: the one built with this bench).
+    #[arg(long)]
+    controller_bin: Option<PathBuf>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -160,6 +188,7 @@ struct Cli {
 
 fn args() -> Args {
     let c = <Cli as clap::Parser>::parse();
+    let smallest = c.sizes.iter().copied().min().unwrap_or(0);
     let a = Args {
         sizes: c.sizes,
         out: c.out,
@@ -168,7 +197,19 @@ fn args() -> Args {
         inflight: c.inflight.clamp(1, 256),
         steady: c.steady.map(Duration::from_secs),
         handover: Duration::from_secs(c.handover),
+        failover_at: c.failover_at.unwrap_or(smallest),
+        failover_kills: c.failover_kills,
+        failover_before_kills: c.failover_before_kills,
+        storm_duration: c.storm_duration,
     };
+    if let Some(bin) = c.controller_bin {
+        assert!(
+            bin.is_file(),
+            "--controller-bin {}: no such file",
+            bin.display()
+        );
+        let _ = CONTROLLER_BIN.set(bin);
+    }
     assert!(
         a.sizes.iter().all(|n| (1..=99_999).contains(n)),
         "--sizes: 1..=99999 Leases each"
@@ -176,6 +217,10 @@ fn args() -> Args {
     assert!(
         (3..=86_400).contains(&a.lease_duration),
         "--lease-duration: 3..=86400"
+    );
+    assert!(
+        a.storm_duration.is_none_or(|d| (3..=3_600).contains(&d)),
+        "--storm-duration: 3..=3600"
     );
     a
 }
@@ -237,7 +282,7 @@ async fn main() -> ExitCode {
     let json = json!({
         "source": "scale",
         "versions": {"palisade": env!("CARGO_PKG_VERSION"), "kubernetes": kubernetes},
-        "latency": [],
+        "latency": report.latency,
         "figures": report.figures,
     });
     let path = args.out.join("scale.json");
