@@ -125,6 +125,16 @@ impl Source {
             if !UNITS.contains(&l.unit.as_str()) {
                 out.push(format!("{at}: unit {:?} not one of {UNITS:?}", l.unit));
             }
+            if l.scenario == "failover" && l.config.is_empty() {
+                out.push(format!(
+                    "{at}: a failover row needs its config (default, before, tuned)"
+                ));
+            }
+            if l.scenario == "storm-past-duration" && l.config.parse::<usize>().is_err() {
+                out.push(format!(
+                    "{at}: a storm row's config is its number of Leases"
+                ));
+            }
             if l.n == 0 {
                 if l.note.is_empty() {
                     out.push(format!("{at}: n = 0 without a note saying why"));
