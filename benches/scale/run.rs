@@ -54,10 +54,22 @@ pub(crate) async fn run_size(
         events,
         renew_rate,
     };
+    let phase = |name: &str, t: Instant| {
+        println!(
+            "scale: {name} phase took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    };
+    let t = Instant::now();
     let (pairs, api_capacity) = setup(&size, &procs, report).await?;
+    phase("setup", t);
+    let t = Instant::now();
     let (ctrl, renewer, per_renewal) =
         initial_grant(&size, &mut procs, &pairs, api_capacity, report).await?;
+    phase("initial grant and renewals", t);
+    let t = Instant::now();
     let (ctrl, first_hwm) = resync(&size, &mut procs, ctrl, &renewer, report).await?;
+    phase("resync", t);
     let ctrl = if n == args.failover_at {
         let t = Instant::now();
         let ctrl = failover(&size, &mut procs, ctrl, &renewer, &pairs, report).await?;
@@ -86,7 +98,7 @@ pub(crate) async fn run_size(
     );
     let t = Instant::now();
     storm(&size, &mut procs, api_capacity, report).await?;
-    println!("scale: storm phase took {:.0} s", t.elapsed().as_secs_f64());
+    phase("storm", t);
     Ok(())
 }
 
