@@ -1,4 +1,4 @@
-//! Phase 4b (at the size `--failover-at`): failover between two replicas with leader
+//! Phase 5 (at the size `--failover-at`): failover between two replicas with leader
 //! election; and the election's own API cost.
 
 use super::*;

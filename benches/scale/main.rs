@@ -24,7 +24,7 @@
 //!    3.), then N holder claims `h-i`, then N waiter claims `w-i` (bare claims with
 //!    a `holderIdentity` and no pod), `--inflight` (32) creates in flight. Holders
 //!    are created first, so FIFO order makes `h-i` the first holder. The create rate
-//!    is the API server's write throughput with no controller, the yardstick of 5.
+//!    is the API server's write throughput with no controller, the yardstick of 6.
 //! 2. **Initial grant**: the controller under test is the binary of the same
 //!    profile (`CARGO_BIN_EXE_palisade`, release under `cargo bench`) run as a child
 //!    process with its defaults (`--concurrency 16`, info logs to
@@ -54,7 +54,7 @@
 //!    Lease re-decided). Writes on resync are the Leases and claims whose
 //!    resourceVersion changed (only the controller writes meanwhile): there should
 //!    be none.
-//! 4b. **Failover**, at one size only (`--failover-at`, default the smallest:
+//! 5. **Failover**, at one size only (`--failover-at`, default the smallest:
 //!    1,000 in `make bench`; the goal is stated at 1,000, and at 10,000 every
 //!    replacement replica's sync would cost seconds of listing 30,000 objects, 25
 //!    times): the controller goes and two replicas with leader election take its
@@ -77,8 +77,8 @@
 //!    verbs) over the steady window, less its increase over as long with no replica
 //!    running just before (kube-controller-manager's and kube-apiserver's own
 //!    Leases). Renewals go on meanwhile. Then a single controller (no election)
-//!    takes over for 5.
-//! 5. **Handover, sustained grants**: the bench deletes holder claims in order
+//!    takes over for 6.
+//! 6. **Handover, sustained grants**: the bench deletes holder claims in order
 //!    (`--inflight` deletes in flight, as fast as the API server takes them) for at
 //!    most `--handover` seconds (30), so their waiters are granted: per grant, the
 //!    bench's delete, one Lease write, one claim write and two Events. Grants per
@@ -93,7 +93,7 @@
 //!    in 2. (first delete until idle, Events included, renewals subtracted).
 //!    Peak RSS is the higher VmHWM of the two controller processes. Then the
 //!    controller is killed and the renewals stop for good.
-//! 6. **Storm**: every holder silent at the same moment, each Lease with a waiter
+//! 7. **Storm**: every holder silent at the same moment, each Lease with a waiter
 //!    (`w-i` where `h-i` still holds, else a new claim `s-i`). How they come due at
 //!    one instant without N renewals: the controller gives every held grant a fresh
 //!    full duration when it takes over (DESIGN rule 4; a restart is a takeover), so a
@@ -116,7 +116,7 @@
 //!    One replica runs, leader election off, so there are no election flaps to
 //!    count. A Lease not re-granted within 60 s + 20 ms per Lease of the due
 //!    instant fails the run.
-//! 7. The namespace's claims, Leases and Events are deleted with the namespace
+//! 8. The namespace's claims, Leases and Events are deleted with the namespace
 //!    (waited for, at most 3 minutes; also on failure).
 //!
 //! What the numbers mean: everything shares one machine (2 cores on the

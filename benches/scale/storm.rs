@@ -1,4 +1,4 @@
-//! Phase 6: the storm: every holder silent at once, each Lease with a waiter.
+//! Phase 7: the storm: every holder silent at once, each Lease with a waiter.
 
 use super::*;
 
