@@ -117,6 +117,8 @@ pub struct Elector {
     /// The last record seen: its resourceVersion, when we first saw it, and when it
     /// expires unless it changes (None: ours or free).
     observed: Option<Observed>,
+    /// The record as we last wrote it, while we lead.
+    written: Option<CoordinationLease>,
     last_attempt_started: Option<Instant>,
 }
 
@@ -132,6 +134,7 @@ impl Elector {
             api: Api::namespaced(client, &config.namespace),
             config,
             observed: None,
+            written: None,
             last_attempt_started: None,
         }
     }
@@ -212,6 +215,17 @@ impl Elector {
         }
     }
 
+    /// Our write of the record landed: we lead, and renew from it next time.
+    fn wrote(&mut self, written: CoordinationLease) -> bool {
+        self.observed = Some(Observed {
+            resource_version: written.resource_version().unwrap_or_default(),
+            first_seen: Instant::now(),
+            expires_at: None,
+        });
+        self.written = Some(written);
+        true
+    }
+
     /// One attempt, given up (as a failed attempt) after `limit`.
     async fn attempt(&mut self, limit: Duration) -> Result<bool> {
         self.last_attempt_started = Some(Instant::now());
@@ -221,6 +235,22 @@ impl Elector {
     }
 
     async fn try_acquire_or_renew(&mut self) -> std::result::Result<bool, kube::Error> {
+        // A leader renews the record it wrote last without reading it first: half the
+        // requests of read-then-write. A conflict means someone else wrote it since,
+        // and the read below decides.
+        if let Some(mut mine) = self.written.take() {
+            mine.spec.get_or_insert_with(Default::default).renew_time =
+                Some(MicroTime(Timestamp::now()));
+            match self
+                .api
+                .replace(&self.config.name, &PostParams::default(), &mine)
+                .await
+            {
+                Ok(written) => return Ok(self.wrote(written)),
+                Err(e) if ApiErrorKind::of(&e) == ApiErrorKind::Conflict => {}
+                Err(e) => return Err(e),
+            }
+        }
         let now = MicroTime(Timestamp::now());
         let me = self.config.identity.clone();
         let duration_secs = self.config.timings.lease_duration.as_secs().max(1) as i32;
@@ -240,7 +270,7 @@ impl Elector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
+                Ok(written) => Ok(self.wrote(written)),
                 Err(e) if ApiErrorKind::of(&e) == ApiErrorKind::Conflict => Ok(false),
                 Err(e) => Err(e),
             };
@@ -278,14 +308,7 @@ impl Elector {
             .replace(&self.config.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(written) => {
-                self.observed = Some(Observed {
-                    resource_version: written.resource_version().unwrap_or_default(),
-                    first_seen: Instant::now(),
-                    expires_at: None,
-                });
-                Ok(true)
-            }
+            Ok(written) => Ok(self.wrote(written)),
             Err(e) if ApiErrorKind::of(&e) == ApiErrorKind::Conflict => Ok(false),
             Err(e) => Err(e),
         }

@@ -11,7 +11,10 @@
 //! Events are best effort: a bounded queue, a few creates in flight, and when the
 //! API server cannot keep up, Events are dropped and counted
 //! (`palisade_events_dropped_total`) rather than buffered without limit. A grant
-//! never waits for its Event. `eventTime` is the moment of the decision, not of
+//! never waits for its Event, and Events wait for grants: the controller holds
+//! them back while a decision is waiting or being written
+//! ([`Publisher::spawn_behind`]), so in a storm the API server's capacity goes to
+//! the Lease writes first. `eventTime` is the moment of the decision, not of
 //! the create, so concurrent creates still sort in the order things happened.
 
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::api::CONTROLLER_MANAGER;
 use crate::telemetry::Metrics;
@@ -51,13 +54,26 @@ pub struct Publisher {
 impl Publisher {
     /// Starts the background task that creates the queued Events.
     pub fn spawn(client: Client, instance: &str, metrics: Arc<Metrics>) -> Self {
+        Self::spawn_behind(client, instance, metrics, watch::channel(false).1)
+    }
+
+    /// Like [`Publisher::spawn`], but no create starts while `busy` is true.
+    pub fn spawn_behind(
+        client: Client,
+        instance: &str,
+        metrics: Arc<Metrics>,
+        busy: watch::Receiver<bool>,
+    ) -> Self {
         let (queue, mut rx) = mpsc::channel::<Event>(QUEUE);
         let failures = metrics.clone();
         let queued = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         tokio::spawn(queued.for_each_concurrent(CONCURRENCY, move |event| {
             let client = client.clone();
             let failures = failures.clone();
+            let mut busy = busy.clone();
             async move {
+                // Err: the controller is gone; publish what is left.
+                let _ = busy.wait_for(|busy| !*busy).await;
                 let namespace = event.metadata.namespace.clone().unwrap_or_default();
                 let api: Api<Event> = Api::namespaced(client, &namespace);
                 if let Err(e) = api.create(&PostParams::default(), &event).await {

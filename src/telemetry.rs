@@ -45,6 +45,8 @@ pub struct Metrics {
     pub events_dropped: Counter,
     /// Events the API server refused or that failed in transit.
     pub events_failed: Counter,
+    /// Leases whose claim mirrors wait behind grant work (DESIGN.md, "Storms").
+    pub mirrors_deferred: Gauge,
 }
 
 impl Default for Metrics {
@@ -66,6 +68,7 @@ impl Default for Metrics {
         let invalid_objects = Counter::default();
         let events_dropped = Counter::default();
         let events_failed = Counter::default();
+        let mirrors_deferred = Gauge::default();
         registry.register(
             "grants",
             "Grants made (each with a new fencing token)",
@@ -128,6 +131,11 @@ impl Default for Metrics {
             "Kubernetes Events whose create failed",
             events_failed.clone(),
         );
+        registry.register(
+            "claim_mirrors_deferred",
+            "Leases whose claims' status mirrors wait until no grant, expiry or revocation is pending",
+            mirrors_deferred.clone(),
+        );
         Self {
             registry,
             grants,
@@ -143,6 +151,7 @@ impl Default for Metrics {
             invalid_objects,
             events_dropped,
             events_failed,
+            mirrors_deferred,
         }
     }
 }

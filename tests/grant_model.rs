@@ -2,7 +2,7 @@
 //! decisions, and property tests that drive two real controller loops with
 //! independently stale views against a model API server with compare-and-swap writes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -316,6 +316,24 @@ struct World {
     renewals: HashMap<Timestamp, Instant>,
     /// What the server saw go wrong (checked after every step).
     violations: Vec<String>,
+    /// Per controller and claim uid: how far along its lifecycle the last status that
+    /// controller wrote was (see [`mirror_rank`]); forgotten when the Lease is re-created.
+    mirror_ranks: HashMap<(usize, String), (u8, i64)>,
+    /// Claim uids deleted, and those each controller has been told are deleted.
+    deleted_claims: HashSet<String>,
+    seen_deleted: [HashSet<String>; 2],
+}
+
+/// Where a claim status stands in the lifecycle the controller moves it along:
+/// waiting (further ahead as its position falls), granted, then final. One
+/// controller's writes to a claim never move it back: a deferred mirror written late
+/// would (a `Pending` over the `Granted`, or a place in the queue it has left).
+fn mirror_rank(status: &palisade::api::LeaseClaimStatus) -> (u8, i64) {
+    match status.phase {
+        Some(ClaimPhase::Granted) => (1, 0),
+        Some(phase) if phase.is_final() => (2, 0),
+        _ => (0, -status.position.unwrap_or(0)),
+    }
 }
 
 #[derive(Clone)]
@@ -406,9 +424,9 @@ impl World {
     }
 }
 
-/// The model server, as the controllers' writers see it.
+/// The model server, as one controller's writers see it (the `usize`: which controller).
 #[derive(Clone)]
-struct Model(Arc<Mutex<World>>);
+struct Model(Arc<Mutex<World>>, usize);
 
 fn refusal(call: &'static str, code: u16) -> controller::Error {
     controller::Error::api(call, palisade::error::refusal(code, "refused by the model"))
@@ -459,6 +477,12 @@ impl Store for Model {
         update: &ClaimUpdate,
     ) -> controller::Result<LeaseClaim> {
         let mut world = self.0.lock().unwrap();
+        if world.seen_deleted[self.1].contains(&update.uid) {
+            world.violations.push(format!(
+                "controller {} wrote to claim {} after it saw the claim deleted",
+                self.1, update.name
+            ));
+        }
         let Some(mut claim) = world.claims.get(&update.name).cloned() else {
             return Err(refusal("patch LeaseClaim status", 404));
         };
@@ -472,6 +496,17 @@ impl Store for Model {
             return Err(refusal("patch LeaseClaim status", 422));
         }
         world.check_expiry(&claim, update);
+        let rank = mirror_rank(&update.status);
+        if let Some(last) = world
+            .mirror_ranks
+            .insert((self.1, update.uid.clone()), rank)
+            && rank < last
+        {
+            world.violations.push(format!(
+                "controller {} moved claim {} back from {last:?} to {rank:?} ({:?})",
+                self.1, update.name, update.status.phase
+            ));
+        }
         claim.status = Some(update.status.clone());
         claim.metadata.resource_version = Some(world.bump().to_string());
         world.claims.insert(update.name.clone(), claim.clone());
@@ -486,6 +521,7 @@ fn guarded<K>(object: K) -> DeserializeGuard<K> {
 
 /// One controller: the real loop, and the passes it started that have not reported back.
 struct Controller {
+    model: Model,
     core: Loop<Model>,
     ready: Readiness,
     passes: Vec<Outcome>,
@@ -501,6 +537,7 @@ impl Controller {
             instance: "model".into(),
         };
         Controller {
+            model: model.clone(),
             core: Loop::new(model.clone(), config, metrics, events),
             ready: Readiness::default(),
             passes: Vec::new(),
@@ -523,6 +560,8 @@ impl Controller {
                     }
                 }
                 Change::Claim(c, true) => {
+                    let uid = c.metadata.uid.clone().unwrap_or_default();
+                    self.model.0.lock().unwrap().seen_deleted[self.model.1].insert(uid);
                     self.input(Input::Claim(Ok(Event::Delete(guarded(c)))), now)
                 }
                 Change::Claim(c, false) => {
@@ -535,7 +574,8 @@ impl Controller {
     }
 
     /// The watches (re)list: everything as the server has it now.
-    fn relist(&mut self, world: &World, now: Instant) {
+    fn relist(&mut self, world: &mut World, now: Instant) {
+        world.seen_deleted[self.model.1] = world.deleted_claims.clone();
         self.input(Input::Lease(Ok(Event::Init)), now);
         if let Some(l) = &world.lease {
             self.input(Input::Lease(Ok(Event::InitApply(guarded(l.clone())))), now);
@@ -596,29 +636,38 @@ proptest! {
 
 async fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let start = clock();
-    let model = Model(Arc::new(Mutex::new(World {
-        rv: 100,
-        now: start,
-        lease: None,
-        lease_generation: 0,
-        claims: BTreeMap::new(),
-        pods: BTreeMap::new(),
-        next_claim: 0,
-        pending: [Vec::new(), Vec::new()],
-        owners: HashMap::new(),
-        published: Vec::new(),
-        grants: HashMap::new(),
-        renewals: HashMap::new(),
-        violations: Vec::new(),
-    })));
+    let model = Model(
+        Arc::new(Mutex::new(World {
+            rv: 100,
+            now: start,
+            lease: None,
+            lease_generation: 0,
+            claims: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            next_claim: 0,
+            pending: [Vec::new(), Vec::new()],
+            owners: HashMap::new(),
+            published: Vec::new(),
+            grants: HashMap::new(),
+            renewals: HashMap::new(),
+            violations: Vec::new(),
+            mirror_ranks: HashMap::new(),
+            deleted_claims: HashSet::new(),
+            seen_deleted: [HashSet::new(), HashSet::new()],
+        })),
+        0,
+    );
     {
         let mut world = model.0.lock().unwrap();
         let rv = world.bump();
         world.lease = Some(lease("L0", rv, 2, None));
     }
-    let mut controllers = [Controller::new(&model), Controller::new(&model)];
+    let mut controllers = [
+        Controller::new(&model),
+        Controller::new(&Model(model.0.clone(), 1)),
+    ];
     for c in &mut controllers {
-        c.relist(&model.0.lock().unwrap(), start);
+        c.relist(&mut model.0.lock().unwrap(), start);
         prop_assert!(c.core.is_synced());
         c.core.take_leadership(start);
         c.pump(start).await;
@@ -661,7 +710,7 @@ async fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 {
                     let mut world = model.0.lock().unwrap();
                     world.pending[n].clear();
-                    controllers[n].relist(&world, now);
+                    controllers[n].relist(&mut world, now);
                 }
                 controllers[n].pump(now).await;
             }
@@ -714,6 +763,9 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
         Op::DeleteClaim(i) => {
             if let Some(name) = world.claims.keys().nth(i).cloned() {
                 let c = world.claims.remove(&name).unwrap();
+                world
+                    .deleted_claims
+                    .insert(c.metadata.uid.clone().unwrap_or_default());
                 world.bump();
                 world.broadcast(Change::Claim(c, true));
             }
@@ -738,6 +790,8 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
             }
         }
         Op::RecreateLease => {
+            // A claim granted on the old Lease may wait again on the new one.
+            world.mirror_ranks.clear();
             world.lease_generation += 1;
             let old = world.lease.take();
             let rv = world.bump();

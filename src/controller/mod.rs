@@ -8,6 +8,12 @@
 //! our unit of work is a Lease *name*, which claims may name before the Lease
 //! exists, and expiry needs per-holder timers on the controller's own clock.
 //!
+//! Under load only the Lease write is urgent: a pass acts on a decision (confirm,
+//! the ended holder's claim, the Lease) and leaves the other claims' status mirrors
+//! to a [`Pass::Mirrors`] of their own, started when no Lease is dirty, decided
+//! afresh, on at most half the write slots; Events are held back while a decision
+//! waits or is written (DESIGN.md, "Storms").
+//!
 //! The parts: [`WorkQueue`] (which Leases to decide, and when), [`Index::handle`]
 //! (every watch event, relists included), [`Store`] (the API calls a write pass
 //! makes, with [`KubeStore`] the API server), a write pass with its named [`Retry`]
@@ -23,7 +29,7 @@ pub use error::{Error, Result};
 pub use queue::WorkQueue;
 pub use store::{KubeStore, Store};
 use writer::Writer;
-pub use writer::{Outcome, Retry};
+pub use writer::{Outcome, Pass, Retry};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -117,7 +123,13 @@ pub async fn run(
     ]);
     let mut inputs = Box::pin(inputs.take_until(shutdown.clone().cancelled_owned()));
 
-    let events = Publisher::spawn(client.clone(), &config.instance, metrics.clone());
+    let (busy, events_wait) = watch::channel(false);
+    let events = Publisher::spawn_behind(
+        client.clone(),
+        &config.instance,
+        metrics.clone(),
+        events_wait,
+    );
     let mut state = Loop::new(KubeStore::new(client), config, metrics, events);
     let mut writes = FuturesUnordered::new();
     let mut was_leading = false;
@@ -131,6 +143,10 @@ pub async fn run(
         // Stepped down: start nothing (writes in flight finish; they are
         // compare-and-swap), and take leadership afresh if it comes back.
         was_leading &= is_leading;
+        busy.send_if_modified(|busy| {
+            let now = is_leading && state.has_urgent_work();
+            std::mem::replace(busy, now) != now
+        });
         if is_leading && state.is_synced() {
             while writes.len() < state.config.concurrency {
                 let Some(fut) = state.next_write(Instant::now()) else {
@@ -169,6 +185,9 @@ pub struct Loop<S> {
     events: Publisher,
     index: Index,
     queue: WorkQueue<LeaseKey>,
+    /// Passes in flight, by kind.
+    decision_passes: usize,
+    mirror_passes: usize,
 }
 
 impl<S: Store> Loop<S> {
@@ -185,7 +204,14 @@ impl<S: Store> Loop<S> {
             events,
             index: Index::default(),
             queue: WorkQueue::default(),
+            decision_passes: 0,
+            mirror_passes: 0,
         }
+    }
+
+    /// A decision is waiting or being written: Events hold back until it is done.
+    pub fn has_urgent_work(&self) -> bool {
+        !self.queue.is_empty() || self.decision_passes > 0
     }
 
     /// Every watch has delivered its initial list.
@@ -297,33 +323,86 @@ impl<S: Store> Loop<S> {
         self.metrics.leases_held.set(self.index.held_count() as i64);
     }
 
-    /// Decides dirty Leases (that have no write in flight) until one needs a write, and returns it.
+    /// Decides dirty Leases (that have no write in flight) until one needs a write, and
+    /// returns it; with none dirty, writes the claim mirrors of one deferred Lease.
     pub fn next_write(&mut self, now: Instant) -> Option<BoxFuture<'static, Outcome>> {
         loop {
-            let (key, dirty_since) = self.queue.next_ready(now)?;
+            let (key, dirty_since, pass) = match self.queue.next_ready(now) {
+                Some((key, since)) => (key, since, Pass::Decision),
+                // Mirrors keep at most half the slots, so a grant that comes up while
+                // they are written finds one free.
+                None if self.mirror_passes < self.mirror_slots() => {
+                    (self.queue.next_deferred()?, now, Pass::Mirrors)
+                }
+                None => return None,
+            };
             let Some(view) = self.index.view(&key, now) else {
                 continue;
             };
+            // Decided afresh for mirrors too: they show the latest state, never one
+            // older than a write already made, and never a claim deleted since.
             let decision = grant::decide(&view, now, Timestamp::now());
             let lease = view.lease.cloned();
             let wake_at = earliest(view.holder_deadline, view.pod_recheck);
-            if decision.lease_status.is_none() && decision.claim_updates.is_empty() {
-                self.queue.schedule(&key, wake_at);
-                continue;
-            }
-            self.queue.start(key.clone());
+            let urgent = decision.lease_status.is_some()
+                || decision
+                    .claim_updates
+                    .iter()
+                    .any(|u| u.condition_on.is_some());
+            let mirrors = decision
+                .claim_updates
+                .iter()
+                .any(|u| u.condition_on.is_none());
+            let pass = match (urgent, mirrors, pass) {
+                (true, _, _) => Pass::Decision,
+                (false, true, Pass::Mirrors) => Pass::Mirrors,
+                (false, true, Pass::Decision) => {
+                    self.queue.defer(key.clone());
+                    self.queue.schedule(&key, wake_at);
+                    continue;
+                }
+                (false, false, _) => {
+                    self.queue.schedule(&key, wake_at);
+                    continue;
+                }
+            };
+            self.begin(key.clone(), pass);
             let writer = Writer {
                 store: self.store.clone(),
                 metrics: self.metrics.clone(),
                 events: self.events.clone(),
             };
-            return Some(writer.write(key, lease, decision, dirty_since).boxed());
+            return Some(
+                writer
+                    .write(key, lease, decision, dirty_since, pass)
+                    .boxed(),
+            );
         }
+    }
+
+    /// A pass for `key` is in flight.
+    fn begin(&mut self, key: LeaseKey, pass: Pass) {
+        match pass {
+            Pass::Decision => self.decision_passes += 1,
+            Pass::Mirrors => self.mirror_passes += 1,
+        }
+        self.queue.start(key);
+    }
+
+    fn mirror_slots(&self) -> usize {
+        self.config.concurrency.div_ceil(2)
     }
 
     /// Applies a write pass's outcome to the index and decides when to look again.
     pub fn finish(&mut self, mut outcome: Outcome, now: Instant) {
         self.queue.finish(&outcome.key);
+        match outcome.pass {
+            Pass::Decision => self.decision_passes -= 1,
+            Pass::Mirrors => self.mirror_passes -= 1,
+        }
+        if outcome.mirrors_due {
+            self.queue.defer(outcome.key.clone());
+        }
         // Only to the object the write was computed for, and only while the index still
         // holds it: a delete event that arrived while the write was in flight wins
         // (re-adding the object would leave a ghost Lease that nothing corrects), and a
@@ -344,13 +423,17 @@ impl<S: Store> Loop<S> {
         {
             self.index.delete_lease(&lease);
         }
+        // Claims as written, or as a quorum read showed them: applied only to the
+        // objects (UIDs) the index still holds, so neither resurrects a claim whose
+        // delete event arrived while the pass ran (a ghost that could be granted).
         for claim in outcome.claims {
-            self.index.apply_claim(claim, now);
+            if self.index_holds_claim(&claim) {
+                self.index.apply_claim(claim, now);
+            }
         }
         let mut refreshed = false;
         for claim in outcome.fresh_claims {
-            let namespace = claim.namespace().unwrap_or_default();
-            if self.index.claim_uid(&namespace, &claim.name_any()) == claim.uid().as_deref() {
+            if self.index_holds_claim(&claim) {
                 refreshed |= !self.index.apply_claim(claim, now).is_empty();
             }
         }
@@ -372,6 +455,9 @@ impl<S: Store> Loop<S> {
         if outcome.handed_over {
             self.metrics.leases_held.set(self.index.held_count() as i64);
         }
+        self.metrics
+            .mirrors_deferred
+            .set(self.queue.deferred_len() as i64);
         match outcome.retry_after {
             Some(Retry::Now) => self.mark_dirty(outcome.key, now),
             Some(retry) => self.queue.schedule(&outcome.key, Some(now + retry.delay())),
@@ -383,6 +469,13 @@ impl<S: Store> Loop<S> {
                 self.queue.schedule(&outcome.key, deadline);
             }
         }
+    }
+}
+
+impl<S> Loop<S> {
+    fn index_holds_claim(&self, claim: &LeaseClaim) -> bool {
+        let namespace = claim.namespace().unwrap_or_default();
+        self.index.claim_uid(&namespace, &claim.name_any()) == claim.uid().as_deref()
     }
 }
 
@@ -432,6 +525,8 @@ mod tests {
             refuted: false,
             retry_after: Some(Retry::AfterError),
             handed_over: false,
+            pass: Pass::Decision,
+            mirrors_due: false,
         }
     }
 
@@ -458,7 +553,7 @@ mod tests {
         state.index.apply_lease(old.clone(), now);
         state.index.delete_lease(&old);
         state.index.apply_lease(lease("uid-new", 20, None), now);
-        state.queue.start(key.clone());
+        state.begin(key.clone(), Pass::Decision);
         state.finish(
             outcome("uid-old", Some(lease("uid-old", 11, Some("a"))), false),
             now,
@@ -480,12 +575,12 @@ mod tests {
 
         // A failed write of the old Lease, whose re-read found no Lease (before the new
         // one was created): the new one stays.
-        state.queue.start(key.clone());
+        state.begin(key.clone(), Pass::Decision);
         state.finish(outcome("uid-old", None, true), now);
         assert_eq!(uid(&state).as_deref(), Some("uid-new"), "removed");
 
         // The outcome of a write to the object the index holds still applies.
-        state.queue.start(key.clone());
+        state.begin(key.clone(), Pass::Decision);
         state.finish(
             outcome("uid-new", Some(lease("uid-new", 21, Some("b"))), false),
             now,
@@ -499,7 +594,7 @@ mod tests {
                 .as_deref(),
             Some("21")
         );
-        state.queue.start(key.clone());
+        state.begin(key.clone(), Pass::Decision);
         state.finish(outcome("uid-new", None, true), now);
         assert_eq!(uid(&state), None);
     }
@@ -615,5 +710,178 @@ mod retry_tests {
         state.finish(pass.await, now());
         assert_eq!(counter(&metrics.write_conflicts), 1);
         assert!(state.next_write(now()).is_some(), "at once");
+    }
+}
+
+/// Issue 16: under load only the Lease write is urgent. Claim mirrors wait until no
+/// Lease is dirty, are decided afresh when written (coalesced: one pass however many
+/// grants went before), and never take more than half the write slots.
+#[cfg(test)]
+mod mirror_tests {
+    use super::*;
+    use crate::grant::ClaimUpdate;
+
+    /// Accepts every write, as written.
+    #[derive(Clone)]
+    struct Accepting;
+
+    impl Store for Accepting {
+        async fn get_lease(&self, _: &LeaseKey) -> Result<Option<Lease>> {
+            Ok(None)
+        }
+        async fn get_claim(&self, _: &str, _: &str) -> Result<Option<LeaseClaim>> {
+            Ok(None)
+        }
+        async fn get_pod(&self, _: &str, _: &str) -> Result<Option<Pod>> {
+            Ok(None)
+        }
+        async fn replace_lease_status(&self, _: &LeaseKey, desired: &Lease) -> Result<Lease> {
+            let mut written = desired.clone();
+            let rv: u64 = written.resource_version().unwrap().parse().unwrap();
+            written.metadata.resource_version = Some((rv + 1000).to_string());
+            Ok(written)
+        }
+        async fn patch_claim_status(&self, ns: &str, update: &ClaimUpdate) -> Result<LeaseClaim> {
+            let mut claim = claim(ns, &update.name, "l");
+            claim.metadata.uid = Some(update.uid.clone());
+            claim.status = Some(update.status.clone());
+            Ok(claim)
+        }
+    }
+
+    fn lease(name: &str, rv: u64) -> Lease {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": rv.to_string()},
+            "spec": {"leaseDurationSeconds": 15},
+        }))
+        .unwrap()
+    }
+
+    fn claim(ns: &str, name: &str, lease: &str) -> LeaseClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
+            "metadata": {"name": name, "namespace": ns, "uid": format!("u-{name}"), "resourceVersion": "1",
+                "creationTimestamp": format!("2026-01-01T00:00:{:02}Z", name.len())},
+            "spec": {"leaseName": lease, "holderIdentity": name},
+        }))
+        .unwrap()
+    }
+
+    fn state(concurrency: usize) -> Loop<Accepting> {
+        let metrics = Arc::new(Metrics::default());
+        let (events, _) = Publisher::detached("test", metrics.clone());
+        let config = ControllerConfig {
+            namespace: None,
+            concurrency,
+            instance: "test".into(),
+        };
+        Loop::new(Accepting, config, metrics, events)
+    }
+
+    #[tokio::test]
+    async fn mirrors_wait_for_every_grant_and_are_written_once_from_the_latest_decision() {
+        let mut state = state(4);
+        let now = Instant::now();
+        // "a" gets the Lease; two waiters queue behind it.
+        state.index.apply_lease(lease("a", 10), now);
+        for name in ["h", "w1", "w2"] {
+            state.index.apply_claim(claim("ns", name, "a"), now);
+        }
+        let a = LeaseKey::new("ns", "a");
+        state.mark_dirty(a.clone(), now);
+        let grant = state.next_write(now).unwrap().await;
+        assert_eq!((grant.pass, grant.mirrors_due), (Pass::Decision, true));
+        assert!(grant.claims.is_empty(), "the grant pass wrote no mirror");
+
+        // Before its outcome is back, another Lease needs a grant.
+        state.index.apply_lease(lease("b", 20), now);
+        state.index.apply_claim(claim("ns", "x", "b"), now);
+        let b = LeaseKey::new("ns", "b");
+        state.mark_dirty(b.clone(), now);
+        state.finish(grant, now);
+        assert_eq!(state.queue.deferred_len(), 1);
+        let next = state.next_write(now).unwrap().await;
+        assert_eq!(
+            (next.key.clone(), next.pass),
+            (b.clone(), Pass::Decision),
+            "a dirty Lease goes before deferred mirrors"
+        );
+        // Nothing dirty now: a's mirrors may go while b's grant is written.
+        let mut written = Vec::new();
+        let mut record = |outcome: &Outcome| {
+            assert_eq!(outcome.pass, Pass::Mirrors);
+            written.extend(outcome.claims.iter().map(|c| {
+                let s = c.status.as_ref().unwrap();
+                (c.metadata.name.clone(), s.phase, s.position)
+            }));
+        };
+        let mirrors_a = state.next_write(now).unwrap().await;
+        assert_eq!(mirrors_a.key, a);
+        record(&mirrors_a);
+        assert!(
+            state.next_write(now).is_none(),
+            "b's mirrors wait for its pass"
+        );
+        state.finish(mirrors_a, now);
+        state.finish(next, now);
+        let mirrors_b = state.next_write(now).unwrap().await;
+        assert_eq!(mirrors_b.key, b);
+        record(&mirrors_b);
+        state.finish(mirrors_b, now);
+        written.sort_by(|x, y| x.0.cmp(&y.0));
+        use crate::api::ClaimPhase::{Granted, Pending};
+        assert_eq!(
+            written,
+            [
+                (Some("h".into()), Some(Granted), None),
+                (Some("w1".into()), Some(Pending), Some(1)),
+                (Some("w2".into()), Some(Pending), Some(2)),
+                (Some("x".into()), Some(Granted), None),
+            ]
+        );
+        assert_eq!(state.queue.deferred_len(), 0);
+        assert!(state.next_write(now).is_none(), "settled: nothing to write");
+    }
+
+    #[tokio::test]
+    async fn mirrors_take_at_most_half_the_write_slots() {
+        let mut state = state(4);
+        let now = Instant::now();
+        for i in 0..5 {
+            let name = format!("l{i}");
+            state.index.apply_lease(lease(&name, 10 + i), now);
+            state
+                .index
+                .apply_claim(claim("ns", &format!("h{i}"), &name), now);
+            state
+                .index
+                .apply_claim(claim("ns", &format!("w{i}"), &name), now);
+            state.mark_dirty(LeaseKey::new("ns", name.as_str()), now);
+        }
+        let mut grants = Vec::new();
+        while let Some(pass) = state.next_write(now) {
+            grants.push(pass.await);
+        }
+        assert_eq!(grants.len(), 5, "decisions are not limited by mirror slots");
+        for outcome in grants {
+            state.finish(outcome, now);
+        }
+        let mut mirrors = Vec::new();
+        while let Some(pass) = state.next_write(now) {
+            mirrors.push(pass.await);
+        }
+        assert_eq!(mirrors.len(), 2, "2 of 4 slots");
+        assert!(!state.has_urgent_work());
+        // A grant that comes up now is not held back by the mirrors in flight.
+        state.index.apply_lease(lease("late", 99), now);
+        state.index.apply_claim(claim("ns", "z", "late"), now);
+        state.mark_dirty(LeaseKey::new("ns", "late"), now);
+        assert!(state.has_urgent_work());
+        let late = state.next_write(now).unwrap().await;
+        assert_eq!(
+            (late.key, late.pass),
+            (LeaseKey::new("ns", "late"), Pass::Decision)
+        );
     }
 }

@@ -7,6 +7,12 @@
 //! the same Lease ever run at once. Each key has at most one timer (its holder's
 //! expiry, a pod recheck or a retry); [`WorkQueue::schedule`] replaces it.
 //!
+//! Beside the dirty keys, a second, lower class of work: keys whose claim mirrors
+//! are due ([`WorkQueue::defer`]). [`WorkQueue::next_deferred`] hands one out only
+//! when no key is dirty at all, so mirror writes never go ahead of a decision (a
+//! grant, an expiry) under load, and a key is deferred once however often, so its
+//! mirrors are written once, from the latest decision, however many grants passed.
+//!
 //! The timers run on tokio's clock, so tests drive them on paused time.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -24,6 +30,8 @@ pub struct WorkQueue<K> {
     in_flight: HashSet<K>,
     timers: DelayQueue<K>,
     timer_keys: HashMap<K, delay_queue::Key>,
+    deferred: VecDeque<K>,
+    deferred_set: HashSet<K>,
 }
 
 impl<K> Default for WorkQueue<K> {
@@ -35,6 +43,8 @@ impl<K> Default for WorkQueue<K> {
             in_flight: HashSet::new(),
             timers: DelayQueue::new(),
             timer_keys: HashMap::new(),
+            deferred: VecDeque::new(),
+            deferred_set: HashSet::new(),
         }
     }
 }
@@ -81,6 +91,33 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
 
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
+    }
+
+    /// `key`'s claim mirrors are due: written when no key is dirty.
+    pub fn defer(&mut self, key: K) {
+        if self.deferred_set.insert(key.clone()) {
+            self.deferred.push_back(key);
+        }
+    }
+
+    /// Takes the first deferred key that is neither dirty nor in flight, but only when
+    /// no key is dirty at all (a dirty key is decided first, mirrors included).
+    pub fn next_deferred(&mut self) -> Option<K> {
+        if !self.queue.is_empty() {
+            return None;
+        }
+        let position = self
+            .deferred
+            .iter()
+            .position(|k| !self.in_flight.contains(k))?;
+        let key = self.deferred.remove(position)?;
+        self.deferred_set.remove(&key);
+        Some(key)
+    }
+
+    /// Keys whose mirrors wait.
+    pub fn deferred_len(&self) -> usize {
+        self.deferred.len()
     }
 
     /// Wakes `key` at `at` (its holder's expiry, or a retry), replacing any earlier
@@ -192,6 +229,46 @@ mod tests {
         let before = now();
         assert_eq!(q.expired().await, Some("a"));
         assert_eq!(now() - before, Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deferred_keys_wait_until_no_key_is_dirty_and_come_out_once() {
+        let mut q = WorkQueue::default();
+        q.defer("m1");
+        q.defer("m2");
+        q.defer("m1");
+        assert_eq!(q.deferred_len(), 2, "deferred twice, queued once");
+        q.mark_dirty("a", now());
+        assert_eq!(q.next_deferred(), None, "a dirty key goes first");
+        let (a, _) = q.next_ready(now()).unwrap();
+        q.start(a);
+        assert_eq!(
+            q.next_deferred(),
+            Some("m1"),
+            "nothing dirty: mirrors may go"
+        );
+        // A dirty key in flight still counts: its pass will be decided again.
+        q.mark_dirty("a", now());
+        assert_eq!(q.next_deferred(), None);
+        q.finish(&"a");
+        assert_eq!(q.next_ready(now()).map(|(k, _)| k), Some("a"));
+        assert_eq!(q.next_deferred(), Some("m2"));
+        assert_eq!(q.next_deferred(), None);
+        assert_eq!(q.deferred_len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deferred_key_with_a_pass_in_flight_waits_for_it() {
+        let mut q = WorkQueue::default();
+        q.mark_dirty("a", now());
+        let (a, _) = q.next_ready(now()).unwrap();
+        q.start(a);
+        q.defer("a");
+        q.defer("b");
+        assert_eq!(q.next_deferred(), Some("b"), "a is in flight: b goes first");
+        assert_eq!(q.next_deferred(), None);
+        q.finish(&"a");
+        assert_eq!(q.next_deferred(), Some("a"));
     }
 
     #[tokio::test(start_paused = true)]

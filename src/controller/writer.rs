@@ -68,13 +68,26 @@ pub struct Outcome {
     /// When to decide again; None: at the Lease's next deadline (expiry, pod recheck).
     pub(super) retry_after: Option<Retry>,
     pub(super) handed_over: bool,
+    /// Which kind of pass this was.
+    pub(super) pass: Pass,
+    /// The decision had claim mirrors this pass did not write ([`Pass::Decision`]).
+    pub(super) mirrors_due: bool,
+}
+
+/// A pass either acts on a decision (confirm, the ended holder's claim, the Lease),
+/// leaving the other claims' mirrors for later, or writes those mirrors only, from a
+/// fresh decision, when nothing else waits (see `queue.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Decision,
+    Mirrors,
 }
 
 /// Claim status writes in flight at once for one pass.
 const CLAIM_WRITE_CONCURRENCY: usize = 4;
 
 /// One pass's writes for one Lease, in DESIGN's order: confirm, the holder's claim,
-/// the Lease, the other claims' mirrors.
+/// the Lease; the other claims' mirrors in a pass of their own ([`Pass::Mirrors`]).
 pub(super) struct Writer<S> {
     pub(super) store: S,
     pub(super) metrics: Arc<Metrics>,
@@ -88,6 +101,7 @@ impl<S: Store> Writer<S> {
         lease: Option<Lease>,
         decision: Decision,
         dirty_since: Instant,
+        pass: Pass,
     ) -> Outcome {
         let mut outcome = Outcome {
             key: key.clone(),
@@ -100,6 +114,8 @@ impl<S: Store> Writer<S> {
             refuted: false,
             retry_after: None,
             handed_over: false,
+            pass,
+            mirrors_due: false,
         };
         // 1. No ending on a stale view: confirm what it relies on with quorum reads.
         match self
@@ -193,6 +209,11 @@ impl<S: Store> Writer<S> {
             }
         }
         // 3. The claims' mirrors, a few at a time (different claims, so their order is free).
+        if pass == Pass::Decision {
+            outcome.mirrors_due = !rest.is_empty();
+            outcome.handed_over = wrote_lease;
+            return outcome;
+        }
         let mut results = futures::stream::iter(rest)
             .map(|update| {
                 let store = self.store.clone();
