@@ -16,7 +16,8 @@
 //! helpers), `controller` (the controller under test), `renewer` (the holders'
 //! renewals), `procs` (CPU and memory from /proc), `output` (the figures).
 //! `--controller-bin` runs another palisade binary as the controller (an older
-//! one, for a before figure); the default is the one built with the bench.
+//! one, for a before figure of the storm; one without the `--leader-elect-*` flags
+//! needs `--failover-at 0`); the default is the one built with the bench.
 //!
 //! How, per size, in a namespace `scale-<pid>-<N>` of its own:
 //!
@@ -231,7 +232,8 @@ struct Cli {
     /// 6 s per 1,000 Leases and at least 30).
     #[arg(long)]
     storm_duration: Option<i64>,
-    /// The palisade binary to run as the controller (default: the one built with this bench).
+    /// The palisade binary to run as the controller (default: the one built with this
+    /// bench). One without the `--leader-elect-*` flags needs `--failover-at 0`.
     #[arg(long)]
     controller_bin: Option<PathBuf>,
     /// Passed by `cargo bench`; ignored.
