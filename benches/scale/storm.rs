@@ -200,8 +200,13 @@ pub(crate) async fn storm(
     let rate = n as f64 / span;
     let writes_per_s = (writes_1 - writes_0) / window.secs;
     let how = format!(
-        "{n} holders silent at once (no renewals), each Lease with one waiter; lease duration {d} s; due {d} s after the controller's sync (a restarted controller gives every held grant a fresh full duration, DESIGN rule 4), the sync taken as /readyz turning true ({:.2} s after spawn; the true instant is a little earlier, so the delays are a little short); re-grant = the Lease naming the waiter, as the bench's Lease watch saw it (its delay included); one replica, leader election off (no flaps to count); {busy_note}; grants before the due instant: {early_grants}; expirations counted by the controller: {expirations}",
-        (ready - t_spawn).as_secs_f64()
+        "{n} holders silent at once (no renewals), each Lease with one waiter; lease duration {d} s; due {d} s after the controller's sync (a restarted controller gives every held grant a fresh full duration, DESIGN rule 4), the sync taken as /readyz turning true ({:.2} s after spawn; the true instant is a little earlier, so the delays are a little short); re-grant = the Lease naming the waiter, as the bench's Lease watch saw it (its delay included); one replica, leader election off (no flaps to count); {busy_note}; grants before the due instant: {early_grants}; expirations counted by the controller: {expirations}{}",
+        (ready - t_spawn).as_secs_f64(),
+        if expirations > n as f64 {
+            " (more than N: a waiter granted early had its own grant expire before the last re-grant, nobody renewing it; those writes fell into the storm too)"
+        } else {
+            ""
+        }
     );
     report.latency(schema::Latency::of(
         "palisade",
