@@ -3,9 +3,9 @@
 //! Reads every `DIR/*.json` in the schema of `benches/common/schema.rs` (palisade's
 //! handover bench, the client-go and Rust peers, the scale bench) and writes
 //! `DIR/results.json` (every figure with its unit, the versions used, the machine),
-//! `DIR/results.md` (printed too: latency table, other figures, the targets met or
-//! missed) and `DIR/handover-latency.png` (the latency distributions, one panel per
-//! scenario). `cargo bench --bench report -- [--dir DIR] [--smoke]`; `make test`
+//! `DIR/results.md` (printed too: the handover latency table, the failover and storm
+//! tables, other figures, the targets met or missed) and `DIR/handover-latency.png`
+//! (the handover latency distributions, one panel per scenario). `cargo bench --bench report -- [--dir DIR] [--smoke]`; `make test`
 //! runs it on the smoke outputs so it cannot rot.
 //!
 //! The chart's text is drawn with the DejaVu Sans font read at run time from
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use plotters::coord::combinators::{BindKeyPoints, IntoLogRange};
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
-use schema::{Figure, Latency, SCENARIOS, Source};
+use schema::{Figure, Latency, OTHER_SCENARIOS, SCENARIOS, Source};
 use serde_json::json;
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -122,7 +122,7 @@ fn run(dir: &Path, smoke: bool) -> Result<(), String> {
     );
     write(&dir.join(OUTPUTS[1]), &md)?;
     let png = dir.join(OUTPUTS[2]);
-    chart(&png, &latency, smoke)?;
+    chart(&png, &handover_only(&latency), smoke)?;
     println!("{md}");
     println!(
         "wrote {}, {} and {}",
@@ -259,6 +259,15 @@ struct Target {
     status: Status,
 }
 
+/// The rows of the handover scenarios (the failover and storm rows have tables of their own).
+fn handover_only(latency: &[Latency]) -> Vec<Latency> {
+    latency
+        .iter()
+        .filter(|l| SCENARIOS.contains(&l.scenario.as_str()))
+        .cloned()
+        .collect()
+}
+
 fn palisade_latency<'a>(latency: &'a [Latency], scenario: &str) -> Option<&'a Latency> {
     latency
         .iter()
@@ -309,6 +318,35 @@ fn targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
         },
         None => not_measured(t),
     });
+    let t = "palisade failover (leader SIGKILLed, default timings): p99 < 2 s to the first grant";
+    out.push(
+        match latency.iter().find(|l| {
+            l.system == "palisade" && l.scenario == "failover" && l.config == "default" && l.n > 0
+        }) {
+            Some(l) => Target {
+                target: t,
+                measured: format!("p99 {} ms, max {} ms (n={})", ms(l.p99), ms(l.max), l.n),
+                status: Status::of(l.p99 < 2000.0),
+            },
+            None => not_measured(t),
+        },
+    );
+    let t = "storm of 1,000 silent holders: the last re-grant within 3 s past the duration";
+    out.push(
+        match latency.iter().find(|l| {
+            l.system == "palisade"
+                && l.scenario == "storm-past-duration"
+                && l.config == "1000"
+                && l.n > 0
+        }) {
+            Some(l) => Target {
+                target: t,
+                measured: format!("last {} ms past (n={})", ms(l.max), l.n),
+                status: Status::of(l.max < 3000.0),
+            },
+            None => not_measured(t),
+        },
+    );
     out.push(api_target(figures));
     let t = "< 64 MiB RSS at 10,000 leases";
     out.push(
@@ -561,6 +599,9 @@ fn markdown(
     md += "## Handover latency\n\nFrom the holder letting go to the next holder's process observing its grant; \
            milliseconds, p50 / p95 / p99 (n), nearest rank.\n\n";
     md += "| system (config) | voluntary release | holder's Pod deleted | expiry, past the duration |\n|---|---|---|---|\n";
+    let all_latency = latency;
+    let handover = handover_only(latency);
+    let latency = &handover[..];
     let mut notes: Vec<String> = Vec::new();
     for (system, config) in series(latency) {
         let mut row = format!("| {} |", label(&system, &config));
@@ -595,6 +636,9 @@ fn markdown(
     }
     md += "\nHow each was measured (rounds, parallel lanes of independent leases) is in results.json, \
            `latency[].note` and `sources[].parameters`.\n";
+
+    md += &failover_table(all_latency, figures);
+    md += &storm_table(all_latency, figures);
 
     md += "\n## Other figures\n\n| system (config) | figure | value | unit |\n|---|---|---|---|\n";
     for f in figures {
@@ -636,6 +680,137 @@ fn markdown(
         );
     }
     md += "\n";
+    md
+}
+
+/// Failover: palisade (default, before) and client-go (default, tuned), in that order,
+/// then any other system's rows.
+fn failover_table(latency: &[Latency], figures: &[Figure]) -> String {
+    let mut md = String::from(
+        "\n## Failover\n\nFrom SIGKILL of the leading replica to the first grant by the new leader, as the \
+         bench's watch saw it (its delay included); milliseconds, nearest rank.\n\n\
+         | system (config) | p50 | p95 | p99 | max | n |\n|---|---|---|---|---|---|\n",
+    );
+    const KNOWN: [(&str, &str); 4] = [
+        ("palisade", "default"),
+        ("palisade", "before"),
+        ("client-go", "default"),
+        ("client-go", "tuned"),
+    ];
+    let rows: Vec<&Latency> = latency
+        .iter()
+        .filter(|l| l.scenario == OTHER_SCENARIOS[0])
+        .collect();
+    // "tuned: lease 1s, ..." is config "tuned".
+    let config_of = |l: &Latency| l.config.split(':').next().unwrap_or("").trim().to_string();
+    let row = |l: &Latency| {
+        if l.n == 0 {
+            format!(
+                "| {} | n/a: {} | | | | 0 |\n",
+                label(&l.system, &l.config),
+                l.note
+            )
+        } else {
+            format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                label(&l.system, &l.config),
+                ms(l.p50),
+                ms(l.p95),
+                ms(l.p99),
+                ms(l.max),
+                l.n
+            )
+        }
+    };
+    for (system, config) in KNOWN {
+        match rows
+            .iter()
+            .find(|l| l.system == system && config_of(l) == config)
+        {
+            Some(l) => md += &row(l),
+            None => {
+                let _ = writeln!(md, "| {} | not measured | | | | |", label(system, config));
+            }
+        }
+    }
+    for l in &rows {
+        if !KNOWN
+            .iter()
+            .any(|(s, c)| l.system == *s && config_of(l) == *c)
+        {
+            md += &row(l);
+        }
+    }
+    let cost: Vec<String> = figures
+        .iter()
+        .filter(|f| f.name.ends_with("election_requests_per_s"))
+        .map(|f| {
+            format!(
+                "{} {} {}",
+                label(&f.system, &f.config),
+                figure_value(f),
+                f.unit
+            )
+        })
+        .collect();
+    if !cost.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nThe election's own API cost, two idle replicas: {} (kube-apiserver's count, less the idle cluster's).",
+            cost.join("; ")
+        );
+    }
+    md
+}
+
+/// The storm, one row per size: the last re-grant past the duration, the
+/// distribution, the API server's floor and our rate, and who saturated.
+fn storm_table(latency: &[Latency], figures: &[Figure]) -> String {
+    let mut md = String::from(
+        "\n## Storm\n\nN holders silent at once, each Lease with a waiter: how long past its due instant each \
+         re-grant landed (signed), our re-grant rate against the API server's own rate for one status write per \
+         Lease (16 in flight, no controller).\n\n\
+         | Leases | last re-grant past duration | p50 / p99 (ms) | floor (writes/s) | ours (grants/s) | fraction | saturated |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let mut rows: Vec<&Latency> = latency
+        .iter()
+        .filter(|l| l.system == "palisade" && l.scenario == OTHER_SCENARIOS[1])
+        .collect();
+    rows.sort_by_key(|l| l.config.parse::<usize>().unwrap_or(usize::MAX));
+    if rows.is_empty() {
+        md += "| - | not measured | | | | | |\n";
+    }
+    for l in rows {
+        let n = &l.config;
+        let fig = |name: &str| {
+            figures
+                .iter()
+                .find(|f| f.system == "palisade" && f.name == format!("leases_{n}_{name}"))
+        };
+        let val = |name: &str| fig(name).map_or("-".to_string(), |f| value(f.value));
+        // The verdict in the rate's note: "saturated: WHO. CPU over ...".
+        let saturated = fig("storm_regrants_per_s")
+            .and_then(|f| {
+                let rest = f.note.split_once("saturated: ")?.1;
+                Some(rest.split(". CPU over").next()?.to_string())
+            })
+            .unwrap_or_else(|| "-".into());
+        if l.n == 0 {
+            let _ = writeln!(md, "| {n} | n/a: {} | | | | | |", l.note);
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "| {n} | {} ms | {} / {} | {} | {} | {} | {saturated} |",
+            ms(l.max),
+            ms(l.p50),
+            ms(l.p99),
+            val("storm_floor_status_writes_per_s"),
+            val("storm_regrants_per_s"),
+            val("storm_fraction_of_floor"),
+        );
+    }
     md
 }
 

@@ -10,10 +10,11 @@
 //!    "value": 0.1, "unit": "req/s", "note": ""}]}
 //! ```
 //!
-//! Scenarios are exactly [`SCENARIOS`]; one that does not apply has `n = 0` and a
-//! note saying why. Percentiles are nearest-rank.
+//! Scenarios are exactly [`SCENARIOS`] (the handover table) and [`OTHER_SCENARIOS`]
+//! (failover, storm); one that does not apply has `n = 0` and a note saying why.
+//! Percentiles are nearest-rank.
 //!
-//! No figure is clamped. `expiry-past-duration` samples are signed: a handover that
+//! No figure is clamped. `expiry-past-duration` and `storm-past-duration` samples are signed: a handover that
 //! landed before the duration (as the bench saw the grant) is negative. A server-side
 //! rate less an idle rate is written as it came out, negative too; the report shows
 //! a negative rate as invalid.
@@ -24,6 +25,13 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 /// The handover scenarios, in table order.
 pub const SCENARIOS: [&str; 3] = ["release", "pod-deletion", "expiry-past-duration"];
+
+/// Latency scenarios outside the handover table, each with a table of its own:
+/// `failover` (from SIGKILL of the leading replica to the new leader's first grant, as
+/// the bench's watch saw it; config `default`/`before`/`tuned`) and
+/// `storm-past-duration` (N holders silent at once: each re-grant past its due
+/// instant, signed; config = N).
+pub const OTHER_SCENARIOS: [&str; 2] = ["failover", "storm-past-duration"];
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Source {
@@ -107,11 +115,25 @@ impl Source {
             if l.system.is_empty() {
                 out.push(format!("{at}: `system` is empty"));
             }
-            if !SCENARIOS.contains(&l.scenario.as_str()) {
-                out.push(format!("{at}: scenario not one of {SCENARIOS:?}"));
+            if !SCENARIOS.contains(&l.scenario.as_str())
+                && !OTHER_SCENARIOS.contains(&l.scenario.as_str())
+            {
+                out.push(format!(
+                    "{at}: scenario not one of {SCENARIOS:?} or {OTHER_SCENARIOS:?}"
+                ));
             }
             if !UNITS.contains(&l.unit.as_str()) {
                 out.push(format!("{at}: unit {:?} not one of {UNITS:?}", l.unit));
+            }
+            if l.scenario == "failover" && l.config.is_empty() {
+                out.push(format!(
+                    "{at}: a failover row needs its config (default, before, tuned)"
+                ));
+            }
+            if l.scenario == "storm-past-duration" && l.config.parse::<usize>().is_err() {
+                out.push(format!(
+                    "{at}: a storm row's config is its number of Leases"
+                ));
             }
             if l.n == 0 {
                 if l.note.is_empty() {

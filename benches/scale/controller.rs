@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// `--controller-bin`, set once by `main`.
+pub(crate) static CONTROLLER_BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The controller binary: `--controller-bin`, else the one of the same profile as this
+/// bench (release under `cargo bench`, debug under `cargo test`).
+pub(crate) fn controller_bin() -> PathBuf {
+    CONTROLLER_BIN
+        .get()
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_palisade")))
+}
+
 pub(crate) struct Controller {
     pub(crate) child: tokio::process::Child,
     pub(crate) pid: u32,
@@ -9,9 +21,14 @@ pub(crate) struct Controller {
 }
 
 impl Controller {
+    /// One controller alone (no leader election), as every phase but failover runs it.
     pub(crate) fn spawn(root: &Path, ns: &str, log: &Path) -> Result<Self> {
-        // The binary of the same profile: release under `cargo bench`, debug under `cargo test`.
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
+        Self::spawn_with(root, ns, log, &["--leader-elect=false".to_string()])
+    }
+
+    /// A controller with `flags` added (leader election: see `failover`).
+    pub(crate) fn spawn_with(root: &Path, ns: &str, log: &Path, flags: &[String]) -> Result<Self> {
+        let bin = controller_bin();
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -25,10 +42,10 @@ impl Controller {
                 "controller",
                 "--namespace",
                 ns,
-                "--leader-elect=false",
                 "--admin-addr",
                 &format!("127.0.0.1:{port}"),
             ])
+            .args(flags)
             .env("KUBECONFIG", root.join("target/cluster/kubeconfig"))
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")

@@ -1,4 +1,4 @@
-//! Phase 5: handover, sustained grants; then the peak RSS.
+//! Phase 6: handover, sustained grants; then the peak RSS.
 
 use super::*;
 
@@ -21,7 +21,7 @@ pub(crate) async fn handover(
     let claims = s.claims.clone();
     let events = s.events.clone();
     let renew_rate = s.renew_rate;
-    // 5. Handover: delete holder claims (for at most --handover seconds); each waiter is granted.
+    // 6. Handover: delete holder claims (for at most --handover seconds); each waiter is granted.
     let base = ctrl.metric("palisade_grants_total").await?;
     let events_before = count_objects(&events).await?;
     let renewed_before = renewer.ok();
@@ -113,7 +113,11 @@ pub(crate) async fn handover(
         ),
     );
     let wrong = wrong_holders(&leases, pairs, |i, p| {
-        if i < k { &p.waiter.0 } else { &p.holder.0 }
+        if renewer.released[i].load(Ordering::Relaxed) {
+            &p.waiter.0
+        } else {
+            &p.holder.0
+        }
     })
     .await?;
     let second_hwm = status_kib(ctrl.pid, "VmHWM").unwrap_or(0.0);

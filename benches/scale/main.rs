@@ -3,15 +3,21 @@
 //! For each size N (`--sizes 1000,10000`): N Leases, each with a holder that
 //! renews and one waiter. A program that prints figures, not a test:
 //! `cargo bench --bench scale -- [--sizes N,...] [--out DIR] [--timeout SECS]
-//! [--lease-duration SECS] [--inflight N] [--steady SECS] [--handover SECS]`; smoke
-//! run (debug build, figures mean nothing): `cargo test --bench scale -- --sizes 20`.
-//! Needs the cluster of `make cluster`. Writes `DIR/scale.json` (figures named
-//! `leases_<N>_...`) and prints them as a table.
+//! [--lease-duration SECS] [--inflight N] [--steady SECS] [--handover SECS]
+//! [--failover-at N] [--failover-kills K] [--failover-before-kills K]
+//! [--storm-duration SECS] [--controller-bin PATH]`; smoke run (debug build, figures
+//! mean nothing): `cargo test --bench scale -- --sizes 20`. Needs the cluster of
+//! `make cluster`. Writes `DIR/scale.json` (figures named `leases_<N>_...`; latency
+//! rows `failover` and `storm-past-duration`) and prints them as a table, and the
+//! time each phase took.
 //!
 //! Modules: one per phase below (`setup`, `initial_grant`, `renewals`, `resync`,
-//! `handover`), `run` (one size: the phases in order, and their helpers), `controller` (the controller under
-//! test), `renewer` (the holders' renewals), `procs` (CPU and memory from /proc),
-//! `output` (the figures).
+//! `failover`, `handover`, `storm`), `run` (one size: the phases in order, and their
+//! helpers), `controller` (the controller under test), `renewer` (the holders'
+//! renewals), `procs` (CPU and memory from /proc), `output` (the figures).
+//! `--controller-bin` runs another palisade binary as the controller (an older
+//! one, for a before figure of the storm; one without the `--leader-elect-*` flags
+//! needs `--failover-at 0`); the default is the one built with the bench.
 //!
 //! How, per size, in a namespace `scale-<pid>-<N>` of its own:
 //!
@@ -19,7 +25,7 @@
 //!    3.), then N holder claims `h-i`, then N waiter claims `w-i` (bare claims with
 //!    a `holderIdentity` and no pod), `--inflight` (32) creates in flight. Holders
 //!    are created first, so FIFO order makes `h-i` the first holder. The create rate
-//!    is the API server's write throughput with no controller, the yardstick of 5.
+//!    is the API server's write throughput with no controller, the yardstick of 6.
 //! 2. **Initial grant**: the controller under test is the binary of the same
 //!    profile (`CARGO_BIN_EXE_palisade`, release under `cargo bench`) run as a child
 //!    process with its defaults (`--concurrency 16`, info logs to
@@ -49,7 +55,31 @@
 //!    Lease re-decided). Writes on resync are the Leases and claims whose
 //!    resourceVersion changed (only the controller writes meanwhile): there should
 //!    be none.
-//! 5. **Handover, sustained grants**: the bench deletes holder claims in order
+//! 5. **Failover**, at one size only (`--failover-at`, default the smallest:
+//!    1,000 in `make bench`; the goal is stated at 1,000, and at 10,000 every
+//!    replacement replica's sync would cost seconds of listing 30,000 objects, 25
+//!    times): the controller goes and two replicas with leader election take its
+//!    place (`--election-namespace` the bench's namespace, `--election-name`
+//!    `palisade-bench-<config>`, `--identity <config>-<i>`, distinct per replica).
+//!    Each round: the leader is found (the election Lease's `holderIdentity`, and
+//!    that replica's `palisade_is_leader` = 1), SIGKILLed, and at once the bench
+//!    deletes one holder claim `h-k` (from the last Lease down; the handover phase
+//!    skips those) so the new leader has a grant to make; the gap is from the SIGKILL
+//!    to the Lease naming `w-k` as holder, as the bench's Lease watch saw it (the
+//!    watch's delay is part of the figure). Then a replacement replica starts and the
+//!    next round waits for its `/readyz` (on a standby it means: watches listed, index
+//!    built, the same as on a leader), so every kill has a warm standby. Config
+//!    `default` (`--failover-kills`, 20; 3 below 1,000 Leases) runs the binary's
+//!    default timings; `before` (`--failover-before-kills`, 5; 1 below 1,000) the old
+//!    15s/10s/2s, in the same run. Any grant missing 30 s (before: 60 s) after its
+//!    kill fails the run, so the smoke run too. The election's own API cost: with
+//!    both default replicas idle, the increase of kube-apiserver's
+//!    `apiserver_request_total{group="coordination.k8s.io",resource="leases"}` (all
+//!    verbs) over the steady window, less its increase over as long with no replica
+//!    running just before (kube-controller-manager's and kube-apiserver's own
+//!    Leases). Renewals go on meanwhile. Then a single controller (no election)
+//!    takes over for 6.
+//! 6. **Handover, sustained grants**: the bench deletes holder claims in order
 //!    (`--inflight` deletes in flight, as fast as the API server takes them) for at
 //!    most `--handover` seconds (30), so their waiters are granted: per grant, the
 //!    bench's delete, one Lease write, one claim write and two Events. Grants per
@@ -62,9 +92,33 @@
 //!    (pids from `target/cluster/*.pid`), the bench, and other processes (the rest of
 //!    /proc/stat). The headline CPU per 1,000 grants is from this phase, counted as
 //!    in 2. (first delete until idle, Events included, renewals subtracted).
-//! 6. Peak RSS is the higher VmHWM of the two controller processes. Then the
-//!    controller is killed and the namespace's claims, Leases and Events are
-//!    deleted with the namespace (waited for, at most 3 minutes; also on failure).
+//!    Peak RSS is the higher VmHWM of the two controller processes. Then the
+//!    controller is killed and the renewals stop for good.
+//! 7. **Storm**: every holder silent at the same moment, each Lease with a waiter
+//!    (`w-i` where `h-i` still holds, else a new claim `s-i`). How they come due at
+//!    one instant without N renewals: the controller gives every held grant a fresh
+//!    full duration when it takes over (DESIGN rule 4; a restart is a takeover), so a
+//!    controller started with no holder renewing makes all N due one lease duration
+//!    after its sync, taken as `/readyz` turning true (the true instant is a little
+//!    earlier: the delays come out a little short). The duration is the storm's D
+//!    (`--storm-duration`; 10 s below 1,000 Leases, else 6 s per 1,000 and at least
+//!    30: the sync's writes, the new waiters' Pending status, must be done before the
+//!    due instant, and the note says if they were not). A shorter spec alone never
+//!    cuts a grant short (the grant's recorded `status.holder.leaseDurationSeconds`
+//!    counts too), so with no controller running the bench first writes that field
+//!    to D on every Lease, 16 in flight (the controller's `--concurrency`): N status
+//!    writes that each change the resourceVersion, timed, which is the **floor**: the
+//!    API server's own rate for one status write per Lease. Then the spec's
+//!    `leaseDurationSeconds` (32 in flight), then a Lease watch, then the controller.
+//!    Per Lease: delay = when the watch saw the waiter named holder - the due
+//!    instant, signed, never clamped (Latency `storm-past-duration`, config N);
+//!    the last one is a figure; our rate is N / (last re-grant - due), also as a
+//!    fraction of the floor; the CPU split over that window says who saturated.
+//!    One replica runs, leader election off, so there are no election flaps to
+//!    count. A Lease not re-granted within 60 s + 20 ms per Lease of the due
+//!    instant fails the run.
+//! 8. The namespace's claims, Leases and Events are deleted with the namespace
+//!    (waited for, at most 3 minutes; also on failure).
 //!
 //! What the numbers mean: everything shares one machine (2 cores on the
 //! development machine): etcd, kube-apiserver, kube-controller-manager, the bench,
@@ -74,9 +128,14 @@
 //! 8 minutes on the idle 2-core machine (1,000 Leases 71 s, 10,000 Leases 401 s) and
 //! 13 to 17 minutes while other work ran there: it is API-server bound (at 10,000:
 //! 30,000 creates, 40,000 writes for the initial grants, some 45,000 deletes to
-//! clean up). Every wait is bounded, the whole run by `--timeout` (default 1200 s).
+//! clean up). Every wait is bounded, the whole run by `--timeout` (default 2400 s).
+
+#[path = "../common/schema.rs"]
+#[allow(dead_code)]
+mod schema;
 
 mod controller;
+mod failover;
 mod handover;
 mod initial_grant;
 mod output;
@@ -86,6 +145,7 @@ mod renewer;
 mod resync;
 mod run;
 mod setup;
+mod storm;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -109,6 +169,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use controller::*;
+use failover::failover;
 use handover::handover;
 use initial_grant::initial_grant;
 use output::*;
@@ -118,6 +179,7 @@ use renewer::*;
 use resync::resync;
 use run::*;
 use setup::setup;
+use storm::storm;
 
 struct Args {
     sizes: Vec<usize>,
@@ -127,6 +189,10 @@ struct Args {
     inflight: usize,
     steady: Option<Duration>,
     handover: Duration,
+    failover_at: usize,
+    failover_kills: Option<usize>,
+    failover_before_kills: Option<usize>,
+    storm_duration: Option<i64>,
 }
 
 /// Scale of palisade: many Leases on one controller (`make bench`; needs `make cluster`).
@@ -139,7 +205,7 @@ struct Cli {
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
     /// Seconds the whole run may take.
-    #[arg(long, default_value_t = 1200)]
+    #[arg(long, default_value_t = 2400)]
     timeout: u64,
     /// The Leases' duration, seconds.
     #[arg(long, default_value_t = 600)]
@@ -153,6 +219,23 @@ struct Cli {
     /// The sustained-handover window, seconds.
     #[arg(long, default_value_t = 30)]
     handover: u64,
+    /// The size at which the failover phase runs (default: the smallest of --sizes).
+    #[arg(long)]
+    failover_at: Option<usize>,
+    /// Leaders SIGKILLed with the default election timings (default 20; 3 below 1,000 Leases).
+    #[arg(long)]
+    failover_kills: Option<usize>,
+    /// Leaders SIGKILLed with the old timings 15s/10s/2s (default 5; 1 below 1,000 Leases).
+    #[arg(long)]
+    failover_before_kills: Option<usize>,
+    /// The storm's lease duration, seconds (default 10 below 1,000 Leases, else
+    /// 6 s per 1,000 Leases and at least 30).
+    #[arg(long)]
+    storm_duration: Option<i64>,
+    /// The palisade binary to run as the controller (default: the one built with this
+    /// bench). One without the `--leader-elect-*` flags needs `--failover-at 0`.
+    #[arg(long)]
+    controller_bin: Option<PathBuf>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -160,6 +243,7 @@ struct Cli {
 
 fn args() -> Args {
     let c = <Cli as clap::Parser>::parse();
+    let smallest = c.sizes.iter().copied().min().unwrap_or(0);
     let a = Args {
         sizes: c.sizes,
         out: c.out,
@@ -168,7 +252,19 @@ fn args() -> Args {
         inflight: c.inflight.clamp(1, 256),
         steady: c.steady.map(Duration::from_secs),
         handover: Duration::from_secs(c.handover),
+        failover_at: c.failover_at.unwrap_or(smallest),
+        failover_kills: c.failover_kills,
+        failover_before_kills: c.failover_before_kills,
+        storm_duration: c.storm_duration,
     };
+    if let Some(bin) = c.controller_bin {
+        assert!(
+            bin.is_file(),
+            "--controller-bin {}: no such file",
+            bin.display()
+        );
+        let _ = CONTROLLER_BIN.set(bin);
+    }
     assert!(
         a.sizes.iter().all(|n| (1..=99_999).contains(n)),
         "--sizes: 1..=99999 Leases each"
@@ -176,6 +272,10 @@ fn args() -> Args {
     assert!(
         (3..=86_400).contains(&a.lease_duration),
         "--lease-duration: 3..=86400"
+    );
+    assert!(
+        a.storm_duration.is_none_or(|d| (3..=3_600).contains(&d)),
+        "--storm-duration: 3..=3600"
     );
     a
 }
@@ -237,7 +337,7 @@ async fn main() -> ExitCode {
     let json = json!({
         "source": "scale",
         "versions": {"palisade": env!("CARGO_PKG_VERSION"), "kubernetes": kubernetes},
-        "latency": [],
+        "latency": report.latency,
         "figures": report.figures,
     });
     let path = args.out.join("scale.json");

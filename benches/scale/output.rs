@@ -5,6 +5,8 @@ use super::*;
 #[derive(Default)]
 pub(crate) struct Report {
     pub(crate) figures: Vec<Value>,
+    /// Failover gaps and storm delays, in the schema of `benches/common/schema.rs`.
+    pub(crate) latency: Vec<schema::Latency>,
 }
 
 impl Report {
@@ -23,6 +25,15 @@ impl Report {
             "unit": unit,
             "note": note,
         }));
+    }
+
+    /// A latency row (milliseconds), printed as a summary line.
+    pub(crate) fn latency(&mut self, l: schema::Latency) {
+        println!(
+            "scale: latency {}/{}/{}: p50 {:.1} p95 {:.1} p99 {:.1} max {:.1} ms (n={})",
+            l.system, l.config, l.scenario, l.p50, l.p95, l.p99, l.max, l.n
+        );
+        self.latency.push(l);
     }
 
     pub(crate) fn value(&self, n: usize, name: &str) -> Option<f64> {

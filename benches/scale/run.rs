@@ -54,10 +54,34 @@ pub(crate) async fn run_size(
         events,
         renew_rate,
     };
+    let phase = |name: &str, t: Instant| {
+        println!(
+            "scale: {name} phase took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    };
+    let t = Instant::now();
     let (pairs, api_capacity) = setup(&size, &procs, report).await?;
+    phase("setup", t);
+    let t = Instant::now();
     let (ctrl, renewer, per_renewal) =
         initial_grant(&size, &mut procs, &pairs, api_capacity, report).await?;
+    phase("initial grant and renewals", t);
+    let t = Instant::now();
     let (ctrl, first_hwm) = resync(&size, &mut procs, ctrl, &renewer, report).await?;
+    phase("resync", t);
+    let ctrl = if n == args.failover_at {
+        let t = Instant::now();
+        let ctrl = failover(&size, &mut procs, ctrl, &renewer, &pairs, report).await?;
+        println!(
+            "scale: failover phase took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+        ctrl
+    } else {
+        ctrl
+    };
+    let t = Instant::now();
     handover(
         &size,
         &procs,
@@ -67,7 +91,15 @@ pub(crate) async fn run_size(
         (per_renewal, api_capacity, first_hwm),
         report,
     )
-    .await
+    .await?;
+    println!(
+        "scale: handover phase took {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    storm(&size, &mut procs, api_capacity, report).await?;
+    phase("storm", t);
+    Ok(())
 }
 
 /// What the phases of one size share.
@@ -152,7 +184,8 @@ pub(crate) struct DeleteProgress {
 }
 
 /// Deletes holder claims in index order (after telling the renewer to renew the waiter
-/// instead) until all are gone or `stop_at`; returns when the last delete was answered.
+/// instead) until all are gone or `stop_at`, skipping those released already; returns
+/// when the last delete was answered.
 pub(crate) async fn delete_holders(
     claims: Api<LeaseClaim>,
     pairs: Arc<Vec<Pair>>,
@@ -167,7 +200,10 @@ pub(crate) async fn delete_holders(
             let (claims, pairs, released) = (claims.clone(), pairs.clone(), released.clone());
             let progress = progress.clone();
             async move {
-                released[i].store(true, Ordering::Relaxed);
+                // Released already (by the failover phase, whose grant it was): skipped.
+                if released[i].swap(true, Ordering::Relaxed) {
+                    return Ok(());
+                }
                 let (name, dp) = (&pairs[i].holder.0, DeleteParams::default());
                 let r = match with_retry(|| claims.delete(name, &dp)).await {
                     Err(e) if is_status(&e, 404) => Ok(()),
@@ -368,4 +404,92 @@ pub(crate) fn crossing(timeline: &[(f64, f64)], level: f64) -> Option<f64> {
     }
     let ((t0, v0), (t1, v1)) = (timeline[i - 1], timeline[i]);
     Some(t0 + (t1 - t0) * (level - v0) / (v1 - v0).max(1e-9))
+}
+
+/// The namespace's Leases as this bench's watch sees them: (name, holder claim, when
+/// the event arrived). The arrival time includes the watch's delay, which is part of
+/// every figure timed from it.
+pub(crate) struct LeaseWatch {
+    pub(crate) rx: tokio::sync::mpsc::UnboundedReceiver<(String, Option<String>, Instant)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LeaseWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl LeaseWatch {
+    /// Starts the watch; returns once its initial list was delivered (at most 60 s).
+    pub(crate) async fn start(leases: Api<Lease>) -> Result<Self> {
+        use kube::runtime::{WatchStreamExt, watcher};
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (init_tx, init_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut init_tx = Some(init_tx);
+            let stream = watcher(leases, watcher::Config::default()).default_backoff();
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                let at = Instant::now();
+                match ev {
+                    Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => {
+                        let holder = l.status.and_then(|s| s.holder).map(|h| h.claim);
+                        if tx
+                            .send((l.metadata.name.unwrap_or_default(), holder, at))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(t) = init_tx.take() {
+                            let _ = t.send(());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => eprintln!("scale: Lease watch: {e} (retrying)"),
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(60), init_rx)
+            .await
+            .context("the Lease watch did not list in 60 s")?
+            .context("the Lease watch ended")?;
+        Ok(Self { rx, task })
+    }
+
+    /// Drops what arrived so far.
+    pub(crate) fn drain(&mut self) {
+        while self.rx.try_recv().is_ok() {}
+    }
+}
+
+/// The API server's `apiserver_request_total`, summed over the lines `keep` accepts.
+pub(crate) async fn apiserver_requests(
+    client: &Client,
+    keep: impl Fn(&str) -> bool,
+) -> Result<f64> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client
+        .request_text(req)
+        .await
+        .context("GET /metrics of the API server")?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && keep(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Requests to coordination.k8s.io Leases (the election's), all verbs.
+pub(crate) fn is_election_request(line: &str) -> bool {
+    line.contains(r#"group="coordination.k8s.io""#) && line.contains(r#"resource="leases""#)
+}
+
+/// Writes of any kind (create, update, patch, delete), every resource.
+pub(crate) fn is_write_request(line: &str) -> bool {
+    ["POST", "PUT", "PATCH", "DELETE", "APPLY"]
+        .iter()
+        .any(|v| line.contains(&format!(r#"verb="{v}""#)))
 }
