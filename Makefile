@@ -3,7 +3,7 @@
 #   make test           the whole suite: unit + integration tests against a real kube-apiserver (starts it)
 #   make unit-test      only the tests that need no cluster (unit, model, property, doc examples)
 #   make demo           the fencing story, end to end, on the local control plane
-#   make bench          all benchmark figures in one run (~23 min on 2 cores): target/bench/results.{json,md,png}
+#   make bench          all benchmark figures in one run (~30 min on 2 cores): target/bench/results.{json,md,png}
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1,
