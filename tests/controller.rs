@@ -430,11 +430,7 @@ async fn two_controllers_at_once_never_issue_a_token_twice() {
 #[tokio::test]
 async fn a_standby_takes_over_when_the_leader_stops() {
     let ns = setup("election").await;
-    let args = [
-        "--leader-elect=true",
-        "--election-namespace",
-        ns.name.as_str(),
-    ];
+    let args = elected(&ns);
     let mut leader = ControllerProcess::start(&ns.name, &args).await;
     create_lease(&ns, "ha", 15).await;
     create_claim(&ns, "one", "ha", None).await;
@@ -654,11 +650,7 @@ async fn a_silently_dead_connection_costs_the_controller_seconds() {
 async fn a_leader_cut_off_silently_steps_down_on_time() {
     let ns = setup("blackhole-leader").await;
     let proxy = proxy::Proxy::start(apiserver_port()).await.unwrap();
-    let args = [
-        "--leader-elect=true",
-        "--election-namespace",
-        ns.name.as_str(),
-    ];
+    let args = elected(&ns);
     let mut leader = controller_via(&proxy, &ns, &args).await;
     let admin_port = leader.admin_port;
     wait_leading(admin_port, true).await;
@@ -677,6 +669,15 @@ async fn a_leader_cut_off_silently_steps_down_on_time() {
     assert!(stepped_down < Duration::from_secs(5), "{stepped_down:?}");
     // Connections back: the record is still ours (or free), so it leads again.
     wait_leading(admin_port, true).await;
+}
+
+/// Flags of a controller replica that takes part in the election in `ns`.
+fn elected(ns: &TestNamespace) -> [&str; 3] {
+    [
+        "--leader-elect=true",
+        "--election-namespace",
+        ns.name.as_str(),
+    ]
 }
 
 /// Waits (bounded) until the controller at `admin_port` reports `palisade_is_leader`
@@ -699,11 +700,7 @@ async fn wait_leading(admin_port: u16, leading: bool) {
 #[tokio::test]
 async fn a_standby_takes_over_within_seconds_when_the_leader_is_killed() {
     let ns = setup("election-kill").await;
-    let args = [
-        "--leader-elect=true",
-        "--election-namespace",
-        ns.name.as_str(),
-    ];
+    let args = elected(&ns);
     let mut leader = ControllerProcess::start(&ns.name, &args).await;
     wait_leading(leader.admin_port, true).await;
     let standby = ControllerProcess::start(&ns.name, &args).await;

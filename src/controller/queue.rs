@@ -60,11 +60,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
 
     /// Takes the first dirty key that has no pass in flight, with when it became dirty.
     pub fn next_ready(&mut self, now: Instant) -> Option<(K, Instant)> {
-        let position = self
-            .queue
-            .iter()
-            .position(|k| !self.in_flight.contains(k))?;
-        let key = self.queue.remove(position)?;
+        let key = take_first_idle(&mut self.queue, &self.in_flight)?;
         self.queued.remove(&key);
         let dirty_since = self.dirty_since.remove(&key).unwrap_or(now);
         Some((key, dirty_since))
@@ -106,11 +102,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         if !self.queue.is_empty() {
             return None;
         }
-        let position = self
-            .deferred
-            .iter()
-            .position(|k| !self.in_flight.contains(k))?;
-        let key = self.deferred.remove(position)?;
+        let key = take_first_idle(&mut self.deferred, &self.in_flight)?;
         self.deferred_set.remove(&key);
         Some(key)
     }
@@ -139,6 +131,12 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.mark_dirty(key.clone(), tokio::time::Instant::now().into_std());
         Some(key)
     }
+}
+
+/// Removes and returns the first of `keys` that has no pass in flight.
+fn take_first_idle<K: Eq + Hash>(keys: &mut VecDeque<K>, in_flight: &HashSet<K>) -> Option<K> {
+    let position = keys.iter().position(|k| !in_flight.contains(k))?;
+    keys.remove(position)
 }
 
 #[cfg(test)]
