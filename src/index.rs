@@ -373,7 +373,7 @@ impl Index {
 
     /// Applies a Lease; an object older than the one held (by resourceVersion) is ignored,
     /// so a late watch event never undoes the controller's own newer write.
-    pub fn apply_lease(&mut self, lease: Lease, now: Instant) -> Option<LeaseKey> {
+    pub fn apply_lease(&mut self, mut lease: Lease, now: Instant) -> Option<LeaseKey> {
         let key = self.shared(LeaseKey::new(
             lease.namespace().unwrap_or_default(),
             lease.name_any(),
@@ -403,6 +403,9 @@ impl Index {
             (Some(uid), _) => Some((uid, now)),
             (None, _) => None,
         };
+        // Write responses arrive here unslimmed, and the watch event of the same
+        // version is then skipped above: slim whatever is kept.
+        crate::watch::slim(&mut lease);
         entry.lease = Some(Arc::new(lease));
         self.counts.replace(before, Counts::of(entry));
         Some(key)
@@ -731,6 +734,20 @@ mod tests {
         keys.sort();
         keys.dedup();
         keys
+    }
+
+    #[test]
+    fn a_lease_is_held_slim_whichever_path_delivered_it() {
+        // A write's response carries managedFields; the watch event of the same
+        // resourceVersion (slimmed) is then skipped as unchanged, so the index must
+        // slim what it is given or hold the fat copy for the Lease's lifetime.
+        let now = Instant::now();
+        let key = LeaseKey::new("ns", "a");
+        let mut index = Index::default();
+        let mut written = lease("a", "La", 1);
+        written.metadata.managed_fields = Some(vec![Default::default()]);
+        index.apply_lease(written, now);
+        assert_eq!(index.lease(&key).unwrap().metadata.managed_fields, None);
     }
 
     #[test]

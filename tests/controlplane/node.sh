@@ -251,7 +251,7 @@ component_runs() { # state_dir component program
   local f=$1/$2.pid pid
   [[ -f $f ]] || return 1
   pid=$(cat "$f")
-  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$3"
+  kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -- "$3" >/dev/null
 }
 
 # One node per machine. Another cluster's node that still runs is left alone (refused);
@@ -303,7 +303,9 @@ up() {
   start_containerd
   # Re-imported on every start: containerd 1.6 does not pin the sandbox image against GC.
   import_images "$IMAGE_DIR"/*.tar
-  ctr -n k8s.io images ls -q | grep -qx "$PAUSE_IMAGE" ||
+  # grep reads to the end (no -q): an early exit would SIGPIPE ctr and, under pipefail,
+  # fail the check although the image is there.
+  ctr -n k8s.io images ls -q | grep -x "$PAUSE_IMAGE" >/dev/null ||
     { log "the sandbox image $PAUSE_IMAGE is not in containerd (make node-deps builds it into $IMAGE_DIR)"; exit 1; }
   start_kubelet
   wait_for kubelet "node $NODE_NAME Ready" node_ready
