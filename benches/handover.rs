@@ -21,13 +21,13 @@
 //! of `make cluster`. `make test` runs a smoke version (a few rounds, debug build)
 //! so this cannot rot.
 
+#[path = "../tests/support/requests.rs"]
+mod requests;
 #[path = "common/schema.rs"]
 #[allow(dead_code)]
 mod schema;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -569,10 +569,10 @@ async fn api_cost(
     window: f64,
 ) -> Cost {
     // The holder and the waiters send through a client of their own that counts.
-    let sent = Arc::new(AtomicU64::new(0));
+    let sent = requests::Recorded::default();
     let counted = kube::client::ClientBuilder::try_from(config)
         .unwrap()
-        .with_layer(&CountLayer(sent.clone()))
+        .with_layer(&sent)
         .build();
     let leases = &LeaseClient::new(counted, ns);
     let (baseline_rate, baseline_window) = request_rate(client, baseline).await;
@@ -596,9 +596,9 @@ async fn api_cost(
         .collect();
     wait_waiting(leases, "steady", 3).await;
     tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
-    let sent_before = sent.load(Ordering::Relaxed);
+    let sent_before = palisade_requests_sent(&sent);
     let (rate, window) = request_rate(client, window).await;
-    let client_side_rate = (sent.load(Ordering::Relaxed) - sent_before) as f64 / window;
+    let client_side_rate = (palisade_requests_sent(&sent) - sent_before) as f64 / window;
     assert!(
         holder.lost_reason().is_none(),
         "the steady holder lost its grant"
@@ -622,44 +622,6 @@ async fn api_cost(
     }
 }
 
-/// Counts the requests to palisade's resources that pass through it.
-struct CountLayer(Arc<AtomicU64>);
-
-impl<S> tower::Layer<S> for CountLayer {
-    type Service = Count<S>;
-    fn layer(&self, inner: S) -> Count<S> {
-        Count(inner, self.0.clone())
-    }
-}
-
-struct Count<S>(S, Arc<AtomicU64>);
-
-impl<S, B> tower::Service<http::Request<B>> for Count<S>
-where
-    S: tower::Service<http::Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), S::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> S::Future {
-        let path = req.uri().path();
-        if path.starts_with("/apis/palisade.dev/")
-            && (path.contains("/leases") || path.contains("/leaseclaims"))
-        {
-            self.1.fetch_add(1, Ordering::Relaxed);
-        }
-        self.0.call(req)
-    }
-}
-
 /// GET a path of the controller's admin server (plain HTTP/1.0).
 async fn http_get(port: u16, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -672,4 +634,16 @@ async fn http_get(port: u16, path: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     out
+}
+
+/// How many of the recorded requests went to palisade's resources.
+fn palisade_requests_sent(sent: &requests::Recorded) -> usize {
+    sent.taken()
+        .iter()
+        .filter(|r| {
+            let path = r.split(' ').nth(1).unwrap_or_default();
+            path.starts_with("/apis/palisade.dev/")
+                && (path.contains("/leases") || path.contains("/leaseclaims"))
+        })
+        .count()
 }

@@ -500,6 +500,48 @@ async fn a_waiter_whose_watch_went_silent_still_sees_its_grant() {
     granted.release().await.unwrap();
 }
 
+/// Issue 16 (API cost): a waiter on a quiet Lease keeps its watches alive by resuming
+/// them, not by listing again, and a resumed watch still delivers the grant.
+#[tokio::test]
+async fn a_quiet_waiter_resumes_its_watches_without_listing_again() {
+    let (ns, _controller, direct) = setup("client-quiet-wait").await;
+    direct.ensure_lease("quiet", 15).await.unwrap();
+    let holder = acquire(&direct, "quiet", "holder").await;
+    let requests = support::requests::Recorded::default();
+    let recorded = kube::client::ClientBuilder::try_from(support::admin_config().await)
+        .unwrap()
+        .with_layer(&requests)
+        .build();
+    let leases = LeaseClient::new(recorded, &ns.name);
+    let waiter = tokio::spawn(async move { leases.acquire("quiet", options("waiter")).await });
+    wait_for(ns.api::<Lease>(), "quiet", "a waiter", |l| {
+        l.and_then(|l| l.status.as_ref()?.waiting_count) == Some(1)
+    })
+    .await;
+    // Past the first watches' ends: two periods of the Lease watch (5 s each).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = requests.taken();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let during: Vec<String> = requests.taken()[before.len()..].to_vec();
+    let lists: Vec<&String> = during
+        .iter()
+        .filter(|r| r.starts_with("GET ") && !r.contains("watch=true"))
+        .collect();
+    assert!(lists.is_empty(), "listed again while waiting: {lists:?}");
+    let watches = during.iter().filter(|r| r.contains("watch=true")).count();
+    assert!(
+        (2..=4).contains(&watches),
+        "the Lease watch resumes every 5 s: {during:?}"
+    );
+    holder.release().await.unwrap();
+    let granted = timeout(WAIT, waiter)
+        .await
+        .expect("the waiter saw its grant on a resumed watch")
+        .unwrap()
+        .expect("granted");
+    granted.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_longer_lease_duration_never_extends_a_holders_own_deadline() {
     let (ns, _controller, _) = setup("client-duration-edit").await;

@@ -41,6 +41,7 @@
 //!   one waits in the queue, and once granted it expires after one lease duration.)
 
 mod clock;
+mod object_watch;
 
 use std::fmt;
 use std::future::Future;
@@ -48,18 +49,17 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use clock::{BootInstant, BootTimer};
+use object_watch::{Events, watch_one};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -79,15 +79,19 @@ const MAX_GENERATE_NAME_PREFIX: usize = 58;
 /// renewal patch or delete, a Lease's create, the status reads), so that a
 /// connection that dies silently (no FIN, no RST) costs at most this long: the
 /// request is abandoned with its connection, and a retry opens a new one. Watches
-/// have no deadline of their own; a watch that delivers nothing for
-/// [`WATCH_SILENCE`] is restarted instead.
+/// are bounded by their server-side timeout instead (`object_watch`).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A watch that delivers nothing for this long is started again (a list of its one
-/// object, then a new watch, on a new connection). A healthy watch of an object
-/// that does not change costs one such restart per period; a dead one is noticed
-/// within it.
-pub const WATCH_SILENCE: Duration = Duration::from_secs(5);
+/// The server-side timeout of the watch a waiter learns of its grant from: a watch
+/// that died silently is noticed within this plus [`object_watch::SILENCE_MARGIN`]
+/// (seconds), so a waiter whose connection died still sees its grant in time to keep
+/// it. Each waiter's quiet watch costs one request per period.
+pub const GRANT_WATCH_TIMEOUT_SECS: u32 = 5;
+
+/// The server-side timeout of every other watch: a holder's (its renewals, each under
+/// [`CALL_TIMEOUT`] and judged on the claim they return, notice an ended grant without
+/// them) and a waiter's watch of its own claim (which only ends the wait early).
+pub const WATCH_TIMEOUT_SECS: u32 = 60;
 
 /// How long a claim's deletion is retried (each attempt bounded by [`CALL_TIMEOUT`]).
 const DELETE_LIMIT: Duration = Duration::from_secs(10);
@@ -320,8 +324,8 @@ impl LeaseClient {
         };
 
         // Watch both before deciding anything: the first event of each is the current state.
-        let mut lease_events = watch_one(self.leases.clone(), lease);
-        let mut claim_events = watch_one(self.claims.clone(), &guard.name);
+        let mut lease_events = watch_one(self.leases.clone(), lease, GRANT_WATCH_TIMEOUT_SECS);
+        let mut claim_events = watch_one(self.claims.clone(), &guard.name, WATCH_TIMEOUT_SECS);
         let waited = within(
             deadline,
             wait_for_grant(lease, &guard, &mut lease_events, &mut claim_events),
@@ -341,6 +345,10 @@ impl LeaseClient {
         };
         let observed_at = BootInstant::now();
         let status = granted.status.clone().unwrap_or_default();
+        // The holder's Lease watch on the slower period: its first event is the Lease
+        // now, so nothing since the grant is missed.
+        drop(lease_events);
+        let lease_events = watch_one(self.leases.clone(), lease, WATCH_TIMEOUT_SECS);
 
         let (lost_tx, lost_rx) = watch::channel(None);
         let stop = CancellationToken::new();
@@ -701,43 +709,6 @@ fn name_slug(identity: &str) -> String {
         }
     }
     slug.trim_end_matches('-').to_string()
-}
-
-type Events<K> = BoxStream<'static, Result<Option<K>, watcher::Error>>;
-
-/// The object (None: absent) each time it changes; watch errors are retried with
-/// backoff. A watch that delivers nothing for [`WATCH_SILENCE`] is started again, since a
-/// connection that died silently would otherwise leave it waiting for ever (kube's
-/// watcher has no deadline of its own and yields nothing on a healthy idle watch).
-fn watch_one<K>(api: Api<K>, name: &str) -> Events<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + fmt::Debug + Send + 'static,
-{
-    fn start<K>(api: &Api<K>, name: &str) -> Events<K>
-    where
-        K: kube::Resource + Clone + serde::de::DeserializeOwned + fmt::Debug + Send + 'static,
-    {
-        watcher::watch_object(api.clone(), name)
-            .backoff(crate::watch::backoff())
-            .boxed()
-    }
-    let events = start(&api, name);
-    futures::stream::unfold(
-        (api, name.to_string(), events),
-        |(api, name, mut events)| async move {
-            loop {
-                match tokio::time::timeout(WATCH_SILENCE, events.next()).await {
-                    Ok(Some(event)) => return Some((event, (api, name, events))),
-                    Ok(None) => return None,
-                    Err(_) => {
-                        tracing::debug!(%name, "watch silent for {WATCH_SILENCE:?}; starting it again");
-                        events = start(&api, &name);
-                    }
-                }
-            }
-        },
-    )
-    .boxed()
 }
 
 async fn within<T>(deadline: Option<Instant>, fut: impl Future<Output = T>) -> Option<T> {

@@ -31,6 +31,7 @@ pub mod blackhole;
 pub mod claims;
 pub mod cli;
 pub mod helm;
+pub mod requests;
 pub mod tools;
 
 pub fn repo_root() -> &'static Path {
