@@ -197,6 +197,8 @@ pub async fn serve_admin(
         .route("/metrics", get(metrics_text))
         .with_state(AdminState { metrics, ready });
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    // The bound address: with port 0 the kernel chose the port.
+    let addr = listener.local_addr()?;
     tracing::info!(%addr, "admin server listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
