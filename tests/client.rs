@@ -542,6 +542,73 @@ async fn a_quiet_waiter_resumes_its_watches_without_listing_again() {
     granted.release().await.unwrap();
 }
 
+/// Issue 16: in a storm the controller writes the new holder's `Granted` mirror after
+/// every pending grant, possibly later than the holder's deadline. Its renewals must
+/// count meanwhile (every ending marks the claim first, so an unmirrored claim is not
+/// an ended one), and an ending marked later must still be the loss. No controller
+/// runs here: the test writes the Lease as the controller would and leaves the mirror.
+#[tokio::test]
+async fn a_holder_whose_grant_is_not_mirrored_yet_keeps_it_until_the_claim_shows_an_end() {
+    support::install_crds().await;
+    let ns = TestNamespace::new("client-unmirrored").await;
+    let leases = LeaseClient::new(ns.client.clone(), &ns.name);
+    leases.ensure_lease("late-mirror", 3).await.unwrap();
+    let acquiring =
+        tokio::spawn(async move { leases.acquire("late-mirror", options("holder")).await });
+    let claims = ns.api::<LeaseClaim>();
+    let claim = timeout(WAIT, async {
+        loop {
+            if let Some(c) = claims.list(&Default::default()).await.unwrap().items.pop() {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the client created its claim");
+    let grant = serde_json::json!({"status": {
+        "phase": "Held",
+        "fencingToken": 42,
+        "holder": {"claim": claim.name_any(), "claimUID": claim.uid().unwrap(),
+                   "identity": "holder", "leaseDurationSeconds": 3},
+    }});
+    ns.api::<Lease>()
+        .patch_status(
+            "late-mirror",
+            &Default::default(),
+            &kube::api::Patch::Merge(&grant),
+        )
+        .await
+        .unwrap();
+    let grant = timeout(WAIT, acquiring)
+        .await
+        .expect("the client saw its grant")
+        .unwrap()
+        .expect("granted");
+    assert_eq!(grant.token(), 42);
+    // Past the 2 s deadline of a grant whose renewals would not count.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert_eq!(
+        grant.lost_reason(),
+        None,
+        "renewals of an unmirrored grant counted"
+    );
+
+    let ended = serde_json::json!({"status": {"phase": "Expired"}});
+    claims
+        .patch_status(
+            grant.claim_name(),
+            &Default::default(),
+            &kube::api::Patch::Merge(&ended),
+        )
+        .await
+        .unwrap();
+    let reason = timeout(Duration::from_secs(3), grant.lost())
+        .await
+        .expect("the next renewal found the claim ended");
+    assert_eq!(reason, LostReason::Expired);
+}
+
 #[tokio::test]
 async fn a_longer_lease_duration_never_extends_a_holders_own_deadline() {
     let (ns, _controller, _) = setup("client-duration-edit").await;
