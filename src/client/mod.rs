@@ -83,9 +83,9 @@ const MAX_GENERATE_NAME_PREFIX: usize = 58;
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The server-side timeout of the watch a waiter learns of its grant from: a watch
-/// that died silently is noticed within this plus [`object_watch::SILENCE_MARGIN`]
-/// (seconds), so a waiter whose connection died still sees its grant in time to keep
-/// it. Each waiter's quiet watch costs one request per period.
+/// that died silently is noticed within this plus `object_watch::SILENCE_MARGIN` (2 s),
+/// so a waiter whose connection died sees its grant within about 7 s. Each waiter's
+/// quiet watch costs one request per period.
 pub const GRANT_WATCH_TIMEOUT_SECS: u32 = 5;
 
 /// The server-side timeout of every other watch: a holder's (its renewals, each under
