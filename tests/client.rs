@@ -609,6 +609,94 @@ async fn a_holder_whose_grant_is_not_mirrored_yet_keeps_it_until_the_claim_shows
     assert_eq!(reason, LostReason::Expired);
 }
 
+/// A holder may see its grant late (its Lease watch died silently and was resumed), and
+/// the controller's clock started at the grant. Until a renewal counts, the holder
+/// gives up a third of the duration after it saw the grant, not two thirds. Here the
+/// holder may not patch its claim (RBAC: renewals are refused, 403, and retried), and
+/// the test writes the Lease as the controller would.
+#[tokio::test]
+async fn a_holder_whose_first_renewal_never_counts_gives_up_a_third_of_the_duration_after_the_grant()
+ {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    support::install_crds().await;
+    let ns = TestNamespace::new("client-first-renewal").await;
+    let pp = kube::api::PostParams::default();
+    let no_patch: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "no-renewals"},
+        "rules": [
+            {"apiGroups": ["palisade.dev"], "resources": ["leases"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["palisade.dev"], "resources": ["leaseclaims"],
+             "verbs": ["get", "list", "watch", "create", "delete"]},
+        ]
+    }))
+    .unwrap();
+    ns.api::<Role>().create(&pp, &no_patch).await.unwrap();
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "holder"}})).unwrap();
+    ns.api::<ServiceAccount>()
+        .create(&pp, &account)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "holder-no-renewals"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-renewals"},
+        "subjects": [{"kind": "ServiceAccount", "name": "holder", "namespace": ns.name}]
+    }))
+    .unwrap();
+    ns.api::<RoleBinding>().create(&pp, &binding).await.unwrap();
+    let token = support::accounts::service_account_token(&ns, "holder", None).await;
+    let leases = LeaseClient::new(support::client_with_token(&token).await, &ns.name);
+    LeaseClient::new(ns.client.clone(), &ns.name)
+        .ensure_lease("first-renewal", 6)
+        .await
+        .unwrap();
+
+    let acquiring =
+        tokio::spawn(async move { leases.acquire("first-renewal", options("holder")).await });
+    let claims = ns.api::<LeaseClaim>();
+    let claim = timeout(WAIT, async {
+        loop {
+            if let Some(c) = claims.list(&Default::default()).await.unwrap().items.pop() {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the client created its claim");
+    let grant = serde_json::json!({"status": {
+        "phase": "Held",
+        "fencingToken": 7,
+        "holder": {"claim": claim.name_any(), "claimUID": claim.uid().unwrap(),
+                   "identity": "holder", "leaseDurationSeconds": 6},
+    }});
+    ns.api::<Lease>()
+        .patch_status(
+            "first-renewal",
+            &Default::default(),
+            &kube::api::Patch::Merge(&grant),
+        )
+        .await
+        .unwrap();
+    let grant = timeout(WAIT, acquiring)
+        .await
+        .expect("the client saw its grant")
+        .unwrap()
+        .expect("granted");
+    let seen = Instant::now();
+    let reason = timeout(Duration::from_secs(10), grant.lost())
+        .await
+        .expect("the holder gave up");
+    let after = seen.elapsed();
+    assert_eq!(reason, LostReason::LocalDeadline);
+    // A third of 6 s is 2 s (two thirds, the old deadline, would be 4 s).
+    assert!(
+        after < Duration::from_millis(3000),
+        "gave up {after:?} after seeing the grant"
+    );
+}
+
 #[tokio::test]
 async fn a_longer_lease_duration_never_extends_a_holders_own_deadline() {
     let (ns, _controller, _) = setup("client-duration-edit").await;

@@ -29,9 +29,10 @@
 //!   *sent* its last successful renewal, on its own clock (`CLOCK_BOOTTIME`, which
 //!   counts suspensions; see `src/client/clock.rs`). So it stops
 //!   believing it holds the lease before the controller can hand it to someone else.
-//!   Until the first renewal (sent as soon as the grant is seen) the deadline
-//!   counts from the moment the grant was observed, which assumes that the watch
-//!   delivered the grant within a third of the duration.
+//!   Until the first renewal (sent as soon as the grant is seen) counts, the
+//!   deadline is a third of a duration after the moment the grant was observed,
+//!   which assumes that the watch delivered the grant within two thirds of the
+//!   duration (a waiter's watch that died silently is resumed within seconds).
 //! - A claim is never left behind by this process: acquiring arms a guard that
 //!   deletes the claim if the acquire fails, times out or is cancelled (its future
 //!   dropped, even while the create request is in flight), and a [`Grant`] deletes
@@ -826,6 +827,18 @@ impl Keeper {
         *self.duration.borrow()
     }
 
+    /// How long after `last_renewal` this holder stops believing: two thirds of the
+    /// duration after a renewal that counted, a third after seeing the grant (the
+    /// controller's clock started at the grant, possibly well before; see the module
+    /// docs).
+    fn deadline_after(&self, counted: bool) -> Duration {
+        if counted {
+            self.duration() * 2 / 3
+        } else {
+            self.duration() / 3
+        }
+    }
+
     /// Renews until the grant is lost (returns why) or the owner stops it (returns None).
     async fn hold(
         &mut self,
@@ -835,11 +848,12 @@ impl Keeper {
     ) -> Option<LostReason> {
         // The send time of the last successful renewal; see the module docs for the first one.
         let mut last_renewal = observed_at;
+        let mut counted = false;
         // When to renew next: only a schedule, so tokio's (monotonic) timers do.
         let mut next_renewal = Instant::now();
         let mut renewing: Option<BoxFuture<'static, Result<BootInstant, RenewalError>>> = None;
         loop {
-            let deadline = last_renewal + self.duration() * 2 / 3;
+            let deadline = last_renewal + self.deadline_after(counted);
             // Every wake-up checks the deadline first: after a pause or a suspension
             // it has passed, whatever else is ready.
             if BootInstant::now() >= deadline {
@@ -887,6 +901,7 @@ impl Keeper {
                         Ok(_) if BootInstant::now() >= deadline => return Some(LostReason::LocalDeadline),
                         Ok(sent_at) => {
                             last_renewal = sent_at;
+                            counted = true;
                             next_renewal = Instant::now()
                                 + (sent_at + self.duration() / 3)
                                     .saturating_duration_since(BootInstant::now());
