@@ -435,12 +435,21 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
     }
 
     // Deleting the leading controller pod: the standby takes over and grants continue.
-    let leader = leaders(&client)
-        .await
-        .into_iter()
-        .find(|(_, l)| *l)
-        .unwrap()
-        .0;
+    // Polled: under the workload's load a leader may step down for about a second (its
+    // 750 ms renew deadline missed) before a replica leads again, and a metrics read
+    // through the API server's pod proxy may fail once.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        let seen = leaders(&client).await;
+        if let Some((pod, _)) = seen.iter().find(|(_, l)| *l) {
+            break pod.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no controller pod led for 30 s; last seen (pod, leading): {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let before = max_token(&history);
     ok(
         "kubectl",
