@@ -542,6 +542,48 @@ async fn a_quiet_waiter_resumes_its_watches_without_listing_again() {
     granted.release().await.unwrap();
 }
 
+/// Plays the controller for a test that runs none: waits for the one claim `acquiring`
+/// creates, names it holder of `lease` with `token` (Lease status only, no claim mirror)
+/// and returns the grant the client then sees.
+async fn grant_as_the_controller(
+    ns: &TestNamespace,
+    lease: &str,
+    token: i64,
+    duration_secs: i64,
+    acquiring: tokio::task::JoinHandle<Result<Grant, Error>>,
+) -> Grant {
+    let claims = ns.api::<LeaseClaim>();
+    let claim = timeout(WAIT, async {
+        loop {
+            if let Some(c) = claims.list(&Default::default()).await.unwrap().items.pop() {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the client created its claim");
+    let status = serde_json::json!({"status": {
+        "phase": "Held",
+        "fencingToken": token,
+        "holder": {"claim": claim.name_any(), "claimUID": claim.uid().unwrap(),
+                   "identity": claim.spec.holder_identity, "leaseDurationSeconds": duration_secs},
+    }});
+    ns.api::<Lease>()
+        .patch_status(
+            lease,
+            &Default::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+    timeout(WAIT, acquiring)
+        .await
+        .expect("the client saw its grant")
+        .unwrap()
+        .expect("granted")
+}
+
 /// Issue 16: in a storm the controller writes the new holder's `Granted` mirror after
 /// every pending grant, possibly later than the holder's deadline. Its renewals must
 /// count meanwhile (every ending marks the claim first, so an unmirrored claim is not
@@ -555,37 +597,9 @@ async fn a_holder_whose_grant_is_not_mirrored_yet_keeps_it_until_the_claim_shows
     leases.ensure_lease("late-mirror", 3).await.unwrap();
     let acquiring =
         tokio::spawn(async move { leases.acquire("late-mirror", options("holder")).await });
-    let claims = ns.api::<LeaseClaim>();
-    let claim = timeout(WAIT, async {
-        loop {
-            if let Some(c) = claims.list(&Default::default()).await.unwrap().items.pop() {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the client created its claim");
-    let grant = serde_json::json!({"status": {
-        "phase": "Held",
-        "fencingToken": 42,
-        "holder": {"claim": claim.name_any(), "claimUID": claim.uid().unwrap(),
-                   "identity": "holder", "leaseDurationSeconds": 3},
-    }});
-    ns.api::<Lease>()
-        .patch_status(
-            "late-mirror",
-            &Default::default(),
-            &kube::api::Patch::Merge(&grant),
-        )
-        .await
-        .unwrap();
-    let grant = timeout(WAIT, acquiring)
-        .await
-        .expect("the client saw its grant")
-        .unwrap()
-        .expect("granted");
+    let grant = grant_as_the_controller(&ns, "late-mirror", 42, 3, acquiring).await;
     assert_eq!(grant.token(), 42);
+    let claims = ns.api::<LeaseClaim>();
     // Past the 2 s deadline of a grant whose renewals would not count.
     tokio::time::sleep(Duration::from_millis(4500)).await;
     assert_eq!(
@@ -654,36 +668,7 @@ async fn a_holder_whose_first_renewal_never_counts_gives_up_a_third_of_the_durat
 
     let acquiring =
         tokio::spawn(async move { leases.acquire("first-renewal", options("holder")).await });
-    let claims = ns.api::<LeaseClaim>();
-    let claim = timeout(WAIT, async {
-        loop {
-            if let Some(c) = claims.list(&Default::default()).await.unwrap().items.pop() {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the client created its claim");
-    let grant = serde_json::json!({"status": {
-        "phase": "Held",
-        "fencingToken": 7,
-        "holder": {"claim": claim.name_any(), "claimUID": claim.uid().unwrap(),
-                   "identity": "holder", "leaseDurationSeconds": 6},
-    }});
-    ns.api::<Lease>()
-        .patch_status(
-            "first-renewal",
-            &Default::default(),
-            &kube::api::Patch::Merge(&grant),
-        )
-        .await
-        .unwrap();
-    let grant = timeout(WAIT, acquiring)
-        .await
-        .expect("the client saw its grant")
-        .unwrap()
-        .expect("granted");
+    let grant = grant_as_the_controller(&ns, "first-renewal", 7, 6, acquiring).await;
     let seen = Instant::now();
     let reason = timeout(Duration::from_secs(10), grant.lost())
         .await
