@@ -943,3 +943,89 @@ fn tokio_stream_lines<R: tokio::io::AsyncBufRead + Unpin + Send + 'static>(
     })
     .boxed()
 }
+
+/// Found by the chaos suite: once the record it saw had expired, a standby whose
+/// attempts failed at once retried without pause (over 1,000 times a second). Here
+/// its credentials may read the election record once; then the binding is deleted,
+/// and every later read is refused at once (RBAC: 403).
+#[tokio::test]
+async fn a_standby_whose_attempts_fail_at_once_retries_once_per_retry_period() {
+    use k8s_openapi::api::coordination::v1::Lease as ElectionRecord;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use palisade::election::{ElectionConfig, ElectionTimings, Elector};
+
+    let ns = TestNamespace::new("election-refused").await;
+    let pp = PostParams::default();
+    let objects = [
+        json!({"metadata": {"name": "read-only"}, "rules": [{"apiGroups": ["coordination.k8s.io"],
+               "resources": ["leases"], "verbs": ["get", "list", "watch"]}]}),
+        json!({"metadata": {"name": "standby"}}),
+        json!({"metadata": {"name": "standby-read-only"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-only"},
+               "subjects": [{"kind": "ServiceAccount", "name": "standby", "namespace": ns.name}]}),
+    ];
+    ns.api::<Role>()
+        .create(&pp, &serde_json::from_value(objects[0].clone()).unwrap())
+        .await
+        .unwrap();
+    ns.api::<ServiceAccount>()
+        .create(&pp, &serde_json::from_value(objects[1].clone()).unwrap())
+        .await
+        .unwrap();
+    ns.api::<RoleBinding>()
+        .create(&pp, &serde_json::from_value(objects[2].clone()).unwrap())
+        .await
+        .unwrap();
+    // Held by another replica with a 1 s lease that nobody renews.
+    let record: ElectionRecord = serde_json::from_value(json!({
+        "metadata": {"name": "election"},
+        "spec": {"holderIdentity": "other", "leaseDurationSeconds": 1},
+    }))
+    .unwrap();
+    ns.api::<ElectionRecord>()
+        .create(&pp, &record)
+        .await
+        .unwrap();
+
+    let token = support::accounts::service_account_token(&ns, "standby", None).await;
+    let mut config = support::admin_config().await;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    let requests = support::requests::Recorded::default();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .unwrap()
+        .with_layer(&requests)
+        .build();
+    let mut elector = Elector::new(
+        client,
+        ElectionConfig {
+            namespace: ns.name.clone(),
+            name: "election".into(),
+            identity: "me".into(),
+            timings: ElectionTimings::default(),
+        },
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        stop.cancel();
+    });
+    let cut_off = async {
+        while requests.taken().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ns.api::<RoleBinding>()
+            .delete("standby-read-only", &DeleteParams::default())
+            .await
+            .unwrap();
+    };
+    let (led, ()) = tokio::join!(elector.acquire(&shutdown), cut_off);
+    assert!(!led, "never leads");
+    let calls = requests.taken().len();
+    // One read, then one refused attempt per 250 ms for 5 s.
+    assert!((15..=25).contains(&calls), "{calls} calls in 5 s");
+}
