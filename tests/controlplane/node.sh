@@ -26,6 +26,10 @@ POD_CIDR=${POD_CIDR:-10.244.0.0/24}
 NODE_IP=${NODE_IP:-10.244.0.1}
 KUBERNETES_SERVICE_IP=${KUBERNETES_SERVICE_IP:-10.0.0.1}
 BRIDGE=${BRIDGE:-palisade0}
+# A fixed, locally administered address: a bridge without one takes the lowest address
+# among its ports and changes it when that pod's port goes away, and the other pods keep
+# the old gateway address cached (their API calls and the kubelet's probes fail for ~30 s).
+BRIDGE_MAC=${BRIDGE_MAC:-02:70:61:6c:00:01}
 PAUSE_IMAGE=${PAUSE_IMAGE:-palisade.local/pause:1}
 IMAGE_DIR=${IMAGE_DIR:-$STATE_DIR/../images}
 START_TIMEOUT=${START_TIMEOUT:-90}
@@ -121,8 +125,9 @@ EOF
 # The bridge exists before the kubelet starts: its address is the node IP.
 network_up() {
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
-    ip link add "$BRIDGE" type bridge
+    ip link add "$BRIDGE" address "$BRIDGE_MAC" type bridge
   fi
+  ip link set "$BRIDGE" address "$BRIDGE_MAC"
   ip addr replace "$NODE_IP/${POD_CIDR#*/}" dev "$BRIDGE"
   ip addr replace "$KUBERNETES_SERVICE_IP/32" dev "$BRIDGE"
   ip link set "$BRIDGE" up
