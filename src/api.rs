@@ -191,8 +191,15 @@ impl ClaimPhase {
     }
 }
 
+/// The API server refuses a status write that would move a claim back: out of a
+/// final phase, from `Granted` to `Pending`, or to another token. So a second writer
+/// (an ex-leader's pass in flight, two controllers without an election) cannot make
+/// an ended grant's renewals count again or grant a claim twice.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(oldSelf.phase) || !(oldSelf.phase in ['Expired', 'Revoked', 'Released']) || (has(self.phase) && self.phase == oldSelf.phase)").message("status.phase cannot leave a final phase (Expired, Revoked, Released): a claim that lost its grant never gets it back").field_path(".phase"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.phase) || oldSelf.phase != 'Granted' || (has(self.phase) && self.phase != 'Pending')").message("status.phase cannot go from Granted back to Pending: a claim is granted once").field_path(".phase"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.fencingToken) || (has(self.fencingToken) && self.fencingToken == oldSelf.fencingToken)").message("status.fencingToken is set once, when the claim is granted, and never changes").field_path(".fencingToken"))]
 pub struct LeaseClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<ClaimPhase>,

@@ -7,16 +7,20 @@
 //! Correctness of grants never depends on the election (DESIGN rule 2); it only
 //! keeps standby replicas from doing wasted work.
 //!
-//! Every call has a deadline: an attempt to renew may take no longer than what is
-//! left of the renew deadline, so a leader stuck on a dead connection gives up
-//! leadership on time instead of waiting for the kernel's TCP timeout.
+//! A slow API server must cost latency, not leadership. Every attempt waits up to
+//! [`ATTEMPT_DEADLINE`] for its answer, far longer than the renew deadline, so a
+//! write that lands is seen by the replica that made it: no replica keeps the
+//! record alive without knowing it leads. A leader steps down only when it finds
+//! another holder, or when an attempt *failed* and none has succeeded since the
+//! renew deadline (counted from the start of the last successful attempt); a slow
+//! renewal that succeeds keeps it leading. Two replicas may then both act for a
+//! few seconds, which rule 2 makes safe.
 //!
 //! Takeover is timed to the record: a standby that saw the record unchanged tries
 //! again the moment it would expire rather than at its next retry tick, so a dead
-//! leader is replaced within the lease duration plus one retry period. A leader
-//! counts its renew deadline from the *start* of its last successful attempt, which
-//! is before the write landed and so before any standby's clock for it started: it
-//! stops (and steps down) before a standby may take over.
+//! leader is replaced within the lease duration plus one retry period. It waits
+//! the record's duration plus twice its own latest read's round trip: when calls
+//! are slow, a live leader's renewals land that much further apart.
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +34,11 @@ use tokio_util::sync::CancellationToken;
 use crate::controller::{Error, Result};
 use crate::error::ApiErrorKind;
 use crate::kube_client::within;
+
+/// How long one attempt (a read and a write of the record) may take. It bounds a
+/// call on a connection that died silently too; the controller's connections also
+/// count as dead after 5 s without a byte (`kube_client::READ_TIMEOUT`).
+pub const ATTEMPT_DEADLINE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct ElectionConfig {
@@ -143,7 +152,7 @@ impl Elector {
     pub async fn acquire(&mut self, shutdown: &CancellationToken) -> bool {
         let timings = self.config.timings;
         loop {
-            match self.attempt(timings.renew_deadline).await {
+            match self.attempt().await {
                 Ok(true) => return true,
                 Ok(false) => {}
                 Err(e) => {
@@ -177,18 +186,15 @@ impl Elector {
                 _ = tokio::time::sleep(timings.retry_period) => {}
             }
             let started = Instant::now();
-            let left = timings
-                .renew_deadline
-                .saturating_sub(started - last_renewed);
-            match self.attempt(left).await {
+            match self.attempt().await {
                 Ok(true) => last_renewed = started,
                 Ok(false) => return Err(Error::ElectionLost),
                 Err(e) => {
-                    tracing::warn!(error = %e, reason = e.label(), "leader election: renewal failed")
+                    tracing::warn!(error = %e, reason = e.label(), "leader election: renewal failed");
+                    if last_renewed.elapsed() > timings.renew_deadline {
+                        return Err(Error::RenewDeadline(timings.renew_deadline));
+                    }
                 }
-            }
-            if last_renewed.elapsed() > timings.renew_deadline {
-                return Err(Error::RenewDeadline(timings.renew_deadline));
             }
         }
     }
@@ -229,10 +235,10 @@ impl Elector {
         true
     }
 
-    /// One attempt, given up (as a failed attempt) after `limit`.
-    async fn attempt(&mut self, limit: Duration) -> Result<bool> {
+    /// One attempt, given up (as a failed attempt) after [`ATTEMPT_DEADLINE`].
+    async fn attempt(&mut self) -> Result<bool> {
         self.last_attempt_started = Some(Instant::now());
-        within(limit, self.try_acquire_or_renew())
+        within(ATTEMPT_DEADLINE, self.try_acquire_or_renew())
             .await
             .map_err(|e| Error::api("write the election lease", e))
     }
@@ -257,7 +263,10 @@ impl Elector {
         let wall = MicroTime(Timestamp::now());
         let me = self.config.identity.clone();
         let duration_secs = self.config.timings.lease_duration.as_secs().max(1) as i32;
-        let Some(mut lease) = self.api.get_opt(&self.config.name).await? else {
+        let read_started = Instant::now();
+        let read = self.api.get_opt(&self.config.name).await?;
+        let round_trip = read_started.elapsed();
+        let Some(mut lease) = read else {
             let lease = CoordinationLease {
                 metadata: ObjectMeta {
                     name: Some(self.config.name.clone()),
@@ -288,7 +297,7 @@ impl Elector {
         let their_duration =
             Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
         let ours = holder == me;
-        let expires_at = first_seen + their_duration;
+        let expires_at = first_seen + their_duration + 2 * round_trip;
         let free = holder.is_empty() || Instant::now() >= expires_at;
         self.observed = Some(Observed {
             resource_version: rv,

@@ -109,7 +109,7 @@ impl Decision {
 pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
     let claims = in_fifo_order(view);
     let Some(lease) = view.lease else {
-        return decide_without_lease(&claims, wall);
+        return decide_without_lease(view, &claims, wall);
     };
     let observed = lease.status.clone().unwrap_or_default();
     let generation = lease.metadata.generation;
@@ -133,7 +133,7 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
     };
 
     // 2. Who waits: pending claims whose pods (if any) are alive, in FIFO order.
-    let waiting = waiting_claims(&claims, ended_uid, kept_uid);
+    let waiting = waiting_claims(view, &claims, ended_uid, kept_uid);
 
     // 3. Hand over in the same write (or free the Lease), unless the holder keeps it.
     let mut status = observed.clone();
@@ -204,6 +204,7 @@ fn holder_ending(
 /// Phase 2: the claims that wait, in grant order: pending, pods alive (or not seen
 /// yet), and neither the holder that keeps the grant nor the one whose grant ended.
 fn waiting_claims<'v>(
+    view: &LeaseView<'_>,
     claims: &[&'v ClaimView<'v>],
     ended_uid: Option<&str>,
     kept_uid: Option<&str>,
@@ -213,10 +214,17 @@ fn waiting_claims<'v>(
         .copied()
         .filter(|c| {
             is_waiting(c)
+                && !held_a_deleted_lease(view, c)
                 && Some(c.claim.uid.as_str()) != ended_uid
                 && Some(c.claim.uid.as_str()) != kept_uid
         })
         .collect()
+}
+
+/// The claim held a Lease object of this name that is gone: its grant ended with
+/// that object, whether or not its `Granted` mirror was ever written.
+fn held_a_deleted_lease(view: &LeaseView<'_>, c: &ClaimView<'_>) -> bool {
+    view.deleted_holders.contains(&c.claim.uid)
 }
 
 /// Phase 3: grants the Lease to the first waiter with the next token (DESIGN rules 3
@@ -413,6 +421,20 @@ fn mirror_claims(
                 lost(c, phase, how.reason(), &message, wall),
                 Some(c.claim.resource_version.clone()),
             );
+        } else if held_a_deleted_lease(view, c) {
+            // The Lease it held was deleted (this one is a new object of the name).
+            push_claim_update(
+                decision,
+                c,
+                lost(
+                    c,
+                    ClaimPhase::Revoked,
+                    reasons::LEASE_DELETED,
+                    messages::LEASE_DELETED,
+                    wall,
+                ),
+                None,
+            );
         } else if c.claim.status.phase == Some(ClaimPhase::Granted) {
             // Granted in its mirror, but the Lease names someone else: a later grant superseded it.
             let message = messages::superseded(&view.key.name, lease_token.unwrap_or_default());
@@ -463,38 +485,43 @@ fn check_pod_gone(decision: &mut Decision, c: &ClaimView<'_>) {
     }
 }
 
-fn decide_without_lease(claims: &[&ClaimView<'_>], wall: Timestamp) -> Decision {
+fn decide_without_lease(
+    view: &LeaseView<'_>,
+    claims: &[&ClaimView<'_>],
+    wall: Timestamp,
+) -> Decision {
     let mut decision = Decision::default();
     let mut position = 0;
     for c in claims {
         if c.claim.deleting || c.claim.status.phase.is_some_and(ClaimPhase::is_final) {
             continue;
         }
-        let s = if c.claim.status.phase == Some(ClaimPhase::Granted) {
-            decision.check(Check::LeaseGone);
-            lost(
-                c,
-                ClaimPhase::Revoked,
-                reasons::LEASE_DELETED,
-                messages::LEASE_DELETED,
-                wall,
-            )
-        } else {
-            position += 1;
-            let mut s = c.claim.status.clone();
-            s.phase = Some(ClaimPhase::Pending);
-            s.position = Some(position);
-            set_condition(
-                &mut s.conditions,
-                types::LEASE_NOT_FOUND,
-                true,
-                reasons::LEASE_NOT_FOUND,
-                messages::LEASE_NOT_FOUND,
-                c.claim.generation,
-                wall,
-            );
-            s
-        };
+        let s =
+            if c.claim.status.phase == Some(ClaimPhase::Granted) || held_a_deleted_lease(view, c) {
+                decision.check(Check::LeaseGone);
+                lost(
+                    c,
+                    ClaimPhase::Revoked,
+                    reasons::LEASE_DELETED,
+                    messages::LEASE_DELETED,
+                    wall,
+                )
+            } else {
+                position += 1;
+                let mut s = c.claim.status.clone();
+                s.phase = Some(ClaimPhase::Pending);
+                s.position = Some(position);
+                set_condition(
+                    &mut s.conditions,
+                    types::LEASE_NOT_FOUND,
+                    true,
+                    reasons::LEASE_NOT_FOUND,
+                    messages::LEASE_NOT_FOUND,
+                    c.claim.generation,
+                    wall,
+                );
+                s
+            };
         push_claim_update(&mut decision, c, s, None);
     }
     decision

@@ -110,6 +110,10 @@ struct LeaseEntry {
     claims: Vec<Box<ClaimEntry>>,
     /// The holder's claim UID and when the index first saw it hold the lease.
     holder_since: Option<(String, Instant)>,
+    /// Claims that held a Lease object of this name that is gone (deleted, or
+    /// replaced by a re-created one): revoked even if their `Granted` mirror never
+    /// landed, and never granted by a later Lease of the name.
+    deleted_holders: Vec<String>,
 }
 
 impl LeaseEntry {
@@ -123,6 +127,28 @@ impl LeaseEntry {
             Some(slot) => **slot = claim,
             None => self.claims.push(Box::new(claim)),
         }
+    }
+
+    /// The Lease object held goes away; `last` is its final state when the watch
+    /// delivered one (newer than ours, possibly).
+    fn lease_gone(&mut self, last: Option<&Lease>) {
+        let holder = |l: &Lease| Some(l.status.as_ref()?.holder.as_ref()?.claim_uid.clone());
+        let uid = last
+            .and_then(holder)
+            .or_else(|| self.lease.as_deref().and_then(holder));
+        let claims = &self.claims;
+        self.deleted_holders.retain(|u| {
+            claims
+                .iter()
+                .any(|c| c.uid == *u && !c.status.phase.is_some_and(|p| p.is_final()))
+        });
+        if let Some(uid) = uid
+            && !self.deleted_holders.contains(&uid)
+        {
+            self.deleted_holders.push(uid);
+        }
+        self.lease = None;
+        self.holder_since = None;
     }
 
     fn take_claim(&mut self, name: &str) -> Option<Box<ClaimEntry>> {
@@ -148,6 +174,8 @@ pub struct LeaseView<'a> {
     pub holder_deadline: Option<Instant>,
     /// When a claim whose pod has not been seen yet stops waiting for it.
     pub pod_recheck: Option<Instant>,
+    /// UIDs of claims that held a Lease object of this name that is gone.
+    pub deleted_holders: &'a [String],
 }
 
 #[derive(Debug, Default)]
@@ -332,15 +360,6 @@ impl Index {
         })
     }
 
-    /// After a restart or failover every holder gets a fresh full duration (DESIGN rule 4).
-    pub fn restart_holder_clocks(&mut self, now: Instant) {
-        for entry in self.leases.values_mut() {
-            if let Some((_, since)) = &mut entry.holder_since {
-                *since = now;
-            }
-        }
-    }
-
     /// The index's own copy of `key` when it has one, so copies share their strings.
     fn shared(&self, key: LeaseKey) -> LeaseKey {
         self.leases
@@ -379,6 +398,16 @@ impl Index {
             lease.name_any(),
         ));
         let entry = self.leases.entry(key.clone()).or_default();
+        if entry
+            .lease
+            .as_ref()
+            .is_some_and(|current| current.metadata.uid != lease.metadata.uid)
+        {
+            // Re-created before the old one's delete event arrived.
+            let before = Counts::of(entry);
+            entry.lease_gone(None);
+            self.counts.replace(before, Counts::of(entry));
+        }
         if let Some(current) = &entry.lease {
             let same_object = current.metadata.uid == lease.metadata.uid;
             let older = resource_version_newer(
@@ -419,8 +448,7 @@ impl Index {
             return None;
         }
         self.counts.replace(Counts::of(entry), Counts::default());
-        entry.lease = None;
-        entry.holder_since = None;
+        entry.lease_gone(Some(lease));
         self.forget_if_empty(&key);
         Some(key)
     }
@@ -573,8 +601,7 @@ impl Index {
         for (key, entry) in self.leases.iter_mut() {
             if entry.lease.is_some() && !listed.contains(key) {
                 self.counts.replace(Counts::of(entry), Counts::default());
-                entry.lease = None;
-                entry.holder_since = None;
+                entry.lease_gone(None);
                 touched.push(key.clone());
             }
         }
@@ -656,6 +683,7 @@ impl Index {
             claims,
             holder_deadline,
             pod_recheck,
+            deleted_holders: &entry.deleted_holders,
         })
     }
 
@@ -676,8 +704,8 @@ impl Index {
     }
 
     /// The holder expires a lease duration after the later of: when the index
-    /// first saw it hold the lease (reset on a restart or failover), and its last
-    /// observed renewal. The duration is the longer of `leaseDurationSeconds` now and
+    /// first saw it hold the lease (so a restarted controller gives it a fresh full
+    /// duration), and its last observed renewal. The duration is the longer of `leaseDurationSeconds` now and
     /// the one the grant was made with (`status.holder.leaseDurationSeconds`): the
     /// holder's client keeps the latter, so a shortened spec must not cut its grant
     /// short, while a lengthened one may extend it on this side only.

@@ -542,18 +542,10 @@ async fn a_quiet_waiter_resumes_its_watches_without_listing_again() {
     granted.release().await.unwrap();
 }
 
-/// Plays the controller for a test that runs none: waits for the one claim `acquiring`
-/// creates, names it holder of `lease` with `token` (Lease status only, no claim mirror)
-/// and returns the grant the client then sees.
-async fn grant_as_the_controller(
-    ns: &TestNamespace,
-    lease: &str,
-    token: i64,
-    duration_secs: i64,
-    acquiring: tokio::task::JoinHandle<Result<Grant, Error>>,
-) -> Grant {
+/// Waits for the one claim a client creates in `ns`.
+async fn the_claim(ns: &TestNamespace) -> LeaseClaim {
     let claims = ns.api::<LeaseClaim>();
-    let claim = timeout(WAIT, async {
+    timeout(WAIT, async {
         loop {
             if let Some(c) = claims.list(&Default::default()).await.unwrap().items.pop() {
                 return c;
@@ -562,7 +554,20 @@ async fn grant_as_the_controller(
         }
     })
     .await
-    .expect("the client created its claim");
+    .expect("the client created its claim")
+}
+
+/// Plays the controller for a test that runs none: waits for the one claim `acquiring`
+/// creates, names it holder of `lease` with `token` (Lease status only, no claim mirror)
+/// and returns what the acquire then returns.
+async fn grant_as_the_controller(
+    ns: &TestNamespace,
+    lease: &str,
+    token: i64,
+    duration_secs: i64,
+    acquiring: tokio::task::JoinHandle<Result<Grant, Error>>,
+) -> Result<Grant, Error> {
+    let claim = the_claim(ns).await;
     let status = serde_json::json!({"status": {
         "phase": "Held",
         "fencingToken": token,
@@ -581,7 +586,75 @@ async fn grant_as_the_controller(
         .await
         .expect("the client saw its grant")
         .unwrap()
-        .expect("granted")
+}
+
+/// A client in `ns` whose service account may do only what `rules` allow.
+async fn restricted_client(ns: &TestNamespace, rules: serde_json::Value) -> LeaseClient {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let pp = kube::api::PostParams::default();
+    let role: Role =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "holder"}, "rules": rules}))
+            .unwrap();
+    ns.api::<Role>().create(&pp, &role).await.unwrap();
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "holder"}})).unwrap();
+    ns.api::<ServiceAccount>()
+        .create(&pp, &account)
+        .await
+        .unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "holder"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "holder"},
+        "subjects": [{"kind": "ServiceAccount", "name": "holder", "namespace": ns.name}]
+    }))
+    .unwrap();
+    ns.api::<RoleBinding>().create(&pp, &binding).await.unwrap();
+    let token = support::accounts::service_account_token(&ns, "holder", None).await;
+    LeaseClient::new(support::client_with_token(&token).await, &ns.name)
+}
+
+/// A waiter may see its grant after the controller has ended it (a watch resumed late
+/// replays "granted to X", then "granted to Y"). acquire must not return it: its first
+/// renewal finds the claim's end. Here the waiter may not watch its claim (RBAC), so
+/// only a response can tell it; the test writes the ending mark and then the Lease
+/// that names the claim, as a late watch would deliver them.
+#[tokio::test]
+async fn acquire_never_returns_a_grant_the_controller_already_ended() {
+    support::install_crds().await;
+    let ns = TestNamespace::new("client-ended-grant").await;
+    let leases = restricted_client(
+        &ns,
+        serde_json::json!([
+            {"apiGroups": ["palisade.dev"], "resources": ["leases"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["palisade.dev"], "resources": ["leaseclaims"],
+             "verbs": ["get", "create", "delete", "patch"]},
+        ]),
+    )
+    .await;
+    LeaseClient::new(ns.client.clone(), &ns.name)
+        .ensure_lease("replayed", 6)
+        .await
+        .unwrap();
+    let acquiring = tokio::spawn(async move { leases.acquire("replayed", options("late")).await });
+    let claim = the_claim(&ns).await;
+    let ended = serde_json::json!({"status": {"phase": "Expired", "fencingToken": 7}});
+    ns.api::<LeaseClaim>()
+        .patch_status(
+            &claim.name_any(),
+            &Default::default(),
+            &kube::api::Patch::Merge(&ended),
+        )
+        .await
+        .unwrap();
+    match grant_as_the_controller(&ns, "replayed", 7, 6, acquiring).await {
+        Ok(grant) => panic!(
+            "acquire returned the ended grant with token {}",
+            grant.token()
+        ),
+        Err(Error::NotGranted { reason, .. }) => assert_eq!(reason, LostReason::Expired),
+        Err(e) => panic!("expected NotGranted, got {e}"),
+    }
 }
 
 /// Issue 16: in a storm the controller writes the new holder's `Granted` mirror after
@@ -597,7 +670,9 @@ async fn a_holder_whose_grant_is_not_mirrored_yet_keeps_it_until_the_claim_shows
     leases.ensure_lease("late-mirror", 3).await.unwrap();
     let acquiring =
         tokio::spawn(async move { leases.acquire("late-mirror", options("holder")).await });
-    let grant = grant_as_the_controller(&ns, "late-mirror", 42, 3, acquiring).await;
+    let grant = grant_as_the_controller(&ns, "late-mirror", 42, 3, acquiring)
+        .await
+        .expect("granted");
     assert_eq!(grant.token(), 42);
     let claims = ns.api::<LeaseClaim>();
     // Past the 2 s deadline of a grant whose renewals would not count.
@@ -624,43 +699,23 @@ async fn a_holder_whose_grant_is_not_mirrored_yet_keeps_it_until_the_claim_shows
 }
 
 /// A holder may see its grant late (its Lease watch died silently and was resumed), and
-/// the controller's clock started at the grant. Until a renewal counts, the holder
-/// gives up a third of the duration after it saw the grant, not two thirds. Here the
+/// the controller's clock started at the grant. acquire returns only once a renewal
+/// has counted, within a third of the duration after it saw the grant. Here the
 /// holder may not patch its claim (RBAC: renewals are refused, 403, and retried), and
-/// the test writes the Lease as the controller would.
+/// the test writes the Lease as the controller would: the acquire fails then.
 #[tokio::test]
-async fn a_holder_whose_first_renewal_never_counts_gives_up_a_third_of_the_duration_after_the_grant()
- {
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+async fn a_grant_whose_first_renewal_never_counts_is_not_returned_after_a_third_of_the_duration() {
     support::install_crds().await;
     let ns = TestNamespace::new("client-first-renewal").await;
-    let pp = kube::api::PostParams::default();
-    let no_patch: Role = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "no-renewals"},
-        "rules": [
+    let leases = restricted_client(
+        &ns,
+        serde_json::json!([
             {"apiGroups": ["palisade.dev"], "resources": ["leases"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["palisade.dev"], "resources": ["leaseclaims"],
              "verbs": ["get", "list", "watch", "create", "delete"]},
-        ]
-    }))
-    .unwrap();
-    ns.api::<Role>().create(&pp, &no_patch).await.unwrap();
-    let account: ServiceAccount =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "holder"}})).unwrap();
-    ns.api::<ServiceAccount>()
-        .create(&pp, &account)
-        .await
-        .unwrap();
-    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "holder-no-renewals"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-renewals"},
-        "subjects": [{"kind": "ServiceAccount", "name": "holder", "namespace": ns.name}]
-    }))
-    .unwrap();
-    ns.api::<RoleBinding>().create(&pp, &binding).await.unwrap();
-    let token = support::accounts::service_account_token(&ns, "holder", None).await;
-    let leases = LeaseClient::new(support::client_with_token(&token).await, &ns.name);
+        ]),
+    )
+    .await;
     LeaseClient::new(ns.client.clone(), &ns.name)
         .ensure_lease("first-renewal", 6)
         .await
@@ -668,17 +723,18 @@ async fn a_holder_whose_first_renewal_never_counts_gives_up_a_third_of_the_durat
 
     let acquiring =
         tokio::spawn(async move { leases.acquire("first-renewal", options("holder")).await });
-    let grant = grant_as_the_controller(&ns, "first-renewal", 7, 6, acquiring).await;
-    let seen = Instant::now();
-    let reason = timeout(Duration::from_secs(10), grant.lost())
-        .await
-        .expect("the holder gave up");
-    let after = seen.elapsed();
-    assert_eq!(reason, LostReason::LocalDeadline);
-    // A third of 6 s is 2 s (two thirds, the old deadline, would be 4 s).
+    let granted = Instant::now();
+    let result = grant_as_the_controller(&ns, "first-renewal", 7, 6, acquiring).await;
+    let after = granted.elapsed();
+    match result {
+        Ok(grant) => panic!("acquire returned token {} unconfirmed", grant.token()),
+        Err(Error::NotGranted { reason, .. }) => assert_eq!(reason, LostReason::LocalDeadline),
+        Err(e) => panic!("expected NotGranted, got {e}"),
+    }
+    // A third of 6 s is 2 s after the grant was seen.
     assert!(
-        after < Duration::from_millis(3000),
-        "gave up {after:?} after seeing the grant"
+        after < Duration::from_millis(3500),
+        "gave up {after:?} after the grant"
     );
 }
 

@@ -911,16 +911,14 @@ fn a_lowered_lease_duration_does_not_cut_short_a_grant_in_progress() {
 /// is at least the duration the grant was made with, as recorded in the Lease.
 #[test]
 fn after_a_restart_a_holder_gets_at_least_the_duration_it_was_granted_with() {
-    let now = Instant::now();
+    // Spec lowered to 3 s after the grant; a new controller starts and lists it.
+    let restarted = Instant::now();
     let mut index = Index::default();
     let held = json!({"phase": "Held", "fencingToken": 50, "grants": 3,
         "holder": {"claim": "a", "claimUID": "u1", "identity": "a", "leaseDurationSeconds": 600}});
-    // Spec lowered to 3 s after the grant; a new controller starts.
-    index.apply_lease(lease("L", 60, 3, Some(held)), now);
-    index.apply_claim(claim("a", "u1", 0, None), now);
-    index.apply_claim(claim("b", "u2", 1, None), now);
-    let restarted = now + Duration::from_secs(1);
-    index.restart_holder_clocks(restarted);
+    index.apply_lease(lease("L", 60, 3, Some(held)), restarted);
+    index.apply_claim(claim("a", "u1", 0, None), restarted);
+    index.apply_claim(claim("b", "u2", 1, None), restarted);
     let k = key();
     let view = index.view(&k, restarted).unwrap();
     assert_eq!(
@@ -952,6 +950,54 @@ fn a_raised_duration_applies_to_the_holder_and_an_unrecorded_grant_uses_the_spec
             index.view(&k, now).unwrap().holder_deadline,
             Some(now + Duration::from_secs(expected)),
             "recorded {recorded:?}, spec {spec}"
+        );
+    }
+}
+
+/// A Lease deleted before its holder's `Granted` mirror landed: the holder is revoked
+/// all the same (its renewals, which count while the claim shows Pending, must stop
+/// counting), and a Lease re-created under the name never grants that claim again,
+/// whether the watch delivered the delete first or the new object first.
+#[test]
+fn a_deleted_leases_holder_is_revoked_even_before_its_granted_mirror() {
+    let k = key();
+    for delete_event_first in [true, false] {
+        let now = Instant::now();
+        let mut index = Index::default();
+        let held = json!({"phase": "Held", "fencingToken": 50, "grants": 1,
+            "holder": {"claim": "a", "claimUID": "u1", "identity": "a", "leaseDurationSeconds": 15}});
+        let old = lease("L-old", 60, 15, Some(held));
+        index.apply_lease(old.clone(), now);
+        // The holder's claim still shows no phase: its mirror was never written.
+        index.apply_claim(claim("a", "u1", 0, None), now);
+        index.apply_claim(claim("b", "u2", 1, None), now);
+        let case = if delete_event_first {
+            "deleted, then re-created"
+        } else {
+            "re-created, delete event not seen"
+        };
+        if delete_event_first {
+            index.delete_lease(&old);
+            let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+            let a = d.claim_updates.iter().find(|u| u.name == "a");
+            assert_eq!(
+                a.and_then(|u| u.status.phase),
+                Some(ClaimPhase::Revoked),
+                "{case}: the deleted Lease's holder: {d:?}"
+            );
+        }
+        index.apply_lease(lease("L-new", 70, 15, None), now);
+        let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+        assert_eq!(
+            d.granted.as_ref().map(|g| g.claim.as_str()),
+            Some("b"),
+            "{case}: {d:?}"
+        );
+        let a = d.claim_updates.iter().find(|u| u.name == "a");
+        assert_eq!(
+            a.and_then(|u| u.status.phase),
+            Some(ClaimPhase::Revoked),
+            "{case}: {d:?}"
         );
     }
 }

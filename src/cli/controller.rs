@@ -43,7 +43,8 @@ pub struct ControllerArgs {
     /// takes over (whole seconds: it is the election Lease's leaseDurationSeconds).
     #[arg(long, default_value = "1s", value_parser = parse_lease_duration)]
     pub leader_elect_lease_duration: Duration,
-    /// How long the leader keeps trying to renew before it stops granting and stands by.
+    /// How long after its last successful renewal a leader whose renewal failed stops
+    /// granting and stands by (a slow renewal that succeeds keeps it leading).
     #[arg(long, default_value = "750ms", value_parser = parse_duration)]
     pub leader_elect_renew_deadline: Duration,
     /// How often the leader renews and a standby tries to take over.

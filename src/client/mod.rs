@@ -29,10 +29,11 @@
 //!   *sent* its last successful renewal, on its own clock (`CLOCK_BOOTTIME`, which
 //!   counts suspensions; see `src/client/clock.rs`). So it stops
 //!   believing it holds the lease before the controller can hand it to someone else.
-//!   Until the first renewal (sent as soon as the grant is seen) counts, the
-//!   deadline is a third of a duration after the moment the grant was observed,
-//!   which assumes that the watch delivered the grant within two thirds of the
-//!   duration (a waiter's watch that died silently is resumed within seconds).
+//!   [`LeaseClient::acquire`] returns a grant only once a first renewal, sent as soon
+//!   as the grant is seen, has counted: a watch that resumed late may replay a grant
+//!   the controller has already ended, and only a response from the API server
+//!   now tells. That renewal must count within a third of a duration of seeing the
+//!   grant, or the acquire fails.
 //! - A claim is never left behind by this process: acquiring arms a guard that
 //!   deletes the claim if the acquire fails, times out or is cancelled (its future
 //!   dropped, even while the create request is in flight), and a [`Grant`] deletes
@@ -363,6 +364,18 @@ impl LeaseClient {
             stop: stop.clone(),
             timer,
         };
+        let confirmed_at = match keeper.confirm(observed_at).await {
+            Ok(sent_at) => sent_at,
+            Err(reason) => {
+                let claim = keeper.guard.name.clone();
+                keeper.guard.delete_or_warn().await;
+                return Err(Error::NotGranted {
+                    lease: lease.to_string(),
+                    claim,
+                    reason,
+                });
+            }
+        };
         Ok(Grant {
             namespace: self.namespace.clone(),
             lease: lease.to_string(),
@@ -374,7 +387,7 @@ impl LeaseClient {
             duration: duration_rx,
             stop,
             keeper: Some(tokio::spawn(keeper.run(
-                observed_at,
+                confirmed_at,
                 lease_events,
                 claim_events,
             ))),
@@ -727,6 +740,13 @@ fn holds(lease: &Lease, claim_uid: &str) -> bool {
         .is_some_and(|h| h.claim_uid == claim_uid)
 }
 
+/// The Lease still publishes this claim's grant: the claim as holder, with the token
+/// it was granted (a Lease re-created under the name and granted to the same claim
+/// would publish another).
+fn holds_grant(lease: &Lease, claim_uid: &str, token: i64) -> bool {
+    holds(lease, claim_uid) && lease.status.as_ref().and_then(|s| s.fencing_token) == Some(token)
+}
+
 /// The duration a holder may rely on: `leaseDurationSeconds`, but never more than the
 /// grant was made with (`status.holder.leaseDurationSeconds`, which the controller
 /// applies at least), so a spec raised between the grant and this process seeing it
@@ -809,12 +829,12 @@ struct Keeper {
 impl Keeper {
     async fn run(
         mut self,
-        observed_at: BootInstant,
+        confirmed_at: BootInstant,
         lease_events: Events<Lease>,
         claim_events: Events<LeaseClaim>,
     ) -> Result<(), Error> {
         // The watches end with `hold`: nothing more to learn once the grant is over.
-        if let Some(reason) = self.hold(observed_at, lease_events, claim_events).await {
+        if let Some(reason) = self.hold(confirmed_at, lease_events, claim_events).await {
             tracing::info!(claim = %self.guard.name, %reason, "grant lost");
             self.lost.send_replace(Some(reason));
             // The claim stays (its status says what happened) until the owner lets go.
@@ -827,33 +847,42 @@ impl Keeper {
         *self.duration.borrow()
     }
 
-    /// How long after `last_renewal` this holder stops believing: two thirds of the
-    /// duration after a renewal that counted, a third after seeing the grant (the
-    /// controller's clock started at the grant, possibly well before; see the module
-    /// docs).
-    fn deadline_after(&self, counted: bool) -> Duration {
-        if counted {
-            self.duration() * 2 / 3
-        } else {
-            self.duration() / 3
+    /// How long after the send time of its last renewal that counted this holder
+    /// stops believing: two thirds of the duration (see the module docs).
+    fn deadline_after_renewal(&self) -> Duration {
+        self.duration() * 2 / 3
+    }
+
+    /// The first renewal, before [`LeaseClient::acquire`] returns: the send time of
+    /// one that counted within a third of a duration of `observed_at` (the
+    /// controller's clock started at the grant, possibly well before the watch
+    /// showed it), or why the grant is not to be believed.
+    async fn confirm(&self, observed_at: BootInstant) -> Result<BootInstant, LostReason> {
+        let limit = self.duration() / 3;
+        let deadline = observed_at + limit;
+        match tokio::time::timeout(limit, self.renewal()).await {
+            Ok(Ok(sent_at)) if BootInstant::now() < deadline => Ok(sent_at),
+            Ok(Ok(_)) | Err(_) => Err(LostReason::LocalDeadline),
+            Ok(Err(RenewalError::Ended(reason))) => Err(reason),
+            Ok(Err(_)) => Err(LostReason::ClaimDeleted),
         }
     }
 
     /// Renews until the grant is lost (returns why) or the owner stops it (returns None).
     async fn hold(
         &mut self,
-        observed_at: BootInstant,
+        confirmed_at: BootInstant,
         mut lease_events: Events<Lease>,
         mut claim_events: Events<LeaseClaim>,
     ) -> Option<LostReason> {
-        // The send time of the last successful renewal; see the module docs for the first one.
-        let mut last_renewal = observed_at;
-        let mut counted = false;
+        // The send time of the last renewal that counted: the first is the confirmation.
+        let mut last_renewal = confirmed_at;
         // When to renew next: only a schedule, so tokio's (monotonic) timers do.
-        let mut next_renewal = Instant::now();
+        let mut next_renewal = Instant::now()
+            + (confirmed_at + self.duration() / 3).saturating_duration_since(BootInstant::now());
         let mut renewing: Option<BoxFuture<'static, Result<BootInstant, RenewalError>>> = None;
         loop {
-            let deadline = last_renewal + self.deadline_after(counted);
+            let deadline = last_renewal + self.deadline_after_renewal();
             // Every wake-up checks the deadline first: after a pause or a suspension
             // it has passed, whatever else is ready.
             if BootInstant::now() >= deadline {
@@ -871,7 +900,7 @@ impl Keeper {
                 _ = self.timer.fired() => {}
                 Some(event) = lease_events.next() => match event {
                     Ok(None) => return Some(LostReason::LeaseDeleted),
-                    Ok(Some(lease)) if !holds(&lease, &self.guard.uid) => {
+                    Ok(Some(lease)) if !holds_grant(&lease, &self.guard.uid, self.token) => {
                         return Some(LostReason::Superseded);
                     }
                     // An edit may shorten the duration (the controller may apply it at
@@ -901,7 +930,6 @@ impl Keeper {
                         Ok(_) if BootInstant::now() >= deadline => return Some(LostReason::LocalDeadline),
                         Ok(sent_at) => {
                             last_renewal = sent_at;
-                            counted = true;
                             next_renewal = Instant::now()
                                 + (sent_at + self.duration() / 3)
                                     .saturating_duration_since(BootInstant::now());

@@ -234,10 +234,13 @@ impl<S: Store> Loop<S> {
         self.queue.expired().await
     }
 
-    /// On becoming leader (after the caches synced): every held lease gets a fresh full
-    /// duration (DESIGN rule 4), and every Lease is decided.
+    /// On becoming leader (after the caches synced): every Lease is decided. Holder
+    /// clocks are not restarted: they started when this process first saw each holder
+    /// or its latest renewal, which is never before that write landed, so they give a
+    /// holder at least its duration (DESIGN rule 4), and leadership that changes often
+    /// cannot postpone an expiry; a renewal this replica missed fails the ending's
+    /// confirmation ("Endings are confirmed").
     pub fn take_leadership(&mut self, now: Instant) {
-        self.index.restart_holder_clocks(now);
         for key in self.index.keys() {
             self.mark_dirty(key, now);
         }
@@ -883,5 +886,40 @@ mod mirror_tests {
             (late.key, late.pass),
             (LeaseKey::new("ns", "late"), Pass::Decision)
         );
+    }
+
+    /// Leadership that changes more often than once per lease duration (a replica that
+    /// misses its renew deadline and takes its own record back) must not postpone a
+    /// silent holder's expiry: a standby's clocks are its own observations, and an
+    /// ending is confirmed by a read and a mark conditioned on the claim it saw.
+    #[tokio::test]
+    async fn taking_leadership_again_and_again_does_not_postpone_an_expiry() {
+        let mut state = state(1);
+        let seen = Instant::now();
+        let mut held = lease("a", 10);
+        held.status = Some(
+            serde_json::from_value(serde_json::json!({
+                "phase": "Held", "fencingToken": 11, "grants": 1,
+                "holder": {"claim": "h", "claimUID": "u-h", "identity": "h", "leaseDurationSeconds": 15}
+            }))
+            .unwrap(),
+        );
+        state.index.apply_lease(held, seen);
+        state.index.apply_claim(claim("ns", "h", "a"), seen);
+        let key = LeaseKey::new("ns", "a");
+        let deadline =
+            |state: &Loop<Accepting>, now| state.index.view(&key, now).unwrap().holder_deadline;
+        let first = deadline(&state, seen).expect("the holder has a deadline");
+        assert_eq!(first, seen + std::time::Duration::from_secs(15));
+        // Leadership changes every half second for a whole lease duration and more.
+        for flap in 1..=40u64 {
+            let now = seen + std::time::Duration::from_millis(500 * flap);
+            state.take_leadership(now);
+            assert_eq!(
+                deadline(&state, now),
+                Some(first),
+                "take-over {flap} moved the silent holder's expiry"
+            );
+        }
     }
 }
