@@ -63,6 +63,14 @@ pub enum Event {
     },
     /// All faults are over and everything is resumed, restored and running.
     Healed { t_ns: u64 },
+    /// The harness silenced this holder (stopped its process) at `t_ns`; the Lease
+    /// must name another holder, or none, within `within_ns`.
+    Silenced {
+        lease: String,
+        claim_uid: String,
+        t_ns: u64,
+        within_ns: u64,
+    },
     /// One renewal request of a worker (a PATCH of its claim), with its send time and
     /// what came back: the HTTP status (0: no response) and the claim's phase in it.
     Renewal {
@@ -228,6 +236,8 @@ pub fn check_with_stores(
     check_stale_rejections(events, journal, stores, &mut v);
     check_tokens_issued(events, &mut v);
     check_liveness(events, expect, &mut v);
+    check_silenced_holders_expire(events, &mut v);
+    check_claim_phases(events, &mut v);
     check_renewal_contract(events, expect, &mut v);
     for e in events {
         match e {
@@ -538,6 +548,78 @@ fn check_tokens_issued(events: &[Event], v: &mut Verdict) {
 }
 
 /// After `Healed`, each Lease gets a new holder within the stated bound.
+/// A holder the harness silenced is expired in time, however the controller's
+/// leadership changed meanwhile: the harness's watch sees its Lease name another
+/// holder (or none) within the bound the fault recorded.
+fn check_silenced_holders_expire(events: &[Event], v: &mut Verdict) {
+    for e in events {
+        let Event::Silenced {
+            lease,
+            claim_uid,
+            t_ns,
+            within_ns,
+        } = e
+        else {
+            continue;
+        };
+        let moved_on = events.iter().any(|seen| {
+            matches!(seen, Event::LeaseSeen { lease: l, holder_uid, t_ns: at, .. }
+                if l == lease && holder_uid != claim_uid && *at > *t_ns && *at <= t_ns + within_ns)
+        });
+        if !moved_on {
+            v.violations.push(format!(
+                "lease {lease}: holder {claim_uid}, silent from {} ms, was not expired within \
+                 {} ms",
+                t_ns / 1_000_000,
+                within_ns / 1_000_000
+            ));
+        }
+    }
+}
+
+/// A claim's phase never moves back: once a renewal's response showed a final phase
+/// (Expired, Revoked, Released), no later response (by send time) shows it Pending or
+/// Granted again, and once it showed Granted, none shows it Pending.
+fn check_claim_phases(events: &[Event], v: &mut Verdict) {
+    let mut responses: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
+    for e in events {
+        if let Event::Renewal {
+            claim_uid,
+            send_ns,
+            status,
+            phase,
+            ..
+        } = e
+            && (200..300).contains(status)
+            && !phase.is_empty()
+        {
+            responses
+                .entry(claim_uid)
+                .or_default()
+                .push((*send_ns, phase));
+        }
+    }
+    let rank = |phase: &str| match phase {
+        "Pending" => 0,
+        "Granted" => 1,
+        _ => 2,
+    };
+    for (claim, mut seen) in responses {
+        seen.sort();
+        for pair in seen.windows(2) {
+            let ((_, before), (at, after)) = (pair[0], pair[1]);
+            if rank(after) < rank(before) || (rank(before) == 2 && after != before) {
+                v.violations.push(format!(
+                    "claim {claim}: its phase went back from {before} to {after} (renewal sent at \
+                     {} ms)",
+                    at / 1_000_000
+                ));
+                break;
+            }
+        }
+    }
+}
+
 fn check_liveness(events: &[Event], expect: &Expectations, v: &mut Verdict) {
     let Some(healed) = events.iter().find_map(|e| match e {
         Event::Healed { t_ns } => Some(*t_ns),
@@ -703,9 +785,16 @@ pub fn self_check() -> Result<usize, String> {
     // late write with 10 is rejected, and after healing at 200, c is granted 30.
     // a renewed last at 5 (its deadline: 25, before b's grant at 30); b renewed at 240
     // but released at 245, and a renewal that found its claim ended does not count.
+    let silenced = |uid: &str, t_ns: u64, within_ns: u64| Event::Silenced {
+        lease: "l".into(),
+        claim_uid: uid.into(),
+        t_ns,
+        within_ns,
+    };
     let clean = vec![
         grant("a", 10, "ua", 1),
         seen(1, "ua", 10),
+        silenced("ua", 2, 40),
         renewal("ua", 5, 200, "Granted"),
         renewal("ua", 12, 200, "Expired"),
         renewal("ua", 14, 0, ""),
@@ -811,6 +900,22 @@ pub fn self_check() -> Result<usize, String> {
             clean[..clean.len() - 1].to_vec(),
             clean_journal.clone(),
             "not granted again",
+        ),
+        (
+            "claim phase goes back",
+            with(vec![
+                renewal("ua", 16, 200, "Granted"),
+                renewal("ua", 17, 200, "Expired"),
+                renewal("ua", 18, 200, "Granted"),
+            ]),
+            clean_journal.clone(),
+            "phase went back from Expired to Granted",
+        ),
+        (
+            "silenced holder not expired in time",
+            with(vec![silenced("ub", 31, 50)]),
+            clean_journal.clone(),
+            "was not expired within",
         ),
         (
             "grant ended within its holder's deadline",

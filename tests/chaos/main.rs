@@ -89,6 +89,11 @@ const ELECTION_RETRY: Duration = Duration::from_millis(250);
 /// How long `failover` waits for a standby to take over before it gives up waiting
 /// (and says so in the fault's record): many times the election's promise.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(15);
+/// A silenced holder is expired within its duration plus this: the confirmation read,
+/// the marks and Lease writes, and a take-over under way (the election's lease and a
+/// retry), with a margin for a loaded machine; far less than the five durations of
+/// leadership changes that `flap_leadership` makes.
+const SILENCED_EXPIRY_SLACK: Duration = Duration::from_secs(3);
 
 // The suite's own control plane: ports apart from `make cluster`'s.
 const ETCD_PORT: u16 = 23791;
@@ -372,6 +377,14 @@ impl Processes {
             started.push(self.start_replica());
         }
         started
+    }
+
+    /// The process of the replica with this identity, if it runs.
+    fn controller_pid(&self, identity: &str) -> Option<i32> {
+        self.controllers
+            .iter()
+            .find(|(id, _)| id == identity)
+            .map(|(_, child)| child.id() as i32)
     }
 
     /// SIGKILLs one replica (it cannot release the election lease). False: no such replica.
@@ -896,8 +909,9 @@ fn rv_of<K: ResourceExt>(object: &K) -> u64 {
         .unwrap_or(0)
 }
 
-const FAULTS: [&str; 14] = [
+const FAULTS: [&str; 15] = [
     "pause_holder",
+    "flap_leadership",
     "storm",
     "kill_holder",
     "kill_controller",
@@ -926,6 +940,18 @@ struct FaultContext<'a> {
 
 /// A current holder that is one of our live workers, picked at random.
 async fn pick_holder(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -> Option<String> {
+    pick_grant(ctx, procs, rng).await.map(|g| g.identity)
+}
+
+/// A grant held by one of our live workers.
+struct HeldGrant {
+    identity: String,
+    lease: String,
+    claim_uid: String,
+}
+
+/// [`pick_holder`], with the Lease and the claim.
+async fn pick_grant(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -> Option<HeldGrant> {
     let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
     let mut holders = Vec::new();
     for lease in ctx.leases {
@@ -933,7 +959,11 @@ async fn pick_holder(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -
             && let Some(h) = l.status.and_then(|s| s.holder)
             && procs.worker_pid(&h.identity).is_some()
         {
-            holders.push(h.identity);
+            holders.push(HeldGrant {
+                identity: h.identity,
+                lease: lease.clone(),
+                claim_uid: h.claim_uid,
+            });
         }
     }
     if holders.is_empty() {
@@ -1006,6 +1036,59 @@ async fn inject(
             tokio::time::sleep(pause).await;
             signal(pid, libc::SIGCONT);
             format!("{holder} for {} ms", pause.as_millis())
+        }
+        "flap_leadership" => {
+            // A silent holder is expired on time however often leadership changes:
+            // its worker is stopped, then whichever replica leads is stopped until the
+            // other takes over (after the 1 s election lease) and resumed, over and over
+            // for five lease durations. A new leader that restarted every holder's
+            // clock would never expire it.
+            let Some(held) = pick_grant(ctx, procs, rng).await else {
+                return Ok(None);
+            };
+            let pid = procs
+                .worker_pid(&held.identity)
+                .expect("picked among live workers");
+            signal(pid, libc::SIGSTOP);
+            let silenced = now_ns();
+            let began = Instant::now();
+            let mut takeovers = 0;
+            while began.elapsed() < lease * 5 {
+                let Some((leader, leader_pid)) = election_holder(ctx.admin)
+                    .await
+                    .and_then(|h| procs.controller_pid(&h).map(|pid| (h, pid)))
+                else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                signal(leader_pid, libc::SIGSTOP);
+                let stopped = Instant::now();
+                while stopped.elapsed() < TAKEOVER_WAIT {
+                    if election_holder(ctx.admin)
+                        .await
+                        .is_some_and(|h| h != leader)
+                    {
+                        takeovers += 1;
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                signal(leader_pid, libc::SIGCONT);
+            }
+            signal(pid, libc::SIGCONT);
+            Recorder::create(&procs.out.join("expectations.jsonl"))
+                .map_err(|e| format!("opening the expectations file: {e}"))?
+                .record(&Event::Silenced {
+                    lease: held.lease,
+                    claim_uid: held.claim_uid,
+                    t_ns: silenced,
+                    within_ns: (lease + SILENCED_EXPIRY_SLACK).as_nanos() as u64,
+                });
+            format!(
+                "{} silent while leadership changed hands {takeovers} times in {} ms",
+                held.identity,
+                began.elapsed().as_millis()
+            )
         }
         "storm" => {
             // Drawn first, whatever is found: the same draws for every run of a seed.
