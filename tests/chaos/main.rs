@@ -562,7 +562,8 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
             if first {
                 // The classic case comes first, so even a short run has stale writes;
                 // its database twin second, so the database stores see stale writes
-                // too; then the storm and the failover, so the short run has them.
+                // too; then the storm, the failover and flapping leadership, so the
+                // short run has them.
                 let last = schedule.len() - 1;
                 for (k, kind) in FIRST_FAULTS.iter().enumerate() {
                     let i = schedule.iter().position(|f| f == kind).expect("listed");
@@ -928,7 +929,13 @@ const FAULTS: [&str; 15] = [
 ];
 
 /// The first round begins with these, in this order (see `run`).
-const FIRST_FAULTS: [&str; 4] = ["pause_holder", "pause_in_transaction", "storm", "failover"];
+const FIRST_FAULTS: [&str; 5] = [
+    "pause_holder",
+    "pause_in_transaction",
+    "storm",
+    "failover",
+    "flap_leadership",
+];
 
 struct FaultContext<'a> {
     admin: &'a Client,
