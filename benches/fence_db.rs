@@ -132,6 +132,9 @@ async fn redis(rounds: usize) -> Result<(Vec<f64>, Vec<f64>), String> {
         .map_err(|e| format!("connecting to {url}: {e} (run make databases)"))?;
     let key = format!("bench-{}", std::process::id());
     let value_key = redis_fence::data_key(&key, "value");
+    RedisFence::create(&mut conn, &key)
+        .await
+        .map_err(|e| format!("creating the mark of {key}: {e}"))?;
     let fence = RedisFence::new();
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for round in 0..rounds + 20 {

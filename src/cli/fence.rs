@@ -214,10 +214,19 @@ async fn postgres(_: &FenceArgs, _: &str) -> Result<String, Refusal> {
     ))
 }
 
-/// `palisade fence --store redis://...`.
+/// `palisade fence --store redis://...`: every admit and `--create` first checks
+/// the server's settings (one round trip) and refuses where it sees them unsafe.
 #[cfg(feature = "redis")]
 async fn redis(args: &FenceArgs, url: &str) -> Result<String, Refusal> {
-    use crate::fence::redis::{self, Error, RedisFence, Write};
+    use crate::fence::redis::{self, Error, RedisFence, Settings, Write};
+    if args.create && args.token.is_some() {
+        return Err(Refusal::Usage(
+            "with a Redis store, --create takes no token: create a key's mark once, when \
+             the key is set up, and admit without --create (a writer that always creates \
+             would start a mark that Redis lost over)"
+                .into(),
+        ));
+    }
     let client = ::redis::Client::open(url).map_err(Refusal::store)?;
     let mut conn = client
         .get_multiplexed_async_connection()
@@ -227,7 +236,37 @@ async fn redis(args: &FenceArgs, url: &str) -> Result<String, Refusal> {
         let marks = redis::marks(&mut conn).await.map_err(Refusal::store)?;
         return Ok(show_marks(&marks));
     }
+    let refusal = |e: Error| match e {
+        e @ Error::Stale { .. } => Refusal::Stale(Box::new(e)),
+        e @ Error::BadInput(_) => Refusal::Usage(Box::new(e)),
+        e => Refusal::store(e),
+    };
+    let note = |settings: &Settings| {
+        if let Settings::CannotSee(why) = settings {
+            eprintln!(
+                "palisade fence: cannot see the Redis settings the fence needs ({why}); \
+                 make sure of appendonly yes, appendfsync always and maxmemory-policy \
+                 noeviction or volatile-*"
+            );
+        }
+    };
+    if args.create {
+        let created = RedisFence::create(&mut conn, &args.key)
+            .await
+            .map_err(refusal)?;
+        note(&created.settings);
+        let mark = redis::mark_key(&args.key);
+        return Ok(if created.new {
+            format!("fence mark {mark} of key {:?} created", args.key)
+        } else {
+            format!(
+                "fence mark {mark} of key {:?} exists; kept as it is",
+                args.key
+            )
+        });
+    }
     let token = args.token.ok_or_else(Refusal::token_required)?;
+    note(&redis::check_settings(&mut conn).await.map_err(refusal)?);
     let value_key = redis::data_key(&args.key, "value");
     let write = match &args.payload {
         Some(payload) => Write::Set {
@@ -236,15 +275,11 @@ async fn redis(args: &FenceArgs, url: &str) -> Result<String, Refusal> {
         },
         None => Write::None,
     };
-    match RedisFence::new()
+    RedisFence::new()
         .admit(&mut conn, &args.key, token, write)
         .await
-    {
-        Ok(admitted) => Ok(admitted_line(&args.key, admitted)),
-        Err(e @ Error::Stale { .. }) => Err(Refusal::Stale(Box::new(e))),
-        Err(e @ Error::BadInput(_)) => Err(Refusal::Usage(Box::new(e))),
-        Err(e) => Err(Refusal::store(e)),
-    }
+        .map(|admitted| admitted_line(&args.key, admitted))
+        .map_err(refusal)
 }
 
 #[cfg(not(feature = "redis"))]

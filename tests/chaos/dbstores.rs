@@ -7,6 +7,14 @@
 //! PostgreSQL the ids of `chaos.writes` (drawn after `palisade.fence`, under the
 //! mark's row lock, which is held until commit), Redis the list the fencing script
 //! appends to in the same atomic step as the check.
+//!
+//! Two more Redis servers are set up the way the fence must not be ([`LOSSY`]):
+//! `redis-rdb` with Redis' default persistence (RDB snapshots only, the first after
+//! 300 s at the earliest) and `redis-lru` with `allkeys-lru` in 4 MiB. Their faults
+//! lose the marks: `lose_redis_marks` SIGKILLs `redis-rdb` and starts it again (it
+//! comes back empty), `evict_redis_marks` squeezes `redis-lru`'s maxmemory until
+//! every mark is evicted. From then on each write must be refused (the missing-mark
+//! error, counted), never admitted: the fence fails closed, it does not start over.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,16 +29,131 @@ use crate::rng::now_ns;
 
 pub const PG_PORT: u16 = 25433;
 pub const REDIS_PORT: u16 = 26380;
+/// The stores that lose their marks, their ports, settings, and the fault that does it.
+pub const LOSSY: [Lossy; 2] = [
+    Lossy {
+        store: "redis-rdb",
+        port: 26381,
+        // Redis' defaults: no AOF, RDB snapshots after 3600 s/1, 300 s/100, 60 s/10000 changes.
+        settings: &[],
+        fault: "lose_redis_marks",
+    },
+    Lossy {
+        store: "redis-lru",
+        port: 26382,
+        settings: &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--maxmemory",
+            LRU_MAXMEMORY,
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ],
+        fault: "evict_redis_marks",
+    },
+];
+const LRU_MAXMEMORY: &str = "4mb";
+
+/// A Redis store set up so that it loses marks (see the module's doc).
+#[derive(Debug, Clone, Copy)]
+pub struct Lossy {
+    pub store: &'static str,
+    pub port: u16,
+    pub settings: &'static [&'static str],
+    pub fault: &'static str,
+}
+
+impl Lossy {
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn dir(&self, root: &Path) -> PathBuf {
+        root.join("target/chaos-databases").join(self.store)
+    }
+
+    /// Daemonized (the harness is not its parent, so a SIGKILL leaves no zombie
+    /// behind), on 127.0.0.1, until it answers PING (at most 10 s).
+    fn start(&self, root: &Path) -> Result<(), String> {
+        let dir = self.dir(root);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let status = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--protected-mode", "yes", "--port"])
+            .arg(self.port.to_string())
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .arg("--pidfile")
+            .arg(dir.join("redis.pid"))
+            .args(["--daemonize", "yes"])
+            .args(self.settings)
+            .stdin(std::process::Stdio::null())
+            .status()
+            .map_err(|e| format!("starting redis-server for {}: {e}", self.store))?;
+        if !status.success() {
+            return Err(format!("redis-server for {} exited {status}", self.store));
+        }
+        for _ in 0..200 {
+            if ping(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(format!(
+            "{} did not answer on 127.0.0.1:{} within 10 s (log: {})",
+            self.store,
+            self.port,
+            dir.join("redis.log").display()
+        ))
+    }
+
+    /// SIGKILL (no shutdown save), and wait until the port no longer answers.
+    fn kill(&self, root: &Path) {
+        let pidfile = self.dir(root).join("redis.pid");
+        let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        else {
+            return;
+        };
+        // SAFETY: kill(2) on the pid of the server this harness started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        for _ in 0..100 {
+            if !ping(self.port) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::fs::remove_file(pidfile);
+    }
+}
+
+fn ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let answer = std::net::TcpStream::connect(("127.0.0.1", port)).and_then(|mut s| {
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        s.write_all(b"PING\r\n")?;
+        let mut buf = [0u8; 16];
+        let n = s.read(&mut buf)?;
+        Ok(buf[..n].starts_with(b"+PONG"))
+    });
+    matches!(answer, Ok(true))
+}
 /// How workers learn the URLs (environment, so the worker's arguments stay as they are).
 pub const PG_ENV: &str = "PALISADE_CHAOS_POSTGRES";
 pub const REDIS_ENV: &str = "PALISADE_CHAOS_REDIS";
 pub const STORES: [&str; 2] = ["postgres", "redis"];
 /// The faults this module adds to the schedule (injected by main.rs's `inject_db`).
-pub const FAULTS: [&str; 4] = [
+pub const FAULTS: [&str; 6] = [
     "restart_postgres",
     "restart_redis",
     "kill_worker_in_transaction",
     "pause_in_transaction",
+    "lose_redis_marks",
+    "evict_redis_marks",
 ];
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -76,8 +199,12 @@ impl Servers {
 
     /// Fresh servers with the fence installed and the journal table created.
     pub async fn set_up(&self) -> Result<(), String> {
+        self.down_lossy();
         self.script(&["down"])?;
         self.script(&["up"])?;
+        for lossy in LOSSY {
+            lossy.start(&self.root)?;
+        }
         let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
             .await
             .map_err(|e| format!("connecting to PostgreSQL: {e}"))?;
@@ -96,7 +223,96 @@ impl Servers {
             .map_err(|e| format!("creating chaos.writes: {e}"))
     }
 
+    fn down_lossy(&self) {
+        for lossy in LOSSY {
+            lossy.kill(&self.root);
+        }
+    }
+
+    /// Each Lease's mark in every Redis store, created once before any worker
+    /// starts. In the lossy ones the harness plays an operator who ignored the
+    /// settings check (`RedisFence::create` refuses there): a plain SET NX.
+    pub async fn create_marks(&self, leases: &[String]) -> Result<(), String> {
+        let mut conn = connect(&redis_url()).await?;
+        for lease in leases {
+            RedisFence::create(&mut conn, lease)
+                .await
+                .map_err(|e| format!("creating the mark of {lease}: {e}"))?;
+        }
+        for lossy in LOSSY {
+            let mut conn = connect(&lossy.url()).await?;
+            for lease in leases {
+                let _: Option<String> = redis::cmd("SET")
+                    .arg(redis_fence::mark_key(lease))
+                    .arg("")
+                    .arg("NX")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| format!("creating the mark of {lease} in {}: {e}", lossy.store))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `lose_redis_marks`: SIGKILL `redis-rdb` and start it again on its directory.
+    pub fn lose_marks(&self) -> Result<String, String> {
+        let lossy = LOSSY[0];
+        let started = std::time::Instant::now();
+        lossy.kill(&self.root);
+        lossy.start(&self.root)?;
+        Ok(format!(
+            "{} killed and back in {} ms",
+            lossy.store,
+            started.elapsed().as_millis()
+        ))
+    }
+
+    /// `evict_redis_marks`: lower `redis-lru`'s maxmemory below what it uses, so
+    /// `allkeys-lru` evicts, until no Lease has a mark (at most 5 s), then restore it.
+    pub async fn evict_marks(&self, leases: &[String]) -> Result<String, String> {
+        let lossy = LOSSY[1];
+        let mut conn = connect(&lossy.url()).await?;
+        let config = |value: &str| {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("SET").arg("maxmemory").arg(value);
+            cmd
+        };
+        let _: () = config("1")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("squeezing {}: {e}", lossy.store))?;
+        let mut left = leases.len();
+        for _ in 0..100 {
+            // Each command makes Redis evict first.
+            left = 0;
+            for lease in leases {
+                let exists: bool = redis::cmd("EXISTS")
+                    .arg(redis_fence::mark_key(lease))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| format!("reading {}: {e}", lossy.store))?;
+                left += usize::from(exists);
+            }
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let _: () = config(LRU_MAXMEMORY)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("restoring {}'s maxmemory: {e}", lossy.store))?;
+        if left > 0 {
+            return Err(format!(
+                "{}: {left} marks survived the squeeze",
+                lossy.store
+            ));
+        }
+        Ok(format!("{}: every mark evicted", lossy.store))
+    }
+
     pub fn down(&self) {
+        self.down_lossy();
         if let Err(e) = self.script(&["down"]) {
             eprintln!("chaos: {e}");
         }
@@ -129,28 +345,17 @@ impl Servers {
             })
             .collect();
         journals.insert("postgres".to_string(), pg);
-        let mut conn = redis::Client::open(redis_url())
-            .map_err(|e| e.to_string())?
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| format!("connecting to Redis: {e}"))?;
-        let mut all = Vec::new();
-        for lease in leases {
-            let items: Vec<String> = redis::cmd("LRANGE")
-                .arg(redis_fence::data_key(lease, "journal"))
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| format!("reading the Redis journal of {lease}: {e}"))?;
-            for item in items {
-                all.push(
-                    serde_json::from_str::<JournalWrite>(&item)
-                        .map_err(|e| format!("Redis journal entry {item:?}: {e}"))?,
-                );
-            }
+        journals.insert(
+            "redis".to_string(),
+            redis_journal(&redis_url(), leases).await?,
+        );
+        // What the lossy ones hold now: after a loss, only writes admitted since.
+        for lossy in LOSSY {
+            journals.insert(
+                lossy.store.to_string(),
+                redis_journal(&lossy.url(), leases).await?,
+            );
         }
-        journals.insert("redis".to_string(), all);
         Ok(journals)
     }
 
@@ -184,13 +389,45 @@ impl Servers {
     }
 }
 
-/// A worker's connections to both databases; reconnects after a failure.
+async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
+    redis::Client::open(url)
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("connecting to Redis at {url}: {e}"))
+}
+
+/// The list the fencing script appended to, for each Lease in turn.
+async fn redis_journal(url: &str, leases: &[String]) -> Result<Vec<JournalWrite>, String> {
+    let mut conn = connect(url).await?;
+    let mut all = Vec::new();
+    for lease in leases {
+        let items: Vec<String> = redis::cmd("LRANGE")
+            .arg(redis_fence::data_key(lease, "journal"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("reading the Redis journal of {lease} at {url}: {e}"))?;
+        for item in items {
+            all.push(
+                serde_json::from_str::<JournalWrite>(&item)
+                    .map_err(|e| format!("Redis journal entry {item:?}: {e}"))?,
+            );
+        }
+    }
+    Ok(all)
+}
+
+/// A worker's connections to the databases; reconnects after a failure.
 pub struct Stores {
     identity: String,
     pg_url: String,
     redis_url: String,
     pg: Option<tokio_postgres::Client>,
     redis: Option<redis::aio::MultiplexedConnection>,
+    /// The lossy Redis stores, as in [`LOSSY`].
+    lossy: Vec<Option<redis::aio::MultiplexedConnection>>,
     fence: RedisFence,
 }
 
@@ -203,6 +440,7 @@ impl Stores {
             redis_url: std::env::var(REDIS_ENV).ok()?,
             pg: None,
             redis: None,
+            lossy: vec![None; LOSSY.len()],
             fence: RedisFence::new(),
         })
     }
@@ -235,21 +473,54 @@ impl Stores {
         };
         history.record(&self.event("postgres", lease, token, seq, start_ns, outcome, detail));
 
+        let url = self.redis_url.clone();
+        let mut conn = self.redis.take();
+        let event = self
+            .write_redis_store("redis", &url, &mut conn, lease, token, seq)
+            .await;
+        self.redis = conn;
+        history.record(&event);
+        for (i, lossy) in LOSSY.iter().enumerate() {
+            let mut conn = self.lossy[i].take();
+            let event = self
+                .write_redis_store(lossy.store, &lossy.url(), &mut conn, lease, token, seq)
+                .await;
+            self.lossy[i] = conn;
+            history.record(&event);
+        }
+    }
+
+    /// One write to one Redis store, its outcome as an event; drops the
+    /// connection after an error so that the next write reconnects.
+    async fn write_redis_store(
+        &self,
+        store: &str,
+        url: &str,
+        conn: &mut Option<redis::aio::MultiplexedConnection>,
+        lease: &str,
+        token: u64,
+        seq: u64,
+    ) -> Event {
         let start_ns = now_ns();
-        let result = tokio::time::timeout(WRITE_TIMEOUT, self.write_redis(lease, token, seq)).await;
+        let result = tokio::time::timeout(
+            WRITE_TIMEOUT,
+            self.write_redis(url, conn, lease, token, seq),
+        )
+        .await;
         let (outcome, detail) = match result {
             Ok(Ok(())) => (Outcome::Accepted, String::new()),
             Ok(Err(e @ RedisError::Stale { .. })) => (Outcome::Stale, e.to_string()),
+            Ok(Err(e @ RedisError::NoMark { .. })) => (Outcome::NoMark, e.to_string()),
             Ok(Err(e)) => {
-                self.redis = None;
+                *conn = None;
                 (Outcome::Error, format!("{e:?}"))
             }
             Err(_) => {
-                self.redis = None;
+                *conn = None;
                 (Outcome::Error, "timed out".into())
             }
         };
-        history.record(&self.event("redis", lease, token, seq, start_ns, outcome, detail));
+        self.event(store, lease, token, seq, start_ns, outcome, detail)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -305,16 +576,23 @@ impl Stores {
         tx.commit().await.map_err(PgError::Database)
     }
 
-    async fn write_redis(&mut self, lease: &str, token: u64, seq: u64) -> Result<(), RedisError> {
-        if self.redis.is_none() {
-            let conn = redis::Client::open(self.redis_url.as_str())
+    async fn write_redis(
+        &self,
+        url: &str,
+        conn: &mut Option<redis::aio::MultiplexedConnection>,
+        lease: &str,
+        token: u64,
+        seq: u64,
+    ) -> Result<(), RedisError> {
+        if conn.is_none() {
+            let connected = redis::Client::open(url)
                 .map_err(RedisError::Redis)?
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(RedisError::Redis)?;
-            self.redis = Some(conn);
+            *conn = Some(connected);
         }
-        let conn = self.redis.as_mut().expect("connected above");
+        let conn = conn.as_mut().expect("connected above");
         let payload = serde_json::to_string(&JournalWrite {
             lease: lease.to_string(),
             token,

@@ -101,6 +101,9 @@ pub enum Outcome {
     /// Failed otherwise (timeout, connection cut, server error): it may or may not
     /// have been applied, so the checker uses only what the store itself shows.
     Error,
+    /// Refused because the store lost the key's mark (a lossy Redis, dbstores.rs):
+    /// the fence failing closed.
+    NoMark,
 }
 
 /// Appends events to a history file, one line each.
@@ -168,6 +171,8 @@ pub struct Verdict {
     pub faults: BTreeMap<String, usize>,
     /// Stale write attempts the stores rejected, per store.
     pub stale_rejected: BTreeMap<String, usize>,
+    /// Writes refused because the store had lost the mark, per store.
+    pub no_mark_refused: BTreeMap<String, usize>,
     /// Writes accepted although a higher token had been accepted before they started.
     pub stale_accepted: usize,
     /// Writes whose outcome is unknown (timeouts, cut connections).
@@ -191,11 +196,13 @@ impl Verdict {
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
         format!(
-            "chaos: {} grants, {} faults ({}), {} stale writes rejected, {} accepted, {} violations",
+            "chaos: {} grants, {} faults ({}), {} stale writes rejected, {} refused for a lost \
+             mark, {} accepted, {} violations",
             self.grants,
             faults,
             by_kind.join(", "),
             self.stale_rejected_total(),
+            self.no_mark_refused.values().sum::<usize>(),
             self.stale_accepted,
             self.violations.len()
         )
@@ -220,6 +227,8 @@ pub fn check(events: &[Event], journal: &[JournalWrite], expect: &Expectations) 
 
 /// [`check`], with more stores that keep a commit order of their own (PostgreSQL,
 /// Redis: see dbstores.rs), by store name; the file fence's rules apply to each.
+/// For a lossy store (dbstores.rs's `LOSSY`) that is what it holds after the run,
+/// and [`check_lost_marks`] applies.
 pub fn check_with_stores(
     events: &[Event],
     journal: &[JournalWrite],
@@ -234,6 +243,7 @@ pub fn check_with_stores(
     }
     check_stale_accepted(events, &mut v);
     check_stale_rejections(events, journal, stores, &mut v);
+    check_lost_marks(events, stores, &mut v);
     check_tokens_issued(events, &mut v);
     check_liveness(events, expect, &mut v);
     check_silenced_holders_expire(events, &mut v);
@@ -246,6 +256,7 @@ pub fn check_with_stores(
                 Outcome::Stale => *v.stale_rejected.entry(store.clone()).or_default() += 1,
                 Outcome::Accepted => *v.accepted.entry(store.clone()).or_default() += 1,
                 Outcome::Error => v.unknown_outcomes += 1,
+                Outcome::NoMark => *v.no_mark_refused.entry(store.clone()).or_default() += 1,
             },
             _ => {}
         }
@@ -451,7 +462,67 @@ fn check_journal_order(store: &str, journal: &[JournalWrite], v: &mut Verdict) {
     }
 }
 
+/// Once a lossy store has lost its marks (the end of its first loss fault), no
+/// write that starts later is admitted: neither reported accepted nor found in
+/// what the store holds after the run (an admit whose answer was lost shows there).
+fn check_lost_marks(
+    events: &[Event],
+    stores: &BTreeMap<String, Vec<JournalWrite>>,
+    v: &mut Verdict,
+) {
+    for lossy in crate::dbstores::LOSSY {
+        let Some(lost_ns) = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Fault { fault, end_ns, .. } if fault == lossy.fault => Some(*end_ns),
+                _ => None,
+            })
+            .min()
+        else {
+            continue;
+        };
+        let mut started: HashMap<(&str, u64), u64> = HashMap::new();
+        for e in events {
+            if let Event::Write {
+                worker,
+                lease,
+                store,
+                token,
+                seq,
+                start_ns,
+                outcome,
+                ..
+            } = e
+                && store == lossy.store
+            {
+                started.insert((worker, *seq), *start_ns);
+                if *outcome == Outcome::Accepted && *start_ns > lost_ns {
+                    v.violations.push(format!(
+                        "{store} store, key {lease}: write {seq} of {worker} with token {token} \
+                         was accepted after the store lost its marks: the fence started over"
+                    ));
+                }
+            }
+        }
+        for w in stores.get(lossy.store).into_iter().flatten() {
+            // A write with no recorded start (its worker died first) is judged as late.
+            if started
+                .get(&(w.worker.as_str(), w.seq))
+                .is_none_or(|start| *start > lost_ns)
+            {
+                v.violations.push(format!(
+                    "{} store, key {}: holds write {} of {} with token {}, admitted after the \
+                     store lost its marks: the fence started over",
+                    lossy.store, w.lease, w.seq, w.worker, w.token
+                ));
+            }
+        }
+    }
+}
+
 /// A write rejected as stale must have met a higher token that the store accepted.
+/// Not judged for a lossy store: the accepted writes that justify its refusals are
+/// what its loss erased.
 fn check_stale_rejections(
     events: &[Event],
     journal: &[JournalWrite],
@@ -499,6 +570,7 @@ fn check_stale_rejections(
             outcome: Outcome::Stale,
             ..
         } = e
+            && !crate::dbstores::LOSSY.iter().any(|l| l.store == store)
         {
             let high = highest
                 .get(&(store.as_str(), lease.as_str()))
@@ -961,6 +1033,62 @@ pub fn self_check() -> Result<usize, String> {
     ] {
         let verdict = check_with_stores(&db_clean, &clean_journal, &stores(order), &expect);
         if !verdict.violations.iter().any(|m| m.contains(needle)) {
+            return Err(format!(
+                "planted violation \"{name}\" was not reported (got {:?})",
+                verdict.violations
+            ));
+        }
+        n += 1;
+    }
+    // A lossy store: after its loss, a write accepted or found in the store.
+    let lossy = crate::dbstores::LOSSY[0];
+    let loss = Event::Fault {
+        fault: lossy.fault.into(),
+        target: String::new(),
+        start_ns: 100,
+        end_ns: 105,
+    };
+    let lossy_clean = with(vec![
+        write("b", lossy.store, 20, 41, Outcome::Accepted),
+        loss.clone(),
+        write("b", lossy.store, 20, 110, Outcome::NoMark),
+        write("a", lossy.store, 10, 120, Outcome::NoMark),
+    ]);
+    let lossy_stores =
+        |order: Vec<JournalWrite>| BTreeMap::from([(lossy.store.to_string(), order)]);
+    let verdict = check_with_stores(&lossy_clean, &clean_journal, &lossy_stores(vec![]), &expect);
+    if !verdict.violations.is_empty() || verdict.no_mark_refused.get(lossy.store) != Some(&2) {
+        return Err(format!(
+            "a clean lossy-store history was flagged or miscounted: {:?} {:?}",
+            verdict.violations, verdict.no_mark_refused
+        ));
+    }
+    let mut late = jw(20, "b");
+    late.seq = 130;
+    for (name, events, order) in [
+        (
+            "a write accepted after the store lost its marks",
+            with(vec![
+                loss.clone(),
+                write("b", lossy.store, 20, 130, Outcome::Accepted),
+            ]),
+            vec![],
+        ),
+        (
+            "a write admitted after the loss, its answer lost",
+            with(vec![
+                loss.clone(),
+                write("b", lossy.store, 20, 130, Outcome::Error),
+            ]),
+            vec![late],
+        ),
+    ] {
+        let verdict = check_with_stores(&events, &clean_journal, &lossy_stores(order), &expect);
+        if !verdict
+            .violations
+            .iter()
+            .any(|m| m.contains("the fence started over"))
+        {
             return Err(format!(
                 "planted violation \"{name}\" was not reported (got {:?})",
                 verdict.violations

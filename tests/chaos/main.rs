@@ -505,6 +505,10 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         eprintln!("chaos: set-up: {e}");
         return false;
     }
+    if let Err(e) = servers.create_marks(&leases).await {
+        eprintln!("chaos: creating the Redis marks: {e}");
+        return false;
+    }
 
     // Separate proxies, so the controller's and the workers' links fail separately.
     let controller_proxy = Proxy::start(APISERVER_PORT).await.expect("proxy");
@@ -676,6 +680,23 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
             println!(
                 "chaos: FAILED: the {store} store rejected no stale write, so this run proves \
                  nothing about it (history in {})",
+                out.display()
+            );
+            return false;
+        }
+    }
+    for lossy in dbstores::LOSSY {
+        let lost = verdict.faults.get(lossy.fault).copied().unwrap_or(0);
+        let refused = verdict
+            .no_mark_refused
+            .get(lossy.store)
+            .copied()
+            .unwrap_or(0);
+        if lost == 0 || refused == 0 {
+            println!(
+                "chaos: FAILED: the {} store lost its marks {lost} times and refused {refused} \
+                 writes for it, so this run proves nothing about failing closed (history in {})",
+                lossy.store,
                 out.display()
             );
             return false;
@@ -928,13 +949,17 @@ const FAULTS: [&str; 15] = [
     "blackhole_worker_links",
 ];
 
-/// The first round begins with these, in this order (see `run`).
-const FIRST_FAULTS: [&str; 5] = [
+/// The first round begins with these, in this order (see `run`). The losses of
+/// the lossy Redis stores come early too: before the first RDB snapshot (300 s),
+/// so `redis-rdb` comes back empty, and within a short run.
+const FIRST_FAULTS: [&str; 7] = [
     "pause_holder",
     "pause_in_transaction",
     "storm",
     "failover",
     "flap_leadership",
+    "lose_redis_marks",
+    "evict_redis_marks",
 ];
 
 struct FaultContext<'a> {
@@ -1279,7 +1304,8 @@ async fn inject(
 }
 
 /// The database faults (dbstores.rs): restart PostgreSQL (immediate shutdown) or
-/// Redis (SIGKILL), or SIGKILL a worker inside an open PostgreSQL transaction.
+/// Redis (SIGKILL), SIGKILL a worker inside an open PostgreSQL transaction, or make
+/// a lossy Redis lose its marks.
 async fn inject_db(
     fault: &str,
     ctx: &FaultContext<'_>,
@@ -1296,6 +1322,17 @@ async fn inject_db(
                 .await
                 .map_err(|e| e.to_string())??;
             format!("{which} back in {} ms", started.elapsed().as_millis())
+        }
+        "lose_redis_marks" => {
+            let servers = dbstores::Servers::new(&ctx.plane.root);
+            tokio::task::spawn_blocking(move || servers.lose_marks())
+                .await
+                .map_err(|e| e.to_string())??
+        }
+        "evict_redis_marks" => {
+            dbstores::Servers::new(&ctx.plane.root)
+                .evict_marks(ctx.leases)
+                .await?
         }
         "kill_worker_in_transaction" => {
             let live: Vec<String> = procs.workers.iter().map(|(id, _)| id.clone()).collect();
