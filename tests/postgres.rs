@@ -122,20 +122,23 @@ async fn grant_least_privilege(admin: &Client) {
         .expect("least-privilege roles and grants");
 }
 
-/// A client with the fence installed and this test's journal table.
+/// A client with the fence installed, the least-privilege roles, and the journal
+/// table that the concurrent writers (as [`APP_ROLE`]) append to.
 async fn setup() -> Client {
     let client = connect().await;
     postgres::install(&client).await.expect("install");
+    grant_least_privilege(&client).await;
     client
-        .batch_execute(
+        .batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock(4242);
              CREATE TABLE IF NOT EXISTS public.fenced_writes (
                id bigserial PRIMARY KEY, key text NOT NULL, token bigint NOT NULL, writer int NOT NULL);
-             COMMIT",
-        )
+             GRANT SELECT, INSERT ON public.fenced_writes TO {APP_ROLE};
+             GRANT USAGE ON SEQUENCE public.fenced_writes_id_seq TO {APP_ROLE};
+             COMMIT"
+        ))
         .await
         .expect("journal table");
-    grant_least_privilege(&client).await;
     client
 }
 
@@ -233,7 +236,8 @@ async fn run_plan(level: IsolationLevel, prefix: &str, ops: &[Op], writers: u8) 
         let outcomes = outcomes.clone();
         let prefix = prefix.to_owned();
         tasks.push(tokio::spawn(async move {
-            let mut client = connect().await;
+            // The writers have only the README's grants.
+            let mut client = connect_app().await;
             for (_, key, token, pause) in mine {
                 let key = format!("{prefix}-{key}");
                 let began = Instant::now();
@@ -244,7 +248,7 @@ async fn run_plan(level: IsolationLevel, prefix: &str, ops: &[Op], writers: u8) 
                     .await
                     .unwrap();
                 // Take the snapshot now; the check comes after a pause.
-                tx.query_one("SELECT count(*) FROM palisade.marks", &[])
+                tx.query_one("SELECT count(*) FROM public.fenced_writes", &[])
                     .await
                     .unwrap();
                 tokio::time::sleep(Duration::from_millis(pause as u64)).await;

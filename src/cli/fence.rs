@@ -38,7 +38,7 @@ pub struct FenceArgs {
     /// schema). Takes no token, not even PALISADE_FENCING_TOKEN: setting up and
     /// fencing are separate steps, so a writer never recreates a deleted store and
     /// has its token admitted as the first.
-    #[arg(long, conflicts_with_all = ["show", "token", "payload", "key"])]
+    #[arg(long, conflicts_with_all = ["show", "token", "payload"])]
     pub create: bool,
 
     /// How long to wait for another writer: for the file store's lock, or in
@@ -392,4 +392,27 @@ fn error_chain(err: &dyn Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_key_is_namespace_slash_lease() {
+        let some = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            default_key(some("payments"), some("billing")),
+            ("payments/billing".to_owned(), some("billing"))
+        );
+        assert_eq!(
+            default_key(None, some("billing")),
+            ("billing".to_owned(), None)
+        );
+        assert_eq!(
+            default_key(some("payments"), None),
+            ("default".to_owned(), None)
+        );
+        assert_eq!(default_key(None, None), ("default".to_owned(), None));
+    }
 }

@@ -1,3 +1,6 @@
+-- Version 1 of sql/palisade-fence.sql as it shipped, for the upgrade test in
+-- tests/postgres.rs. Not installed by anything else.
+--
 -- palisade: fencing tokens checked inside PostgreSQL, version 1.
 --
 -- Install with `psql -v ON_ERROR_STOP=1 -f sql/palisade-fence.sql` or
