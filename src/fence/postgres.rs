@@ -248,5 +248,25 @@ mod tests {
         assert!(SQL.contains(&format!("ERRCODE = '{STALE_SQLSTATE}'")));
         assert!(SQL.contains(&format!("> {MAX_KEY_BYTES}")));
         assert!(SQL.contains(&format!("VALUES ({SQL_VERSION})")));
+        assert!(SQL.contains("SECURITY DEFINER"));
+        assert!(SQL.contains("REVOKE ALL ON FUNCTION palisade.fence(text, bigint) FROM PUBLIC"));
+    }
+
+    #[test]
+    fn a_lock_timeout_names_the_key_and_the_wait_when_known() {
+        let error = |timeout| Error::LockTimeout {
+            key: "payments/billing".into(),
+            timeout,
+        };
+        assert_eq!(
+            error(Some(std::time::Duration::from_secs(5))).to_string(),
+            "timed out after 5s waiting for the mark of key \"payments/billing\": another \
+             transaction holds it (a holder paused inside its transaction?)"
+        );
+        assert!(
+            error(None)
+                .to_string()
+                .starts_with("timed out waiting for the mark of key \"payments/billing\"")
+        );
     }
 }
