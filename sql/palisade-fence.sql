@@ -1,14 +1,34 @@
--- palisade: fencing tokens checked inside PostgreSQL, version 1.
+-- palisade: fencing tokens checked inside PostgreSQL, version 2.
 --
--- Install with `psql -v ON_ERROR_STOP=1 -f sql/palisade-fence.sql` or
--- palisade::fence::postgres::install. Running it again is harmless; a later
--- version of this file upgrades an installed one in place (it records its version
--- in palisade.version and refuses to replace a newer one).
+-- Install with `psql -v ON_ERROR_STOP=1 -f sql/palisade-fence.sql`, `palisade fence
+-- --store postgres://... --create` or palisade::fence::postgres::install, as a role
+-- that may create the schema (it owns the schema, the table and the function). A
+-- fence call never installs anything. Running it again is harmless; a later version
+-- of this file upgrades an installed one in place (it records its version in
+-- palisade.version and refuses to replace a newer one).
+--
+-- Privileges. palisade.fence is SECURITY DEFINER: it reads and raises the marks
+-- with its owner's rights, so a writer needs only
+--
+--     GRANT USAGE ON SCHEMA palisade TO app;
+--     GRANT EXECUTE ON FUNCTION palisade.fence(text, bigint) TO app;
+--
+-- and, with no privilege on palisade.marks, cannot lower, delete or forge a mark
+-- (`GRANT SELECT ON palisade.marks` to whoever runs `palisade fence --show`).
+-- PUBLIC has no privilege on the table, the version or the function. Upgrading from
+-- version 1 (SECURITY INVOKER, where writers needed DML on palisade.marks) grants
+-- EXECUTE to every role that could write the marks and revokes its INSERT, UPDATE,
+-- DELETE and TRUNCATE on them; after that, installing again changes no grant.
 --
 -- A program that holds a palisade Lease adds one statement to the transaction that
 -- does the protected write:
 --
---     SELECT palisade.fence($1, $2);   -- $1 the key (e.g. the Lease name), $2 the token
+--     SELECT palisade.fence($1, $2);   -- $1 the key (e.g. namespace/lease), $2 the token
+--
+-- or, with a driver that wraps each statement in a savepoint (pgjdbc autosave=always,
+-- psql ON_ERROR_ROLLBACK): the call inside the write's own statement, e.g.
+-- `INSERT INTO t ... SELECT ... FROM palisade.fence($1, $2)`, `UPDATE t SET ... FROM
+-- palisade.fence($1, $2) WHERE ...`, so that PF001 fails the write itself.
 --
 -- palisade.fence(key text, token bigint) returns the key's previous mark (NULL for
 -- the first token of a key). It admits the token when it is at least the highest
@@ -17,11 +37,16 @@
 --
 -- * READ COMMITTED: concurrent fencers of one key queue on the row lock and each sees
 --   the mark its predecessor committed; a rolled-back transaction raises nothing.
+--   The caller's lock_timeout bounds the wait (SQLSTATE 55P03).
 -- * REPEATABLE READ and SERIALIZABLE: a transaction whose snapshot predates a mark
 --   committed by another gets SQLSTATE 40001 (serialization_failure): retry it. It
 --   never accepts a token its snapshot could not compare with the current mark.
 --
--- Errors (each rolls back the caller's transaction):
+-- A mark is as durable as the transaction's commit: with synchronous_commit = off, or
+-- a failover to an asynchronous standby, a raised mark can be lost and a stale token
+-- then admitted.
+--
+-- Errors (each aborts the caller's transaction, unless a savepoint catches it):
 --   PF001  stale fencing token: the token is lower than the key's highest admitted.
 --          Message: write rejected: stale fencing token 33 for key "billing" is lower
 --          than the highest admitted token 34. DETAIL: {"key": "billing", "token": 33,
@@ -49,13 +74,20 @@ CREATE TABLE IF NOT EXISTS palisade.version (
   version integer NOT NULL
 );
 
+-- The version installed before this file ran ('' for none), for the privilege
+-- steps at the end; a setting local to this transaction.
+DO $$ BEGIN
+  PERFORM set_config('palisade.installed_before',
+                     coalesce((SELECT version FROM palisade.version)::text, ''), true);
+END $$;
+
 DO $$
 DECLARE
   installed integer;
 BEGIN
   SELECT version INTO installed FROM palisade.version;
-  IF installed > 1 THEN
-    RAISE EXCEPTION 'palisade fence schema version % is installed; this file is version 1 and will not downgrade it', installed
+  IF installed > 2 THEN
+    RAISE EXCEPTION 'palisade fence schema version % is installed; this file is version 2 and will not downgrade it', installed
       USING ERRCODE = 'PF002';
   END IF;
 END
@@ -72,6 +104,9 @@ RETURNS bigint
 LANGUAGE plpgsql
 VOLATILE
 -- Not STRICT: a NULL argument must be an error, not a silent NULL.
+-- The owner's rights on palisade.marks, so writers need none of their own; with
+-- search_path pinned, a caller's objects cannot stand in for pg_catalog's.
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
@@ -128,7 +163,46 @@ $fn$;
 COMMENT ON FUNCTION palisade.fence(text, bigint) IS
   'palisade fencing check: admits token >= the key''s highest admitted token and records it, in the caller''s transaction; raises SQLSTATE PF001 on a stale token.';
 
-INSERT INTO palisade.version (version) VALUES (1)
+-- Privileges, set when the schema reaches version 2 (a new install or an upgrade
+-- from 1), never again: installing once more leaves the grants an administrator
+-- made since.
+DO $$
+DECLARE
+  installed integer;
+  writer record;
+BEGIN
+  installed := nullif(current_setting('palisade.installed_before'), '')::integer;
+  IF installed IS NOT NULL AND installed >= 2 THEN
+    RETURN;
+  END IF;
+  REVOKE ALL ON TABLE palisade.marks, palisade.version FROM PUBLIC;
+  REVOKE ALL ON FUNCTION palisade.fence(text, bigint) FROM PUBLIC;
+  IF installed = 1 THEN
+    -- Version 1 ran with the caller's rights: whoever could write the marks could
+    -- fence (and lower a mark). Such roles keep fencing, through EXECUTE only.
+    FOR writer IN
+      SELECT DISTINCT a.grantee
+        FROM pg_class AS c, aclexplode(c.relacl) AS a
+       WHERE c.oid = 'palisade.marks'::regclass
+         AND a.grantee <> c.relowner
+         AND a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE')
+    LOOP
+      IF writer.grantee = 0 THEN
+        -- PUBLIC could write the marks: PUBLIC may fence, and no longer write them.
+        REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON palisade.marks FROM PUBLIC;
+        GRANT EXECUTE ON FUNCTION palisade.fence(text, bigint) TO PUBLIC;
+      ELSE
+        EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON palisade.marks FROM %I',
+                       pg_get_userbyid(writer.grantee));
+        EXECUTE format('GRANT EXECUTE ON FUNCTION palisade.fence(text, bigint) TO %I',
+                       pg_get_userbyid(writer.grantee));
+      END IF;
+    END LOOP;
+  END IF;
+END
+$$;
+
+INSERT INTO palisade.version (version) VALUES (2)
   ON CONFLICT (only_row) DO UPDATE SET version = EXCLUDED.version;
 
 COMMIT;

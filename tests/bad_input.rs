@@ -171,8 +171,9 @@ proptest! {
     #[test]
     fn fence_cli_token_from_environment(token in "[0-9]{1,3}|[^\\x00]{0,8}") {
         let dir = tempfile::tempdir().unwrap();
+        palisade::fence::FileStore::create(dir.path().join("store")).unwrap();
         let output = support::cli::palisade()
-            .args(["fence", "--create", "--store"])
+            .args(["fence", "--store"])
             .arg(dir.path().join("store"))
             .env("PALISADE_FENCING_TOKEN", &token)
             .env("PALISADE_LEASE", "k")

@@ -385,17 +385,10 @@ fn sigkill_mid_admit_leaves_a_store_that_still_refuses_stale_tokens() {
 #[test]
 fn cli_admits_and_exits_0_with_one_line() {
     let (_tmp, store) = store_dir();
+    assert!(fence_cmd(&store, &["--create"]).status.success());
     let output = fence_cmd(
         &store,
-        &[
-            "--create",
-            "--key",
-            "x",
-            "--token",
-            "34",
-            "--payload",
-            "hello",
-        ],
+        &["--key", "x", "--token", "34", "--payload", "hello"],
     );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let stdout = String::from_utf8(output.stdout).unwrap();
@@ -497,12 +490,113 @@ fn cli_takes_token_and_key_from_the_lock_environment() {
     };
     assert_eq!(run("1839202").status.code(), Some(0));
     assert_eq!(run("1839201").status.code(), Some(3));
+    // With the lease alone, the key is the lease name.
     assert_eq!(open(&store).highest("billing-cron").unwrap(), Some(1839202));
+
+    // With the namespace too (as `palisade lock` sets both), `<namespace>/<lease>`.
+    let output = palisade()
+        .args(["fence", "--store"])
+        .arg(&store)
+        .env("PALISADE_FENCING_TOKEN", "12")
+        .env("PALISADE_NAMESPACE", "payments")
+        .env("PALISADE_LEASE", "invoices")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("for key \"payments/invoices\""),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert_eq!(open(&store).highest("payments/invoices").unwrap(), Some(12));
+    assert_eq!(open(&store).highest("invoices").unwrap(), None);
 
     // The flag wins over the environment; the key falls back to "default".
     let output = fence_cmd(&store, &["--token", "5"]);
     assert!(output.status.success());
     assert_eq!(open(&store).highest("default").unwrap(), Some(5));
+}
+
+/// A store fenced under bare lease names (older palisade) is never started over by
+/// the namespaced default key: the CLI refuses naming both keys until `--key` is
+/// passed or the mark is migrated.
+#[test]
+fn cli_default_key_never_starts_a_bare_lease_mark_over() {
+    let (_tmp, store) = store_dir();
+    FileStore::create(&store).unwrap();
+    open(&store).admit("invoices", 40).unwrap();
+    let run = |token: &str, extra: &[&str]| {
+        palisade()
+            .args(["fence", "--store"])
+            .arg(&store)
+            .args(extra)
+            .env("PALISADE_FENCING_TOKEN", token)
+            .env("PALISADE_NAMESPACE", "payments")
+            .env("PALISADE_LEASE", "invoices")
+            .output()
+            .unwrap()
+    };
+    let output = run("41", &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    let err = stderr(&output);
+    assert!(
+        err.contains("\"payments/invoices\"")
+            && err.contains("\"invoices\"")
+            && err.contains("--key"),
+        "{err}"
+    );
+    assert_eq!(open(&store).highest("payments/invoices").unwrap(), None);
+    assert_eq!(open(&store).highest("invoices").unwrap(), Some(40));
+
+    let output = run("41", &["--key", "invoices"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(open(&store).highest("invoices").unwrap(), Some(41));
+
+    // Migrated: the namespaced key has a mark, and the default is used as it is.
+    open(&store).admit("payments/invoices", 41).unwrap();
+    let output = run("42", &[]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(open(&store).highest("payments/invoices").unwrap(), Some(42));
+}
+
+/// Setting a store up and fencing are separate steps: `--create` takes no token
+/// (nor one from the environment), so a writer can never recreate a deleted store
+/// and have its token admitted as the first.
+#[test]
+fn cli_create_takes_no_token_so_a_deleted_store_is_never_recreated_by_a_write() {
+    let (_tmp, store) = store_dir();
+    assert!(fence_cmd(&store, &["--create"]).status.success());
+    assert!(
+        fence_cmd(&store, &["--key", "k", "--token", "7"])
+            .status
+            .success()
+    );
+    fs::remove_dir_all(&store).unwrap();
+
+    let output = fence_cmd(&store, &["--create", "--key", "k", "--token", "1"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("--create") && stderr(&output).contains("--token"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!store.exists(), "--create --token recreated the store");
+
+    let output = palisade()
+        .args(["fence", "--create", "--store"])
+        .arg(&store)
+        .env("PALISADE_FENCING_TOKEN", "1")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        !store.exists(),
+        "--create with a token in the environment recreated the store"
+    );
+
+    let output = fence_cmd(&store, &["--key", "k", "--token", "1"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(!store.exists());
 }
 
 #[test]
@@ -581,7 +675,7 @@ fn a_journal_without_its_marks_file_is_damage_never_a_new_store() {
         "open wrote a new marks file"
     );
 
-    let output = fence_cmd(&store, &["--key", "k", "--token", "1", "--create"]);
+    let output = fence_cmd(&store, &["--create"]);
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(
         !store.join("marks.json").exists(),

@@ -187,10 +187,12 @@ async fn the_command_sees_the_grant_in_its_environment_and_its_status_is_passed_
     let (ns, _controller) = setup("lock-env").await;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
-    // Also admits a write with `palisade fence`, which reads the token and lease from the environment.
+    // Also admits a write with `palisade fence`, which reads the token and key from the
+    // environment, to a store set up beforehand.
+    palisade::fence::FileStore::create(dir.path().join("fence")).unwrap();
     let script = format!(
         r#"env | grep ^PALISADE_ | sort > {d}/env.tmp
-"$PALISADE_BIN" fence --store {d}/fence --create --payload hello > {d}/fence.out 2>&1 || echo "fence failed" >> {d}/fence.out
+"$PALISADE_BIN" fence --store {d}/fence --payload hello > {d}/fence.out 2>&1 || echo "fence failed" >> {d}/fence.out
 mv {d}/env.tmp {d}/env
 i=0; while [ ! -e {d}/go ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
 exit 7"#
@@ -224,8 +226,9 @@ exit 7"#
     let fence = std::fs::read_to_string(dir.path().join("fence.out")).unwrap();
     assert!(
         fence.contains(&format!(
-            "admitted: fencing token {}",
-            var("PALISADE_FENCING_TOKEN")
+            "admitted: fencing token {} for key \"{}/envlease\"",
+            var("PALISADE_FENCING_TOKEN"),
+            ns.name
         )),
         "{fence}"
     );

@@ -1,6 +1,11 @@
 //! `palisade.fence` in a real PostgreSQL (`make databases`): concurrent writers at
 //! every isolation level, a client SIGKILLed mid-transaction, an immediate shutdown,
-//! bad input, autocommit, and installing twice.
+//! bad input, autocommit, installing twice and upgrading, a least-privilege role,
+//! a missing install, a held row lock, and drivers that wrap statements in savepoints.
+//!
+//! The server is shared with other test runs: this binary works in a database of its
+//! own ([`TEST_DB`]; the dropped-schema test in one it drops again), and its roles
+//! have fixed names of their own, created idempotently.
 #![cfg(feature = "postgres")]
 
 #[path = "support/cli.rs"]
@@ -11,7 +16,7 @@ mod databases;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use palisade::fence::postgres::{self, Error};
@@ -23,25 +28,115 @@ use databases::runtime;
 /// The crash test restarts the server: it takes this for writing, every other test for reading.
 static SERVER: RwLock<()> = RwLock::new(());
 
-async fn connect() -> Client {
-    let (client, connection) = tokio_postgres::connect(&databases::postgres_url(), NoTls)
+/// This binary's database: its schema version never meets another run's.
+const TEST_DB: &str = "palisade_fence_tests";
+/// The README's least-privilege application role: USAGE on the schema, EXECUTE on
+/// the function, DML on its own table `public.app_writes` only.
+const APP_ROLE: &str = "palisade_test_app";
+/// The role `--show` needs: USAGE and SELECT on the marks.
+const SHOW_ROLE: &str = "palisade_test_show";
+
+/// The server's URL as `user`, in database `db`.
+fn url_as(user: &str, db: &str) -> String {
+    let base = databases::postgres_url();
+    let (scheme, rest) = base.split_once("://").expect("a postgres:// URL");
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host = host.split('/').next().unwrap_or(host);
+    format!("{scheme}://{user}@{host}/{db}")
+}
+
+/// The superuser of the shared server (tests/support/databases.rs).
+fn superuser() -> String {
+    let base = databases::postgres_url();
+    let rest = base.split_once("://").map_or(base.as_str(), |(_, r)| r);
+    rest.split_once('@')
+        .map_or("postgres", |(user, _)| user)
+        .to_owned()
+}
+
+/// The superuser in [`TEST_DB`], created on first use.
+fn admin_url() -> String {
+    static CREATED: OnceLock<()> = OnceLock::new();
+    // On a thread of its own: callers may be inside a runtime already.
+    CREATED.get_or_init(|| {
+        std::thread::spawn(|| runtime().block_on(create_database(TEST_DB)))
+            .join()
+            .expect("creating the test database");
+    });
+    url_as(&superuser(), TEST_DB)
+}
+
+/// Creates `db` unless it exists (another run may create it at the same moment).
+async fn create_database(db: &str) {
+    let admin = connect_to(&databases::postgres_url()).await;
+    match admin.batch_execute(&format!("CREATE DATABASE {db}")).await {
+        Ok(()) => {}
+        Err(e)
+            if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE)
+                || e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {}
+        Err(e) => panic!("CREATE DATABASE {db}: {e}"),
+    }
+}
+
+async fn connect_to(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
         .await
-        .expect("connecting to the test PostgreSQL");
+        .unwrap_or_else(|e| panic!("connecting to the test PostgreSQL at {url}: {e}"));
     tokio::spawn(connection);
     client
 }
 
-/// A client with the fence installed and this test's journal table.
+/// The superuser in [`TEST_DB`].
+async fn connect() -> Client {
+    connect_to(&admin_url()).await
+}
+
+/// Connected as the least-privilege [`APP_ROLE`], in [`TEST_DB`].
+async fn connect_app() -> Client {
+    connect_to(&url_as(APP_ROLE, TEST_DB)).await
+}
+
+/// The roles and grants the README documents, in the database `admin` is connected
+/// to (the fence installed there). Idempotent; under the installers' lock, so that
+/// GRANTs and a concurrent install never update one catalog row at once ("tuple
+/// concurrently updated").
+async fn grant_least_privilege(admin: &Client) {
+    admin
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(7273612897165101);
+             DO $$ BEGIN CREATE ROLE {APP_ROLE} LOGIN;
+               EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+             DO $$ BEGIN CREATE ROLE {SHOW_ROLE} LOGIN;
+               EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+             GRANT USAGE ON SCHEMA palisade TO {APP_ROLE};
+             GRANT EXECUTE ON FUNCTION palisade.fence(text, bigint) TO {APP_ROLE};
+             GRANT USAGE ON SCHEMA palisade TO {SHOW_ROLE};
+             GRANT SELECT ON palisade.marks TO {SHOW_ROLE};
+             CREATE TABLE IF NOT EXISTS public.app_writes (
+               id bigserial PRIMARY KEY, key text NOT NULL, token bigint NOT NULL);
+             GRANT SELECT, INSERT, UPDATE, DELETE ON public.app_writes TO {APP_ROLE};
+             GRANT USAGE ON SEQUENCE public.app_writes_id_seq TO {APP_ROLE};
+             COMMIT"
+        ))
+        .await
+        .expect("least-privilege roles and grants");
+}
+
+/// A client with the fence installed, the least-privilege roles, and the journal
+/// table that the concurrent writers (as [`APP_ROLE`]) append to.
 async fn setup() -> Client {
     let client = connect().await;
     postgres::install(&client).await.expect("install");
+    grant_least_privilege(&client).await;
     client
-        .batch_execute(
+        .batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock(4242);
              CREATE TABLE IF NOT EXISTS public.fenced_writes (
                id bigserial PRIMARY KEY, key text NOT NULL, token bigint NOT NULL, writer int NOT NULL);
-             COMMIT",
-        )
+             GRANT SELECT, INSERT ON public.fenced_writes TO {APP_ROLE};
+             GRANT USAGE ON SEQUENCE public.fenced_writes_id_seq TO {APP_ROLE};
+             COMMIT"
+        ))
         .await
         .expect("journal table");
     client
@@ -70,8 +165,11 @@ async fn mark(client: &Client, key: &str) -> Option<i64> {
 #[test]
 fn install_is_idempotent_concurrent_and_versioned() {
     let _server = SERVER.read().unwrap();
+    // Its own database: the other tests install meanwhile, and would meet version 99.
+    let db = ScratchDb::new("palisade_install");
+    let url = url_as(&superuser(), &db.0);
     runtime().block_on(async {
-        let clients = futures::future::join_all((0..4).map(|_| connect())).await;
+        let clients = futures::future::join_all((0..4).map(|_| connect_to(&url))).await;
         let installs = futures::future::join_all(clients.iter().map(postgres::install)).await;
         for result in installs {
             result.expect("concurrent installs all succeed");
@@ -92,7 +190,10 @@ fn install_is_idempotent_concurrent_and_versioned() {
         let err = postgres::install(tx_client).await.unwrap_err();
         let text = format!("{:?}", err);
         tx_client
-            .batch_execute("ROLLBACK; UPDATE palisade.version SET version = 1")
+            .batch_execute(&format!(
+                "ROLLBACK; UPDATE palisade.version SET version = {}",
+                postgres::SQL_VERSION
+            ))
             .await
             .unwrap();
         assert!(text.contains("will not downgrade"), "{text}");
@@ -135,7 +236,8 @@ async fn run_plan(level: IsolationLevel, prefix: &str, ops: &[Op], writers: u8) 
         let outcomes = outcomes.clone();
         let prefix = prefix.to_owned();
         tasks.push(tokio::spawn(async move {
-            let mut client = connect().await;
+            // The writers have only the README's grants.
+            let mut client = connect_app().await;
             for (_, key, token, pause) in mine {
                 let key = format!("{prefix}-{key}");
                 let began = Instant::now();
@@ -146,7 +248,7 @@ async fn run_plan(level: IsolationLevel, prefix: &str, ops: &[Op], writers: u8) 
                     .await
                     .unwrap();
                 // Take the snapshot now; the check comes after a pause.
-                tx.query_one("SELECT count(*) FROM palisade.marks", &[])
+                tx.query_one("SELECT count(*) FROM public.fenced_writes", &[])
                     .await
                     .unwrap();
                 tokio::time::sleep(Duration::from_millis(pause as u64)).await;
@@ -501,13 +603,7 @@ fn sigkill_of_a_client_mid_transaction_leaves_nothing() {
         let client = setup().await;
         postgres::admit_with(&client, &key, 5).await.unwrap();
         let mut psql = Command::new("psql")
-            .args([
-                "-X",
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                &databases::postgres_url(),
-            ])
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &admin_url()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -575,11 +671,13 @@ fn immediate_shutdown_and_restart_keep_every_committed_mark() {
     });
 }
 
-/// `palisade fence --store postgres://...`: the exit codes of the file store.
+/// `palisade fence --store postgres://...` as the least-privilege role: the exit
+/// codes of the file store; `--show` needs SELECT on the marks.
 #[test]
 fn cli_admits_refuses_with_exit_3_and_shows() {
     let _server = SERVER.read().unwrap();
-    let url = databases::postgres_url();
+    runtime().block_on(setup());
+    let url = url_as(APP_ROLE, TEST_DB);
     let key = databases::unique("cli");
     let run = |args: &[&str]| cli::fence(&url, args);
     let ok = run(&["--key", &key, "--token", "34"]);
@@ -603,6 +701,561 @@ fn cli_admits_refuses_with_exit_3_and_shows() {
             .code(),
         Some(2)
     );
-    let show = run(&["--show"]);
+    // The application role may not read the marks; the role granted SELECT may.
+    let denied = run(&["--show"]);
+    assert_eq!(denied.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&denied.stderr);
+    assert!(err.contains("permission denied"), "{err}");
+    let show = cli::fence(url_as(SHOW_ROLE, TEST_DB), &["--show"]);
+    assert!(
+        show.status.success(),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
     assert!(String::from_utf8_lossy(&show.stdout).contains(&format!("\"{key}\": 34")));
+}
+
+fn assert_denied(result: Result<u64, tokio_postgres::Error>, what: &str) {
+    match result {
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {}
+        other => panic!("{what}: expected permission denied (42501), got {other:?}"),
+    }
+}
+
+/// The README's grants (USAGE on the schema, EXECUTE on the function, DML on the
+/// application's own table) are enough to fence, and give no way to lower, delete,
+/// forge or read a mark.
+#[test]
+fn least_privilege_role_fences_and_cannot_change_the_marks() {
+    let _server = SERVER.read().unwrap();
+    runtime().block_on(async {
+        let admin = setup().await;
+        let key = databases::unique("least-privilege");
+        let mut app = connect_app().await;
+        let tx = app.transaction().await.unwrap();
+        let admitted = postgres::admit(&tx, &key, 5)
+            .await
+            .expect("the application role admits a token");
+        assert_eq!(admitted.previous, None);
+        tx.execute(
+            "INSERT INTO public.app_writes (key, token) VALUES ($1, 5)",
+            &[&key],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+
+        let tx = app.transaction().await.unwrap();
+        match postgres::admit(&tx, &key, 4).await {
+            Err(Error::Stale { highest: 5, .. }) => {}
+            other => panic!("a stale token as the application role: {other:?}"),
+        }
+        tx.rollback().await.unwrap();
+
+        let lowered = app
+            .execute(
+                "UPDATE palisade.marks SET token = 0 WHERE key = $1",
+                &[&key],
+            )
+            .await;
+        assert_denied(lowered, "UPDATE palisade.marks");
+        let deleted = app
+            .execute("DELETE FROM palisade.marks WHERE key = $1", &[&key])
+            .await;
+        assert_denied(deleted, "DELETE FROM palisade.marks");
+        let forged = app
+            .execute(
+                "INSERT INTO palisade.marks (key, token) VALUES ($1 || '-forged', 0)",
+                &[&key],
+            )
+            .await;
+        assert_denied(forged, "INSERT INTO palisade.marks");
+        let truncated = app.execute("TRUNCATE palisade.marks", &[]).await;
+        assert_denied(truncated, "TRUNCATE palisade.marks");
+        let version = app
+            .execute("UPDATE palisade.version SET version = 1", &[])
+            .await;
+        assert_denied(version, "UPDATE palisade.version");
+        let read = app
+            .execute("SELECT token FROM palisade.marks WHERE key = $1", &[&key])
+            .await;
+        assert_denied(read, "SELECT FROM palisade.marks");
+        assert_eq!(mark(&admin, &key).await, Some(5), "the mark is untouched");
+
+        // The role granted SELECT reads the marks, and cannot fence: PUBLIC has no EXECUTE.
+        let show = connect_to(&url_as(SHOW_ROLE, TEST_DB)).await;
+        let marks = postgres::marks(&show).await.expect("SELECT on the marks");
+        assert_eq!(marks.get(&key), Some(&5));
+        match postgres::admit_with(&show, &key, 6).await {
+            Err(Error::Database(e))
+                if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {}
+            other => panic!("fencing without EXECUTE: {other:?}"),
+        }
+        assert_eq!(mark(&admin, &key).await, Some(5));
+    });
+}
+
+/// A database of one test, dropped when the test ends (passed or not).
+struct ScratchDb(String);
+
+impl ScratchDb {
+    fn new(prefix: &str) -> Self {
+        let name = databases::unique(prefix).replace('-', "_");
+        let db = ScratchDb(name);
+        let created = db.0.clone();
+        std::thread::spawn(move || runtime().block_on(create_database(&created)))
+            .join()
+            .expect("creating a scratch database");
+        db
+    }
+}
+
+impl Drop for ScratchDb {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        let _ = std::thread::spawn(move || {
+            runtime().block_on(async {
+                let admin = connect_to(&databases::postgres_url()).await;
+                let _ = admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
+            })
+        })
+        .join();
+    }
+}
+
+/// A fence call never installs: with the schema dropped, the CLI fails naming the
+/// function and how to install it, as the superuser (who could create it) too, and
+/// nothing is recreated. `--create` is the explicit install.
+#[test]
+fn a_dropped_schema_makes_the_fence_fail_naming_the_function_and_nothing_is_recreated() {
+    let _server = SERVER.read().unwrap();
+    let db = ScratchDb::new("palisade_dropped");
+    let admin_url = url_as(&superuser(), &db.0);
+    runtime().block_on(async {
+        let admin = connect_to(&admin_url).await;
+        postgres::install(&admin).await.expect("install");
+        grant_least_privilege(&admin).await;
+        postgres::admit_with(&admin, "k", 7).await.unwrap();
+        admin
+            .batch_execute("DROP SCHEMA palisade CASCADE")
+            .await
+            .unwrap();
+    });
+    for url in [admin_url.clone(), url_as(APP_ROLE, &db.0)] {
+        for args in [&["--key", "k", "--token", "1"][..], &["--show"][..]] {
+            let out = cli::fence(&url, args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{url} {args:?}: {err}");
+            assert!(
+                err.contains("palisade.fence(text, bigint) is not installed in this database"),
+                "{url} {args:?}: {err}"
+            );
+            assert!(
+                err.contains("--create") && err.contains("sql/palisade-fence.sql"),
+                "{url} {args:?}: {err}"
+            );
+        }
+    }
+    runtime().block_on(async {
+        let admin = connect_to(&admin_url).await;
+        let schema = admin
+            .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = 'palisade'", &[])
+            .await
+            .unwrap();
+        assert!(schema.is_none(), "a fence call recreated the schema");
+        match postgres::admit_with(&admin, "k", 1).await {
+            Err(e @ Error::NotInstalled { .. }) => assert!(
+                e.to_string()
+                    .contains("palisade.fence(text, bigint) is not installed"),
+                "{e}"
+            ),
+            other => panic!("fencing with no schema: {other:?}"),
+        }
+    });
+    // Installing is a step of its own, and takes no token.
+    let with_token = cli::fence(&admin_url, &["--create", "--token", "1"]);
+    assert_eq!(with_token.status.code(), Some(2));
+    let install = cli::fence(&admin_url, &["--create"]);
+    assert!(
+        install.status.success(),
+        "{}",
+        String::from_utf8_lossy(&install.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&install.stdout).contains(&format!(
+            "schema version {} is installed",
+            postgres::SQL_VERSION
+        )),
+        "{}",
+        String::from_utf8_lossy(&install.stdout)
+    );
+    let out = cli::fence(&admin_url, &["--key", "k", "--token", "1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A holder paused inside its transaction keeps the mark's row lock: `--lock-timeout`
+/// bounds the CLI's wait (PostgreSQL's `lock_timeout`) with an error that says so.
+#[test]
+fn lock_timeout_bounds_the_wait_for_a_mark_another_transaction_holds() {
+    let _server = SERVER.read().unwrap();
+    let rt = runtime();
+    let key = databases::unique("held");
+    let holder = rt.block_on(async {
+        let admin = setup().await;
+        postgres::admit_with(&admin, &key, 10).await.unwrap();
+        let holder = connect().await;
+        holder
+            .batch_execute(&format!("BEGIN; SELECT palisade.fence('{key}', 10)"))
+            .await
+            .unwrap();
+        holder
+    });
+    let started = Instant::now();
+    let mut child = cli::palisade()
+        .arg("fence")
+        .arg("--store")
+        .arg(url_as(APP_ROLE, TEST_DB))
+        .args(["--key", &key, "--token", "11", "--lock-timeout", "300ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("palisade fence");
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(20) {
+            child.kill().unwrap();
+            panic!("palisade fence --lock-timeout 300ms still waits after 20 s for a held mark");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = started.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "timed out after 300ms waiting for the mark of key {key:?}: another transaction holds it"
+        )),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    rt.block_on(async {
+        // The library types the same error (the caller sets lock_timeout).
+        let app = connect_app().await;
+        app.batch_execute("SET lock_timeout = '200ms'")
+            .await
+            .unwrap();
+        match postgres::admit_with(&app, &key, 11).await {
+            Err(e @ Error::LockTimeout { .. }) => {
+                assert!(e.to_string().contains(&format!("{key:?}")), "{e}")
+            }
+            other => panic!("a held mark under lock_timeout: {other:?}"),
+        }
+        holder.batch_execute("ROLLBACK").await.unwrap();
+        let admin = connect().await;
+        assert_eq!(mark(&admin, &key).await, Some(10));
+    });
+}
+
+/// Under `palisade lock` the CLI's default key is `<namespace>/<lease>`; a mark left
+/// under the bare lease name by an older palisade is never started over.
+#[test]
+fn cli_default_key_is_namespace_slash_lease_and_never_starts_a_mark_over() {
+    let _server = SERVER.read().unwrap();
+    let rt = runtime();
+    let admin = rt.block_on(setup());
+    let ns = "payments";
+    let lease = databases::unique("migrate");
+    let namespaced = format!("{ns}/{lease}");
+    // An older palisade fenced under the bare lease name.
+    rt.block_on(postgres::admit_with(&admin, &lease, 40))
+        .unwrap();
+    let run = |lease: &str, token: &str, extra: &[&str]| {
+        cli::palisade()
+            .arg("fence")
+            .arg("--store")
+            .arg(url_as(APP_ROLE, TEST_DB))
+            .args(extra)
+            .env("PALISADE_NAMESPACE", ns)
+            .env("PALISADE_LEASE", lease)
+            .env("PALISADE_FENCING_TOKEN", token)
+            .output()
+            .unwrap()
+    };
+    let out = run(&lease, "41", &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("{namespaced:?}")) && err.contains(&format!("{lease:?}")),
+        "{err}"
+    );
+    assert!(err.contains("--key"), "{err}");
+    assert_eq!(rt.block_on(mark(&admin, &namespaced)), None);
+    assert_eq!(rt.block_on(mark(&admin, &lease)), Some(40));
+
+    // Naming the key goes on with the old mark.
+    let out = run(&lease, "41", &["--key", &lease]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(rt.block_on(mark(&admin, &lease)), Some(41));
+
+    // Once the mark is migrated to the namespaced key, the default works.
+    rt.block_on(postgres::admit_with(&admin, &namespaced, 41))
+        .unwrap();
+    let out = run(&lease, "42", &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("for key {namespaced:?}")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(rt.block_on(mark(&admin, &namespaced)), Some(42));
+
+    // A lease new to the database starts under the namespaced key.
+    let fresh = databases::unique("fresh");
+    let out = run(&fresh, "3", &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(rt.block_on(mark(&admin, &format!("{ns}/{fresh}"))), Some(3));
+    assert_eq!(rt.block_on(mark(&admin, &fresh)), None);
+}
+
+/// Runs `statements` in one transaction the way a driver that wraps each statement
+/// in a savepoint does (pgjdbc `autosave=always`): an error rolls back to the
+/// savepoint and the transaction goes on, to COMMIT. The errors, in order.
+async fn autosave(client: &Client, statements: &[String]) -> Vec<tokio_postgres::Error> {
+    let mut errors = Vec::new();
+    client.batch_execute("BEGIN").await.unwrap();
+    for statement in statements {
+        client
+            .batch_execute("SAVEPOINT pgjdbc_autosave")
+            .await
+            .unwrap();
+        match client.batch_execute(statement).await {
+            Ok(()) => client
+                .batch_execute("RELEASE SAVEPOINT pgjdbc_autosave")
+                .await
+                .unwrap(),
+            Err(e) => {
+                errors.push(e);
+                client
+                    .batch_execute("ROLLBACK TO SAVEPOINT pgjdbc_autosave")
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    client.batch_execute("COMMIT").await.unwrap();
+    errors
+}
+
+/// The same statements through `psql -v ON_ERROR_ROLLBACK=on` in one transaction
+/// block, as the application role; psql's stderr.
+fn psql_on_error_rollback(statements: &[String]) -> String {
+    let mut psql = Command::new("psql")
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_ROLLBACK=on",
+            &url_as(APP_ROLE, TEST_DB),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql");
+    let mut stdin = psql.stdin.take().unwrap();
+    writeln!(stdin, "BEGIN;").unwrap();
+    for statement in statements {
+        writeln!(stdin, "{statement};").unwrap();
+    }
+    writeln!(stdin, "COMMIT;").unwrap();
+    drop(stdin);
+    let out = psql.wait_with_output().unwrap();
+    assert!(out.status.success(), "psql: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+async fn app_rows(client: &Client, key: &str) -> Vec<i64> {
+    client
+        .query(
+            "SELECT token FROM public.app_writes WHERE key = $1 ORDER BY id",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The hazard, shown: with a driver that wraps each statement in a savepoint, the
+/// separate `SELECT palisade.fence(...)` fails alone and the write after it commits.
+#[test]
+fn savepoint_wrapping_drivers_commit_a_separate_write_after_pf001() {
+    let _server = SERVER.read().unwrap();
+    runtime().block_on(async {
+        let admin = setup().await;
+        let app = connect_app().await;
+        for driver in ["pgjdbc autosave", "psql ON_ERROR_ROLLBACK"] {
+            let key = databases::unique("autosave-separate");
+            postgres::admit_with(&admin, &key, 5).await.unwrap();
+            let statements = [
+                format!("SELECT palisade.fence('{key}', 4)"),
+                format!("INSERT INTO public.app_writes (key, token) VALUES ('{key}', 4)"),
+            ];
+            if driver == "psql ON_ERROR_ROLLBACK" {
+                let err = psql_on_error_rollback(&statements);
+                assert!(err.contains("stale fencing token 4"), "{driver}: {err}");
+            } else {
+                let errors = autosave(&app, &statements).await;
+                assert_eq!(errors.len(), 1, "{driver}: {errors:?}");
+                assert_eq!(
+                    errors[0].code().map(|c| c.code()),
+                    Some(postgres::STALE_SQLSTATE)
+                );
+            }
+            assert_eq!(
+                app_rows(&app, &key).await,
+                vec![4],
+                "{driver}: the write after PF001 committed (the hazard the README warns of)"
+            );
+            assert_eq!(mark(&admin, &key).await, Some(5));
+        }
+    });
+}
+
+/// What the README recommends for such drivers: the fence in the write's own
+/// statement, so the statement that fails is the write. A stale token commits
+/// nothing under either wrapping; a current one writes.
+#[test]
+fn fence_in_the_write_statement_commits_nothing_stale_under_savepoint_wrapping() {
+    let _server = SERVER.read().unwrap();
+    runtime().block_on(async {
+        let admin = setup().await;
+        let app = connect_app().await;
+        for driver in ["pgjdbc autosave", "psql ON_ERROR_ROLLBACK"] {
+            let key = databases::unique("autosave-one-statement");
+            let forms = |token: u64| {
+                [
+                    format!(
+                        "INSERT INTO public.app_writes (key, token) \
+                         SELECT '{key}', {token} FROM palisade.fence('{key}', {token})"
+                    ),
+                    format!(
+                        "UPDATE public.app_writes SET token = {token} \
+                         FROM palisade.fence('{key}', {token}) WHERE key = '{key}'"
+                    ),
+                    format!(
+                        "DELETE FROM public.app_writes \
+                         USING palisade.fence('{key}', {token}) WHERE key = '{key}'"
+                    ),
+                ]
+            };
+            let run = |statements: Vec<String>| {
+                let app = &app;
+                async move {
+                    if driver == "psql ON_ERROR_ROLLBACK" {
+                        let err = psql_on_error_rollback(&statements);
+                        err.matches("stale fencing token").count()
+                    } else {
+                        autosave(app, &statements).await.len()
+                    }
+                }
+            };
+            // Token 5 writes one row (the INSERT form alone).
+            assert_eq!(run(vec![forms(5)[0].clone()]).await, 0, "{driver}");
+            assert_eq!(app_rows(&app, &key).await, vec![5], "{driver}");
+            // Token 4 is stale: each of the three forms fails, and nothing changes.
+            assert_eq!(run(forms(4).to_vec()).await, 3, "{driver}");
+            assert_eq!(
+                app_rows(&app, &key).await,
+                vec![5],
+                "{driver}: a stale write committed"
+            );
+            assert_eq!(mark(&admin, &key).await, Some(5));
+            // Token 6 passes: the UPDATE form writes.
+            assert_eq!(run(vec![forms(6)[1].clone()]).await, 0, "{driver}");
+            assert_eq!(app_rows(&app, &key).await, vec![6], "{driver}");
+            assert_eq!(mark(&admin, &key).await, Some(6));
+        }
+    });
+}
+
+/// A v1 install (SECURITY INVOKER: writers had DML on the marks) upgrades in place:
+/// the marks are kept, every v1 writer may EXECUTE the function and no longer
+/// write the marks table, and PUBLIC loses EXECUTE.
+#[test]
+fn upgrading_a_v1_install_keeps_the_marks_and_takes_dml_from_writers() {
+    let _server = SERVER.read().unwrap();
+    let db = ScratchDb::new("palisade_upgrade");
+    let writer = "palisade_test_v1_writer";
+    runtime().block_on(async {
+        let admin = connect_to(&url_as(&superuser(), &db.0)).await;
+        admin
+            .batch_execute(include_str!("databases/palisade-fence-v1.sql"))
+            .await
+            .expect("installing version 1");
+        admin
+            .batch_execute(&format!(
+                "DO $$ BEGIN CREATE ROLE {writer} LOGIN;
+                   EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$;
+                 GRANT USAGE ON SCHEMA palisade TO {writer};
+                 GRANT SELECT, INSERT, UPDATE ON palisade.marks TO {writer}"
+            ))
+            .await
+            .unwrap();
+        let v1_writer = connect_to(&url_as(writer, &db.0)).await;
+        postgres::admit_with(&v1_writer, "k", 9)
+            .await
+            .expect("a version 1 writer fences");
+
+        postgres::install(&admin).await.expect("upgrading to the current version");
+        let version: i32 = admin
+            .query_one("SELECT version FROM palisade.version", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, postgres::SQL_VERSION);
+        let admitted = postgres::admit_with(&v1_writer, "k", 10)
+            .await
+            .expect("the v1 writer still fences after the upgrade");
+        assert_eq!(admitted.previous, Some(9), "the mark was kept");
+        assert!(matches!(
+            postgres::admit_with(&v1_writer, "k", 8).await,
+            Err(Error::Stale { highest: 10, .. })
+        ));
+        let lowered = v1_writer
+            .execute("UPDATE palisade.marks SET token = 0 WHERE key = 'k'", &[])
+            .await;
+        assert_denied(lowered, "UPDATE palisade.marks after the upgrade");
+        let public: bool = admin
+            .query_one(
+                "SELECT has_function_privilege('public', 'palisade.fence(text, bigint)', 'EXECUTE')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(!public, "PUBLIC may still EXECUTE palisade.fence");
+        // Installing again changes no grant.
+        postgres::install(&admin).await.unwrap();
+        postgres::admit_with(&v1_writer, "k", 11).await.unwrap();
+    });
 }

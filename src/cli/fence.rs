@@ -17,8 +17,9 @@ pub const EXIT_USAGE: u8 = 2;
 /// `palisade fence`: admit a fencing token against a file-backed fence, from the shell.
 ///
 /// Exit codes:
-/// - 0: admitted (or, with `--show`, the marks were printed; with `--create` alone, the store is ready);
-/// - 1: the store could not be read or written (I/O error, corrupt file);
+/// - 0: admitted (or, with `--show`, the marks were printed; with `--create`, the store is ready);
+/// - 1: the store could not be read or written (I/O error, corrupt file, not installed,
+///   `--lock-timeout` ran out, the default key would start a mark over);
 /// - 2: bad arguments, e.g. a token that is not an unsigned decimal integer;
 /// - 3: rejected: the token is lower than the highest admitted for the key.
 #[derive(clap::Args, Debug)]
@@ -26,24 +27,34 @@ pub const EXIT_USAGE: u8 = 2;
     after_help = "Exit codes: 0 admitted, 1 store error, 2 bad arguments, 3 stale token rejected."
 )]
 pub struct FenceArgs {
-    /// Where the marks live: a directory (it must exist unless --create is given),
-    /// `postgres://...` (palisade.fence, installed on first use) or `redis://...`.
+    /// Where the marks live: a directory, `postgres://...` (palisade.fence) or
+    /// `redis://...`. A fence call creates no store: set one up with --create.
     #[arg(long, value_name = "DIR|URL")]
     pub store: PathBuf,
 
-    /// Create the store first if the directory does not exist or is empty (its
-    /// parent must exist). Without a token, only that. A damaged store is an error
-    /// even so. Meant for setting a store up, not for every write: a writer that
-    /// always passes it would start a deleted store over at zero.
-    #[arg(long, conflicts_with = "show")]
+    /// Set the store up instead of fencing: make the directory if it does not exist
+    /// or is empty (its parent must exist; a damaged store is an error even so), or
+    /// install or upgrade palisade.fence in PostgreSQL (as a role that may create the
+    /// schema). Takes no token, not even PALISADE_FENCING_TOKEN: setting up and
+    /// fencing are separate steps, so a writer never recreates a deleted store and
+    /// has its token admitted as the first.
+    #[arg(long, conflicts_with_all = ["show", "token", "payload"])]
     pub create: bool,
 
-    /// How long to wait for another writer to let go of the store's lock (e.g. 500ms, 5s).
+    /// How long to wait for another writer: for the file store's lock, or in
+    /// PostgreSQL for the key's mark (`lock_timeout`), which a transaction that
+    /// fenced the key holds until it ends (e.g. 500ms, 5s).
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub lock_timeout: Duration,
 
-    /// What the token fences, e.g. the resource written; defaults to the lease name.
-    #[arg(long, env = "PALISADE_LEASE", default_value = "default")]
+    /// What the token fences. Default: `<namespace>/<lease>` from PALISADE_NAMESPACE
+    /// and PALISADE_LEASE (as `palisade lock` sets them), the lease name when only
+    /// PALISADE_LEASE is set, else "default".
+    #[arg(long = "key", id = "key", value_name = "KEY")]
+    pub key_arg: Option<String>,
+
+    /// The key fenced: `--key`, else the default above ([`run`] sets it).
+    #[arg(skip)]
     pub key: String,
 
     /// Fencing token of this write: an unsigned decimal integer.
@@ -106,7 +117,20 @@ impl From<FenceError> for Refusal {
     }
 }
 
-pub fn run(args: FenceArgs) -> ExitCode {
+pub fn run(mut args: FenceArgs) -> ExitCode {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let lease_key = match args.key_arg.take() {
+        Some(key) => {
+            args.key = key;
+            None
+        }
+        None => {
+            let (key, lease_key) = default_key(env("PALISADE_NAMESPACE"), env("PALISADE_LEASE"));
+            args.key = key;
+            lease_key
+        }
+    };
+    let lease_key = lease_key.as_deref();
     let done = |result: Result<String, Refusal>| match result {
         Ok(out) => {
             println!("{out}");
@@ -119,11 +143,50 @@ pub fn run(args: FenceArgs) -> ExitCode {
             done(redis(&args, url).await)
         }),
         Some(url) => block_on("fence", Threads::One, async {
-            done(postgres(&args, url).await)
+            done(postgres(&args, url, lease_key).await)
         }),
-        None => done(file(&args)),
+        None => done(file(&args, lease_key)),
     }
 }
+
+/// The key when `--key` is not given, and, when it is `<namespace>/<lease>`, the
+/// bare lease name that palisade used as the default before.
+fn default_key(namespace: Option<String>, lease: Option<String>) -> (String, Option<String>) {
+    match (namespace, lease) {
+        (Some(namespace), Some(lease)) => (format!("{namespace}/{lease}"), Some(lease)),
+        (None, Some(lease)) => (lease, None),
+        (_, None) => ("default".to_owned(), None),
+    }
+}
+
+/// The default key `<namespace>/<lease>` has no mark, but the bare lease name (the
+/// default of older versions) has one: fencing under the new key would start over.
+#[derive(Debug)]
+struct KeyMoved {
+    key: String,
+    lease_key: String,
+    highest: u64,
+}
+
+impl std::fmt::Display for KeyMoved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let KeyMoved {
+            key,
+            lease_key,
+            highest,
+        } = self;
+        write!(
+            f,
+            "the default key is {key:?} (<namespace>/<lease>), which has no mark in this \
+             store, but the lease-name key {lease_key:?} (the default of older versions) \
+             has one (highest admitted token {highest}); fencing under {key:?} would start \
+             over. Pass --key explicitly (--key {lease_key} goes on with the existing mark), \
+             or migrate the mark to {key:?}"
+        )
+    }
+}
+
+impl Error for KeyMoved {}
 
 fn is_database_url(store: &str) -> bool {
     ["postgres://", "postgresql://", "redis://", "rediss://"]
@@ -132,28 +195,29 @@ fn is_database_url(store: &str) -> bool {
 }
 
 /// `palisade fence --store DIR`.
-fn file(args: &FenceArgs) -> Result<String, Refusal> {
-    let open = || -> Result<Fence<FileStore>, FenceError> {
-        // `open` creates nothing, so looking never makes a store at a mistyped path.
-        let store = if args.create {
-            FileStore::open_or_create(&args.store)?
-        } else {
-            FileStore::open(&args.store)?
-        };
-        Ok(Fence::new(store.with_lock_timeout(args.lock_timeout)))
-    };
-    if args.show {
-        return Ok(show_marks(&open()?.marks()?));
+fn file(args: &FenceArgs, lease_key: Option<&str>) -> Result<String, Refusal> {
+    if args.create {
+        FileStore::open_or_create(&args.store)?;
+        return Ok(format!("fence store {} is ready", args.store.display()));
     }
-    let Some(token) = args.token else {
-        if args.create {
-            open()?;
-            return Ok(format!("fence store {} is ready", args.store.display()));
-        }
-        // clap requires the token; this guards callers that build FenceArgs by hand.
-        return Err(Refusal::token_required());
-    };
-    let fence = open()?;
+    // `open` creates nothing, so a fence call never makes a store at a mistyped or
+    // deleted path.
+    let fence = Fence::new(FileStore::open(&args.store)?.with_lock_timeout(args.lock_timeout));
+    if args.show {
+        return Ok(show_marks(&fence.marks()?));
+    }
+    // clap requires the token; this guards callers that build FenceArgs by hand.
+    let token = args.token.ok_or_else(Refusal::token_required)?;
+    if let Some(lease_key) = lease_key
+        && fence.highest(&args.key)?.is_none()
+        && let Some(highest) = fence.highest(lease_key)?
+    {
+        return Err(Refusal::store(KeyMoved {
+            key: args.key.clone(),
+            lease_key: lease_key.to_owned(),
+            highest,
+        }));
+    }
     let admitted = match &args.payload {
         Some(payload) => fence.admit_write(&args.key, token, payload)?,
         None => fence.admit(&args.key, token)?,
@@ -177,9 +241,10 @@ fn admitted_line(key: &str, admitted: Admitted) -> String {
     )
 }
 
-/// `palisade fence --store postgres://...`.
+/// `palisade fence --store postgres://...`. Only `--create` runs DDL; a fence call
+/// needs nothing but EXECUTE on palisade.fence.
 #[cfg(feature = "postgres")]
-async fn postgres(args: &FenceArgs, url: &str) -> Result<String, Refusal> {
+async fn postgres(args: &FenceArgs, url: &str, lease_key: Option<&str>) -> Result<String, Refusal> {
     use crate::fence::postgres::{self, Error};
     if args.payload.is_some() {
         return Err(Refusal::Usage(
@@ -188,27 +253,90 @@ async fn postgres(args: &FenceArgs, url: &str) -> Result<String, Refusal> {
                 .into(),
         ));
     }
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let refusal = |e: Error| match e {
+        Error::Stale { .. } => Refusal::Stale(Box::new(e)),
+        Error::BadInput(_) => Refusal::Usage(Box::new(e)),
+        Error::LockTimeout { key, .. } => Refusal::store(Error::LockTimeout {
+            key,
+            timeout: Some(args.lock_timeout),
+        }),
+        e => Refusal::store(e),
+    };
+    let database = |e| refusal(Error::Database(e));
+    let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .map_err(Refusal::store)?;
     tokio::spawn(connection);
-    postgres::install(&client).await.map_err(Refusal::store)?;
+    if args.create {
+        postgres::install(&client).await.map_err(|e| {
+            let cause = match &e {
+                Error::Database(db) => error_chain(db),
+                e => error_chain(e),
+            };
+            Refusal::Store(
+                format!(
+                    "cannot install palisade.fence (run --create as a role that may create \
+                     the schema palisade, or that owns it): {cause}"
+                )
+                .into(),
+            )
+        })?;
+        return Ok(format!(
+            "palisade.fence schema version {} is installed",
+            postgres::SQL_VERSION
+        ));
+    }
     if args.show {
-        let marks = postgres::marks(&client).await.map_err(Refusal::store)?;
-        return Ok(show_marks(&marks));
+        return Ok(show_marks(
+            &postgres::marks(&client).await.map_err(refusal)?,
+        ));
     }
     let token = args.token.ok_or_else(Refusal::token_required)?;
-    // Autocommit: the check is a transaction of its own (see sql/palisade-fence.sql).
-    match postgres::admit_with(&client, &args.key, token).await {
-        Ok(admitted) => Ok(admitted_line(&args.key, admitted)),
-        Err(e @ Error::Stale { .. }) => Err(Refusal::Stale(Box::new(e))),
-        Err(e @ Error::BadInput(_)) => Err(Refusal::Usage(Box::new(e))),
-        Err(e) => Err(Refusal::store(e)),
+    // Bounds the wait for a mark whose row lock another transaction holds (0 would
+    // mean no bound at all).
+    let lock_timeout_ms = args.lock_timeout.as_millis().clamp(1, i32::MAX as u128);
+    client
+        .batch_execute(&format!("SET lock_timeout = {lock_timeout_ms}"))
+        .await
+        .map_err(database)?;
+    let Some(lease_key) = lease_key else {
+        // Autocommit: the check is a transaction of its own (see sql/palisade-fence.sql).
+        let admitted = postgres::admit_with(&client, &args.key, token)
+            .await
+            .map_err(refusal)?;
+        return Ok(admitted_line(&args.key, admitted));
+    };
+    // The default key `<namespace>/<lease>`: its first mark commits only if the bare
+    // lease name has none.
+    let mut tx = client.transaction().await.map_err(database)?;
+    let admitted = postgres::admit(&tx, &args.key, token)
+        .await
+        .map_err(refusal)?;
+    if admitted.previous.is_none() {
+        // Read through the function (a writer may not read the table): token 0 is
+        // admitted on a key with no mark, refused on one above 0, and the savepoint
+        // is always rolled back, so the probe writes nothing.
+        let probe = tx.savepoint("palisade_lease_key").await.map_err(database)?;
+        let lease_mark = match postgres::admit(&probe, lease_key, 0).await {
+            Ok(probed) => probed.previous,
+            Err(Error::Stale { highest, .. }) => Some(highest),
+            Err(e) => return Err(refusal(e)),
+        };
+        probe.rollback().await.map_err(database)?;
+        if let Some(highest) = lease_mark {
+            return Err(Refusal::store(KeyMoved {
+                key: args.key.clone(),
+                lease_key: lease_key.to_owned(),
+                highest,
+            }));
+        }
     }
+    tx.commit().await.map_err(database)?;
+    Ok(admitted_line(&args.key, admitted))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn postgres(_: &FenceArgs, _: &str) -> Result<String, Refusal> {
+async fn postgres(_: &FenceArgs, _: &str, _: Option<&str>) -> Result<String, Refusal> {
     Err(Refusal::Usage(
         "this build has no PostgreSQL store (feature `postgres`)".into(),
     ))
@@ -299,4 +427,27 @@ fn error_chain(err: &dyn Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_key_is_namespace_slash_lease() {
+        let some = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            default_key(some("payments"), some("billing")),
+            ("payments/billing".to_owned(), some("billing"))
+        );
+        assert_eq!(
+            default_key(None, some("billing")),
+            ("billing".to_owned(), None)
+        );
+        assert_eq!(
+            default_key(some("payments"), None),
+            ("default".to_owned(), None)
+        );
+        assert_eq!(default_key(None, None), ("default".to_owned(), None));
+    }
 }

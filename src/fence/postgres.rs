@@ -5,7 +5,10 @@
 //! says how the check behaves at each isolation level, which SQLSTATEs it raises, and
 //! what a call in autocommit does. Any language uses it with one statement in its
 //! transaction, `SELECT palisade.fence($1, $2)`; [`admit`] is that statement with
-//! its errors typed.
+//! its errors typed. Installing is a step of its own ([`install`], by a role that
+//! may create the schema); the writers' role needs only USAGE on the schema and
+//! EXECUTE on the function, and a call never creates anything: a missing install is
+//! [`Error::NotInstalled`].
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient, Transaction};
@@ -16,7 +19,7 @@ use super::Admitted;
 /// `palisade.marks`, function `palisade.fence`. Idempotent and versioned.
 pub const SQL: &str = include_str!("../../sql/palisade-fence.sql");
 /// The version [`SQL`] installs (recorded in `palisade.version`).
-pub const SQL_VERSION: i32 = 1;
+pub const SQL_VERSION: i32 = 2;
 /// SQLSTATE of a stale fencing token.
 pub const STALE_SQLSTATE: &str = "PF001";
 /// Longest key `palisade.fence` accepts, in bytes of UTF-8.
@@ -43,7 +46,32 @@ pub enum Error {
     /// token beyond PostgreSQL's bigint).
     #[error("cannot fence: {0}")]
     BadInput(String),
-    /// Anything else: connection lost, function not installed, ...
+    /// The schema, table or function is missing (SQLSTATE 3F000, 42883, 42P01):
+    /// nothing was admitted, and nothing was created. Install it ([`install`]).
+    #[error(
+        "palisade.fence(text, bigint) is not installed in this database ({reason}); \
+         install it once with `palisade fence --store URL --create` or \
+         `psql -v ON_ERROR_STOP=1 -f sql/palisade-fence.sql`, as a role that may create \
+         the schema"
+    )]
+    NotInstalled {
+        /// The server's words, e.g. `schema "palisade" does not exist`.
+        reason: String,
+    },
+    /// The caller's `lock_timeout` ran out (SQLSTATE 55P03) waiting for the key's mark,
+    /// whose row lock another transaction holds until it ends. The transaction was
+    /// rolled back without a decision.
+    #[error(
+        "timed out{} waiting for the mark of key {key:?}: another transaction holds it \
+         (a holder paused inside its transaction?)",
+        match timeout { Some(t) => format!(" after {t:?}"), None => String::new() }
+    )]
+    LockTimeout {
+        key: String,
+        /// The `lock_timeout` in force, when the caller knows it.
+        timeout: Option<std::time::Duration>,
+    },
+    /// Anything else: connection lost, permission denied, ...
     #[error("fencing check in PostgreSQL failed")]
     Database(#[source] tokio_postgres::Error),
 }
@@ -56,7 +84,10 @@ impl Error {
 }
 
 /// Installs or upgrades the schema, table and function (runs [`SQL`], which is its
-/// own transaction: call it on a client with no transaction open).
+/// own transaction: call it on a client with no transaction open), as a role that
+/// may create the schema; it owns what it creates. Once, when setting up, never
+/// from the writers: a fence call that installed would recreate a dropped schema
+/// empty and admit the next stale token as the first.
 pub async fn install(client: &Client) -> Result<(), Error> {
     client.batch_execute(SQL).await.map_err(Error::Database)
 }
@@ -68,7 +99,7 @@ pub async fn install(client: &Client) -> Result<(), Error> {
 /// ```no_run
 /// use palisade::fence::postgres::{self, Error};
 /// # async fn demo(mut client: tokio_postgres::Client, token: u64) -> Result<(), Error> {
-/// postgres::install(&client).await?; // once; idempotent
+/// // Installed once beforehand (install, or `palisade fence --store URL --create`).
 /// let tx = client.transaction().await.map_err(Error::Database)?;
 /// postgres::admit(&tx, "ledger", token).await?; // Error::Stale: the lease was lost
 /// tx.execute("UPDATE ledger SET balance = balance + 10", &[])
@@ -100,12 +131,12 @@ pub async fn admit_with<C: GenericClient + Sync>(
     })
 }
 
-/// The highest admitted token of every key.
+/// The highest admitted token of every key (needs SELECT on `palisade.marks`).
 pub async fn marks<C: GenericClient + Sync>(client: &C) -> Result<super::Marks, Error> {
     let rows = client
         .query("SELECT key, token FROM palisade.marks ORDER BY key", &[])
         .await
-        .map_err(Error::Database)?;
+        .map_err(|e| not_installed(e).unwrap_or_else(Error::Database))?;
     rows.iter()
         .map(|row| {
             let token: i64 = row.try_get(1).map_err(Error::Database)?;
@@ -134,11 +165,40 @@ fn validate(key: &str, token: u64) -> Result<i64, Error> {
     })
 }
 
+/// A missing schema, function or table, as [`Error::NotInstalled`].
+fn not_installed(err: tokio_postgres::Error) -> Result<Error, tokio_postgres::Error> {
+    match err.as_db_error() {
+        Some(db)
+            if [
+                SqlState::INVALID_SCHEMA_NAME,
+                SqlState::UNDEFINED_FUNCTION,
+                SqlState::UNDEFINED_TABLE,
+            ]
+            .contains(db.code()) =>
+        {
+            Ok(Error::NotInstalled {
+                reason: db.message().to_owned(),
+            })
+        }
+        _ => Err(err),
+    }
+}
+
 fn classify(err: tokio_postgres::Error, key: &str, token: u64) -> Error {
+    let err = match not_installed(err) {
+        Ok(not_installed) => return not_installed,
+        Err(err) => err,
+    };
     let Some(db) = err.as_db_error() else {
         return Error::Database(err);
     };
     let code = db.code();
+    if *code == SqlState::LOCK_NOT_AVAILABLE {
+        return Error::LockTimeout {
+            key: key.to_owned(),
+            timeout: None,
+        };
+    }
     if code.code() == STALE_SQLSTATE {
         #[derive(serde::Deserialize)]
         struct Detail {
@@ -188,5 +248,25 @@ mod tests {
         assert!(SQL.contains(&format!("ERRCODE = '{STALE_SQLSTATE}'")));
         assert!(SQL.contains(&format!("> {MAX_KEY_BYTES}")));
         assert!(SQL.contains(&format!("VALUES ({SQL_VERSION})")));
+        assert!(SQL.contains("SECURITY DEFINER"));
+        assert!(SQL.contains("REVOKE ALL ON FUNCTION palisade.fence(text, bigint) FROM PUBLIC"));
+    }
+
+    #[test]
+    fn a_lock_timeout_names_the_key_and_the_wait_when_known() {
+        let error = |timeout| Error::LockTimeout {
+            key: "payments/billing".into(),
+            timeout,
+        };
+        assert_eq!(
+            error(Some(std::time::Duration::from_secs(5))).to_string(),
+            "timed out after 5s waiting for the mark of key \"payments/billing\": another \
+             transaction holds it (a holder paused inside its transaction?)"
+        );
+        assert!(
+            error(None)
+                .to_string()
+                .starts_with("timed out waiting for the mark of key \"payments/billing\"")
+        );
     }
 }

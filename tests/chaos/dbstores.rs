@@ -3,6 +3,10 @@
 //! `target/chaos-databases` and the ports below), restarts them as faults, and
 //! kills workers in the middle of an open PostgreSQL transaction.
 //!
+//! Workers reach PostgreSQL as [`APP_ROLE`], with only the grants the README
+//! documents (USAGE on the schema, EXECUTE on `palisade.fence`, INSERT on their own
+//! table); the superuser installs the fence once at set-up and reads the journal.
+//!
 //! Each store keeps its own commit order, which the checker reads after the run:
 //! PostgreSQL the ids of `chaos.writes` (drawn after `palisade.fence`, under the
 //! mark's row lock, which is held until commit), Redis the list the fencing script
@@ -157,8 +161,16 @@ pub const FAULTS: [&str; 6] = [
 ];
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The least-privilege role the workers write as.
+pub const APP_ROLE: &str = "palisade_chaos_app";
 
+/// The workers' URL: the least-privilege role.
 pub fn postgres_url() -> String {
+    format!("postgres://{APP_ROLE}@127.0.0.1:{PG_PORT}/postgres")
+}
+
+/// The superuser: installs, reads the journal, looks at the workers' sessions.
+pub fn admin_url() -> String {
     format!("postgres://postgres@127.0.0.1:{PG_PORT}/postgres")
 }
 
@@ -197,7 +209,8 @@ impl Servers {
         }
     }
 
-    /// Fresh servers with the fence installed and the journal table created.
+    /// Fresh servers with the fence installed, the journal table created and the
+    /// workers' role granted what the README documents, nothing more.
     pub async fn set_up(&self) -> Result<(), String> {
         self.down_lossy();
         self.script(&["down"])?;
@@ -205,7 +218,7 @@ impl Servers {
         for lossy in LOSSY {
             lossy.start(&self.root)?;
         }
-        let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
+        let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
             .await
             .map_err(|e| format!("connecting to PostgreSQL: {e}"))?;
         tokio::spawn(connection);
@@ -220,7 +233,19 @@ impl Servers {
                    worker text NOT NULL, seq bigint NOT NULL)",
             )
             .await
-            .map_err(|e| format!("creating chaos.writes: {e}"))
+            .map_err(|e| format!("creating chaos.writes: {e}"))?;
+        client
+            .batch_execute(&format!(
+                "DO $$ BEGIN CREATE ROLE {APP_ROLE} LOGIN;
+                   EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+                 GRANT USAGE ON SCHEMA palisade TO {APP_ROLE};
+                 GRANT EXECUTE ON FUNCTION palisade.fence(text, bigint) TO {APP_ROLE};
+                 GRANT USAGE ON SCHEMA chaos TO {APP_ROLE};
+                 GRANT INSERT ON chaos.writes TO {APP_ROLE};
+                 GRANT USAGE ON SEQUENCE chaos.writes_id_seq TO {APP_ROLE}"
+            ))
+            .await
+            .map_err(|e| format!("granting {APP_ROLE}: {e}"))
     }
 
     fn down_lossy(&self) {
@@ -324,7 +349,7 @@ impl Servers {
         leases: &[String],
     ) -> Result<BTreeMap<String, Vec<JournalWrite>>, String> {
         let mut journals = BTreeMap::new();
-        let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
+        let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
             .await
             .map_err(|e| format!("connecting to PostgreSQL: {e}"))?;
         tokio::spawn(connection);
@@ -362,7 +387,8 @@ impl Servers {
     /// A worker that holds a PostgreSQL transaction open right now (after its fenced
     /// check, before its commit), to be killed or paused there.
     pub async fn worker_in_transaction(&self, candidates: &[String]) -> Option<String> {
-        let (client, connection) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls)
+        // The superuser: another role's sessions show no state.
+        let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
             .await
             .ok()?;
         tokio::spawn(connection);

@@ -8,6 +8,8 @@ pub fn palisade() -> std::process::Command {
     for var in [
         "PALISADE_FENCING_TOKEN",
         "PALISADE_LEASE",
+        "PALISADE_NAMESPACE",
+        "PALISADE_CLAIM",
         "PALISADE_HOLDER",
         "POD_NAME",
         "POD_UID",
