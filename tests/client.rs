@@ -610,7 +610,7 @@ async fn restricted_client(ns: &TestNamespace, rules: serde_json::Value) -> Leas
     }))
     .unwrap();
     ns.api::<RoleBinding>().create(&pp, &binding).await.unwrap();
-    let token = support::accounts::service_account_token(&ns, "holder", None).await;
+    let token = support::accounts::service_account_token(ns, "holder", None).await;
     LeaseClient::new(support::client_with_token(&token).await, &ns.name)
 }
 
