@@ -49,7 +49,11 @@ pub enum Event {
     },
     /// The harness's watch saw this version of a fenced ConfigMap.
     ConfigMapSeen {
+        /// The value of its label `palisade.dev/fenced-by`.
         lease: String,
+        /// The ConfigMap's name (histories written before it was recorded have none).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        name: String,
         rv: u64,
         token: u64,
         t_ns: u64,
@@ -242,6 +246,7 @@ pub fn check_with_stores(
         check_journal_order(store, journal, &mut v);
     }
     check_stale_accepted(events, &mut v);
+    check_labels_kept(events, expect, &mut v);
     check_stale_rejections(events, journal, stores, &mut v);
     check_lost_marks(events, stores, &mut v);
     check_tokens_issued(events, &mut v);
@@ -441,6 +446,28 @@ fn check_stale_accepted(events: &[Event], v: &mut Verdict) {
                      {token}, after write {by_seq} of {by} with token {high} had been accepted"
                 ));
             }
+        }
+    }
+}
+
+/// Every version of a Lease's fenced ConfigMap is still fenced by that Lease: the label's
+/// value never changes (DESIGN: object fencing policy). A stale holder that moved the
+/// object to another Lease, or to none that exists, would be judged against that one.
+fn check_labels_kept(events: &[Event], expect: &Expectations, v: &mut Verdict) {
+    for e in events {
+        if let Event::ConfigMapSeen {
+            lease, name, rv, ..
+        } = e
+            && let Some(owner) = expect
+                .leases
+                .iter()
+                .find(|l| crate::worker::configmap_name(l) == *name)
+            && owner != lease
+        {
+            v.violations.push(format!(
+                "configmap {name}: version {rv} is fenced by Lease {lease:?}, not by {owner}: \
+                 its label palisade.dev/fenced-by was changed"
+            ));
         }
     }
 }
@@ -942,12 +969,25 @@ pub fn self_check() -> Result<usize, String> {
             "configmap version with a lower token",
             with(vec![Event::ConfigMapSeen {
                 lease: "l".into(),
+                name: crate::worker::configmap_name("l"),
                 rv: 80,
                 token: 10,
                 t_ns: 80,
             }]),
             clean_journal.clone(),
             "configmap of l: token went down",
+        ),
+        (
+            "fenced configmap relabelled",
+            with(vec![Event::ConfigMapSeen {
+                lease: "m".into(),
+                name: crate::worker::configmap_name("l"),
+                rv: 85,
+                token: 20,
+                t_ns: 85,
+            }]),
+            clean_journal.clone(),
+            "its label palisade.dev/fenced-by was changed",
         ),
         (
             "stale write accepted",

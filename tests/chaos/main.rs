@@ -914,6 +914,7 @@ async fn observe(admin: Client, out: PathBuf) {
                     .unwrap_or(0);
                 cm_log.record(&Event::ConfigMapSeen {
                     lease,
+                    name: cm.name_any(),
                     rv: rv_of(&cm),
                     token,
                     t_ns,

@@ -153,7 +153,22 @@ pub async fn run(args: WorkerArgs) {
             }
             if lost && stale_rounds > 0 && rng.range(0, 2) == 0 {
                 stale_rounds -= 1;
-                for event in stale_writes(&configmaps, &args.identity, lease, token, &mut seq).await
+                // Where the stale holder tries to move the object: another Lease (its
+                // token may well be lower than ours) or one that does not exist.
+                let others: Vec<&String> = args.leases.iter().filter(|l| *l != lease).collect();
+                let moved_to = match rng.range(0, others.len() as u64 + 1) as usize {
+                    i if i < others.len() => others[i].clone(),
+                    _ => format!("{lease}-gone"),
+                };
+                for event in stale_writes(
+                    &configmaps,
+                    &args.identity,
+                    lease,
+                    token,
+                    &moved_to,
+                    &mut seq,
+                )
+                .await
                 {
                     history.record(&event);
                 }
@@ -254,12 +269,16 @@ async fn write_configmap(
 /// stale holder does, each recorded as a write with our old token, so an accepted one is a
 /// stale write the checker reports: a merge patch that leaves the token annotation
 /// untouched (it would inherit the object's token); deleting the object (a delete is a
-/// write too: it destroys the newer holder's data); and creating it again with our token.
+/// write too: it destroys the newer holder's data); creating it again with our token; and
+/// a write with our token and data that moves the object to Lease `moved_to` (it would be
+/// judged against that Lease alone; the harness's watch then sees the label changed).
+/// Every refusal by the fencing policies names the fencing token, and counts as stale.
 async fn stale_writes(
     configmaps: &Api<ConfigMap>,
     worker: &str,
     lease: &str,
     token: u64,
+    moved_to: &str,
     seq: &mut u64,
 ) -> Vec<Event> {
     let name = configmap_name(lease);
@@ -323,6 +342,19 @@ async fn stale_writes(
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         result => record(*seq, start_ns, result.map(Some)),
     }
+
+    *seq += 1;
+    let moved = json!({
+        "metadata": {"labels": {"palisade.dev/fenced-by": moved_to},
+                     "annotations": {"palisade.dev/fencing-token": token.to_string(),
+                                     "palisade.dev/write-id": format!("{worker}-{seq}")}},
+        "data": {"writer": worker, "seq": seq.to_string(), "token": token.to_string()},
+    });
+    let start_ns = now_ns();
+    let result = timed(configmaps.patch(&name, &PatchParams::default(), &Patch::Merge(&moved)))
+        .await
+        .map(Some);
+    record(*seq, start_ns, result);
     events
 }
 
