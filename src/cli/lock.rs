@@ -320,12 +320,11 @@ async fn supervise(
                     );
                     return EXIT_LOST;
                 }
-                ChildState::Stopped(signal) => {
-                    if let Some(code) =
-                        suspend(leases, grant, group, terminal, child, Some(signal)).await
-                    {
+                ChildState::Stopped(_) => {
+                    if let Some(code) = suspend(leases, grant, group, terminal, child).await {
                         return code;
                     }
+                    check_children = true;
                     continue;
                 }
                 ChildState::Running => {}
@@ -362,11 +361,10 @@ async fn supervise(
                 Err(_) => deadline_open = false,
             },
             signal = job.recv() => {
-                if let JobSignal::Suspend = signal {
-                    group.signal(libc::SIGTSTP);
-                    if let Some(code) = suspend(leases, grant, group, terminal, child, None).await {
-                        return code;
-                    }
+                if let JobSignal::Suspend = signal
+                    && let Some(code) = suspend(leases, grant, group, terminal, child).await
+                {
+                    return code;
                 }
                 check_children = true;
             }
@@ -383,7 +381,7 @@ fn exit_lost(_status: Option<std::process::ExitStatus>) -> u8 {
     EXIT_LOST
 }
 
-/// CMD was stopped (`stopped_by`), or this process got SIGTSTP (None): stops the job
+/// CMD was stopped, or this process got SIGTSTP: stops the job
 /// as a shell would see it, by stopping this process too, so that nothing renews
 /// the lease of a stopped command. Once continued, CMD is continued only if the grant
 /// is still held (read back from the Lease); otherwise CMD is SIGKILLed before
@@ -394,16 +392,13 @@ async fn suspend(
     group: &Group,
     terminal: Option<&Terminal>,
     child: &mut Child,
-    stopped_by: Option<libc::c_int>,
 ) -> Option<u8> {
     let lease = grant.lease();
     if let Some(terminal) = terminal {
         terminal.take_back(group);
     }
     // The whole job stops, not only CMD (a stop of CMD alone leaves the rest running).
-    if stopped_by.is_some() {
-        group.signal(libc::SIGTSTP);
-    }
+    group.signal(libc::SIGTSTP);
     stop_self();
     // Continued.
     if !still_ours(leases, grant).await {

@@ -146,9 +146,8 @@ impl Group {
     /// How the watchdog ended, if it has: without reaping it, so that its pid (the
     /// group's id) stays reserved.
     pub(super) fn watchdog_ended(&self) -> Option<String> {
-        if self.alive.is_none() {
-            return None;
-        }
+        // Finished: reaped.
+        self.alive.as_ref()?;
         // SAFETY: siginfo_t is plain data that waitid fills in.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: waitid on our own child with a valid siginfo pointer.
