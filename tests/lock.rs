@@ -963,8 +963,10 @@ async fn ctrl_z_stops_the_job_and_a_continue_after_the_lease_moved_on_never_runs
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
     let ticks = dir.path().join("ticks");
+    // `(sleep)`: a subshell is forked, where dash runs a plain `sleep` with vfork, and
+    // a vfork child stopped before its exec leaves the shell waiting, not stopped.
     let script = format!(
-        "{}; echo $$ > {d}/pid; while :; do echo tick >> {d}/ticks; sleep 0.05; done",
+        "{}; echo $$ > {d}/pid; while :; do echo tick >> {d}/ticks; (sleep 0.05); done",
         WRITE_PGID.replace("{d}", &d.to_string())
     );
     let mut term = OnTerminal::spawn(lock(
