@@ -85,6 +85,12 @@ fn process_running(pid: i32) -> bool {
         .is_some_and(|dead| !dead)
 }
 
+/// The state letter of /proc/PID/stat (R, S, T, Z...), None when gone.
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
 fn send_signal(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill {pid}");
@@ -286,46 +292,150 @@ async fn deleting_the_claim_stops_the_command_and_exits_75() {
 }
 
 #[tokio::test]
-async fn a_paused_lock_process_gives_up_at_its_local_deadline_and_kills_the_command() {
+async fn a_stopped_lock_process_has_the_command_killed_before_the_lease_can_move_on() {
     let (ns, _controller) = setup("lock-paused").await;
-    let dir = tempfile::tempdir().unwrap();
-    let pidfile = dir.path().join("pid");
-    // The command ignores SIGTERM (inherited across exec): only SIGKILL after --grace stops it.
-    let script = format!(
-        "trap '' TERM; echo $$ > {}; exec sleep 30",
-        pidfile.display()
-    );
-    let child = lock(
-        &ns.name,
-        &["--duration", "2s", "--grace", "500ms"],
-        "paused",
-        &script,
-    )
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
-    let lock_pid = child.id().unwrap();
-    let pid = wait_pid(&pidfile).await;
+    // SIGSTOP (a debugger, a pause) cannot be caught; SIGTSTP (`kill -TSTP`, Ctrl-Z
+    // without a terminal handed over) stops the whole job.
+    for (signal, name) in [(libc::SIGSTOP, "stop"), (libc::SIGTSTP, "tstp")] {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        // The command ignores SIGTERM (inherited across exec): only SIGKILL stops it.
+        let script = format!(
+            "trap '' TERM; echo $$ > {}; exec sleep 30",
+            pidfile.display()
+        );
+        let child = lock(
+            &ns.name,
+            &["--duration", "2s", "--grace", "500ms"],
+            name,
+            &script,
+        )
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let lock_pid = child.id().unwrap();
+        let pid = wait_pid(&pidfile).await;
 
-    // A pause (GC, CPU starvation) longer than the lease: the command keeps running meanwhile.
-    send_signal(lock_pid, libc::SIGSTOP);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(process_exists(pid));
-    send_signal(lock_pid, libc::SIGCONT);
-    let resumed = Instant::now();
+        // The controller can hand the lease on a lease duration (2 s) after the last
+        // renewal it observed, which was before this signal: the command must be gone
+        // by then, although palisade lock, stopped, cannot act.
+        send_signal(lock_pid, signal);
+        let stopped = Instant::now();
+        while process_running(pid) {
+            assert!(
+                stopped.elapsed() < Duration::from_secs(2),
+                "{name}: the command (pid {pid}) still runs 2s after palisade lock was stopped, \
+                 when the lease can move on; its state: {:?}",
+                process_state(pid)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!(
+            "{name}: the command was killed {:?} after the stop",
+            stopped.elapsed()
+        );
+        assert_eq!(
+            process_state(lock_pid as i32),
+            Some('T'),
+            "{name}: palisade lock is still stopped"
+        );
+        send_signal(lock_pid, libc::SIGCONT);
+        let out = timeout(WAIT, child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        println!("{}", describe(&out));
+        assert_eq!(out.status.code(), Some(75), "{name}: {}", describe(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("lost lease"),
+            "{name}: {}",
+            describe(&out)
+        );
+    }
+    assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+}
+
+/// The command's process group (its watchdog's pid), written by the command before it execs.
+const WRITE_PGID: &str = "cut -d' ' -f5 /proc/$$/stat > {d}/pgid.tmp; mv {d}/pgid.tmp {d}/pgid";
+
+#[tokio::test]
+async fn killing_the_watchdog_alone_ends_the_command_and_lock_exits_1() {
+    let (ns, _controller) = setup("lock-watchdog").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let script = format!(
+        "{}; echo $$ > {d}/pid; exec sleep 60",
+        WRITE_PGID.replace("{d}", &d.to_string())
+    );
+    let child = lock(&ns.name, &[], "watchdog", &script)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = wait_pid(&dir.path().join("pid")).await;
+    let watchdog = wait_pid(&dir.path().join("pgid")).await;
+    assert_ne!(watchdog, pid, "the command is not its group's leader");
+
+    send_signal(watchdog as u32, libc::SIGKILL);
+    let out = timeout(Duration::from_secs(5), child.wait_with_output())
+        .await
+        .expect("palisade lock exits within 5s of its watchdog's death")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("watchdog (pid {watchdog}) killed by signal 9")),
+        "{stderr}"
+    );
+    assert!(!process_running(pid), "the command (pid {pid}) still runs");
+    assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+}
+
+/// What the process's descriptors are (`socket:[...]`, `pipe:[...]`, paths).
+fn descriptors(pid: i32) -> Vec<String> {
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|target| target.display().to_string())
+        .collect();
+    fds.sort();
+    fds
+}
+
+#[tokio::test]
+async fn the_watchdog_holds_no_descriptor_of_the_lock_process() {
+    let (ns, _controller) = setup("lock-watchdog-fds").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let script = format!(
+        "{}; exec sleep 60",
+        WRITE_PGID.replace("{d}", &d.to_string())
+    );
+    let child = lock(&ns.name, &[], "fds", &script)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watchdog = wait_pid(&dir.path().join("pgid")).await;
+    let lock_fds = descriptors(child.id().unwrap() as i32);
+    assert!(
+        lock_fds.iter().any(|fd| fd.starts_with("socket:")),
+        "palisade lock has its API connection: {lock_fds:?}"
+    );
+    // Its wake-up pipe and its deadline timer, nothing else: a connection palisade
+    // lock drops must really close (a FIN, not silence).
+    let fds = descriptors(watchdog);
+    assert!(
+        fds.len() == 2
+            && fds.iter().any(|fd| fd.starts_with("pipe:"))
+            && fds.iter().any(|fd| fd == "anon_inode:[timerfd]"),
+        "the watchdog's descriptors: {fds:?}"
+    );
+
+    send_signal(child.id().unwrap(), libc::SIGTERM);
     let out = timeout(WAIT, child.wait_with_output())
         .await
         .unwrap()
         .unwrap();
-    println!("{}", describe(&out));
-    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
-    let took = resumed.elapsed();
-    assert!(
-        took >= Duration::from_millis(500) && took < Duration::from_secs(5),
-        "SIGKILL after the 500 ms grace, took {took:?}"
-    );
-    assert!(!process_exists(pid), "the command (pid {pid}) still runs");
-    assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+    assert_eq!(out.status.code(), Some(143), "{}", describe(&out));
 }
 
 #[tokio::test]
@@ -697,4 +807,236 @@ async fn status_and_lock_give_up_within_seconds_on_a_silently_dead_connection() 
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     assert!(took < Duration::from_secs(10), "lock took {took:?}");
+}
+
+/// `palisade lock` on a pseudo-terminal of its own, as its session leader with the
+/// terminal as its controlling terminal and standard streams (as a login shell
+/// would be); the test types on the terminal's master side and reads what is shown.
+struct OnTerminal {
+    child: tokio::process::Child,
+    master: std::fs::File,
+    shown: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl OnTerminal {
+    fn spawn(mut cmd: Command) -> Self {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: openpty writes two descriptors; no name, termios or window size.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+        // SAFETY: fresh descriptors, owned from here on.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        for fd in [master.as_raw_fd(), slave.as_raw_fd()] {
+            // SAFETY: fcntl on our own descriptor.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+        cmd.stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave.try_clone().unwrap());
+        // SAFETY: between fork and exec only setsid and ioctl.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        drop(slave);
+        let master = std::fs::File::from(master);
+        let shown = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (mut reader, sink) = (master.try_clone().unwrap(), shown.clone());
+        // Ends with EIO once every process has closed the terminal.
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = reader.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Self {
+            child,
+            master,
+            shown,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id().unwrap() as i32
+    }
+
+    /// Types `keys` on the terminal.
+    fn type_keys(&mut self, keys: &[u8]) {
+        use std::io::Write;
+        self.master.write_all(keys).unwrap();
+    }
+
+    fn shown(&self) -> String {
+        String::from_utf8_lossy(&self.shown.lock().unwrap()).into_owned()
+    }
+
+    /// Waits for palisade lock to exit (bounded); returns its exit code and what was shown.
+    async fn exit(&mut self, limit: Duration) -> (Option<i32>, String) {
+        let status = timeout(limit, self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "palisade lock still runs after {limit:?}; shown:\n{}",
+                    self.shown()
+                )
+            })
+            .unwrap();
+        // What it wrote last may still be on its way through the terminal.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (status.code(), self.shown())
+    }
+}
+
+/// The process group and the terminal's foreground process group of a process.
+fn groups(pid: i32) -> (i32, i32) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    // After the state: ppid, pgrp, session, tty_nr, tpgid.
+    (fields[2].parse().unwrap(), fields[5].parse().unwrap())
+}
+
+#[tokio::test]
+async fn under_a_terminal_the_command_gets_the_terminal_and_its_keys() {
+    let (ns, _controller) = setup("lock-tty").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let script = format!(
+        "echo $$ > {d}/pid; read line; echo \"got:$line\" > {d}/line; echo waiting; exec sleep 30"
+    );
+    let mut term = OnTerminal::spawn(lock(&ns.name, &[], "tty", &script));
+    let pid = wait_pid(&dir.path().join("pid")).await;
+    let (pgrp, foreground) = groups(pid);
+    assert_eq!(
+        foreground,
+        pgrp,
+        "the terminal's foreground group ({foreground}) is not the command's ({pgrp}); \
+         palisade lock is {}",
+        term.pid()
+    );
+    term.type_keys(b"hello\n");
+    assert_eq!(wait_file(&dir.path().join("line")).await, "got:hello\n");
+    // Ctrl-C reaches the command (SIGINT), which dies of it.
+    let deadline = Instant::now() + WAIT;
+    while !term.shown().contains("waiting") {
+        assert!(Instant::now() < deadline, "shown:\n{}", term.shown());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    term.type_keys(b"\x03");
+    let (code, shown) = term.exit(Duration::from_secs(5)).await;
+    assert_eq!(code, Some(130), "shown:\n{shown}");
+    assert!(claim_names(&ns).await.is_empty(), "released before exiting");
+}
+
+/// Waits (bounded) until the process is in state `state` ('T': stopped).
+async fn wait_state(pid: i32, state: char, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while process_state(pid) != Some(state) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) is in state {:?}, not {state:?}",
+            process_state(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+#[tokio::test]
+async fn ctrl_z_stops_the_job_and_a_continue_after_the_lease_moved_on_never_runs_the_command() {
+    let (ns, _controller) = setup("lock-ctrl-z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let ticks = dir.path().join("ticks");
+    // `(sleep)`: a subshell is forked, where dash runs a plain `sleep` with vfork, and
+    // a vfork child stopped before its exec leaves the shell waiting, not stopped.
+    let script = format!(
+        "{}; echo $$ > {d}/pid; while :; do echo tick >> {d}/ticks; (sleep 0.05); done",
+        WRITE_PGID.replace("{d}", &d.to_string())
+    );
+    let mut term = OnTerminal::spawn(lock(
+        &ns.name,
+        &["--duration", "3s", "--grace", "500ms"],
+        "ctrlz",
+        &script,
+    ));
+    let lock_pid = term.pid();
+    let pid = wait_pid(&dir.path().join("pid")).await;
+    let group = wait_pid(&dir.path().join("pgid")).await;
+    wait_file(&ticks).await;
+
+    // Ctrl-Z: the command stops, and so does palisade lock (the shell's job).
+    term.type_keys(b"\x1a");
+    wait_state(pid, 'T', "the command after Ctrl-Z").await;
+    wait_state(lock_pid, 'T', "palisade lock after Ctrl-Z").await;
+    let n = count_lines(&ticks);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count_lines(&ticks), n, "the command ran on while stopped");
+
+    // `fg` within the lease: the command goes on, under the same grant.
+    let claim = claim_names(&ns).await;
+    send_signal(lock_pid as u32, libc::SIGCONT);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while count_lines(&ticks) <= n {
+        assert!(
+            Instant::now() < deadline,
+            "the command was not continued; shown:\n{}",
+            term.shown()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        claim_names(&ns).await,
+        claim,
+        "the same claim holds the lease"
+    );
+
+    // Stopped again, long enough for the lease to move on.
+    term.type_keys(b"\x1a");
+    wait_state(pid, 'T', "the command after the second Ctrl-Z").await;
+    wait_state(lock_pid, 'T', "palisade lock after the second Ctrl-Z").await;
+    let stopped_at = count_lines(&ticks);
+    let claims = ns.api::<LeaseClaim>();
+    let renewed = claims.get(&claim[0]).await.unwrap().spec.renew_time;
+    let next = hold(&ns, "ctrlz", "next").await;
+    println!("the lease moved on to token {}", next.token());
+    assert_eq!(
+        claims.get(&claim[0]).await.unwrap().spec.renew_time,
+        renewed,
+        "the stopped job's claim was renewed"
+    );
+
+    // `fg`, and even a SIGCONT to the command's group: it never runs again.
+    send_signal(lock_pid as u32, libc::SIGCONT);
+    // SAFETY: kill(2) has no memory-safety preconditions; the group may be gone (ESRCH).
+    unsafe { libc::kill(-group, libc::SIGCONT) };
+    let (code, shown) = term.exit(Duration::from_secs(5)).await;
+    assert_eq!(code, Some(75), "shown:\n{shown}");
+    assert!(shown.contains("lost lease ctrlz"), "shown:\n{shown}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        count_lines(&ticks),
+        stopped_at,
+        "the command ran after its lease moved on"
+    );
+    assert!(!process_running(pid), "the command (pid {pid}) still runs");
+    next.release().await.unwrap();
 }

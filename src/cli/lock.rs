@@ -8,12 +8,15 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use self::supervise::{Group, Signals, exit_code, spawn, stop};
+use self::supervise::{
+    Child, ChildState, Group, JobSignal, JobSignals, Signals, Terminal, exit_code,
+    ignore_terminal_output, spawn, stop, stop_self,
+};
 use super::{
     Threads, block_on, default_identity, init_logging, parse_duration, parse_lease_duration,
     show_duration,
 };
-use crate::client::{AcquireOptions, Error, Grant, LeaseClient, PodBinding, call};
+use crate::client::{AcquireOptions, Error, Grant, LeaseClient, LostReason, PodBinding, call};
 use crate::error::ApiErrorKind;
 
 /// The lease was lost while CMD ran (EX_TEMPFAIL: try again).
@@ -22,8 +25,10 @@ pub const EXIT_LOST: u8 = 75;
 pub const EXIT_TIMEOUT: u8 = 76;
 /// Bad usage or input (also what clap exits with on a usage error).
 pub const EXIT_USAGE: u8 = 2;
-/// A Kubernetes API or other error.
+/// A Kubernetes API or other error; also: the command's watchdog died.
 pub const EXIT_ERROR: u8 = 1;
+/// The command's watchdog died while the command ran: the command was stopped.
+const EXIT_WATCHDOG: u8 = EXIT_ERROR;
 /// CMD exists but could not be started (shell convention).
 pub const EXIT_CANNOT_RUN: u8 = 126;
 /// CMD was not found (shell convention).
@@ -47,15 +52,23 @@ so that CMD is gone before the controller can hand the lease on).
 When this process exits, or dies by any signal (even SIGKILL), whatever is left of
 CMD's process group gets SIGKILL at once: CMD's children and grandchildren too, but
 not a process that left the group on purpose (setsid, setpgid).
+If this process is stopped or starved, its watchdog SIGKILLs CMD's group at the local
+deadline plus --grace; if the watchdog is killed, CMD is stopped and this exits 1.
 SIGINT, SIGTERM and SIGHUP to this process are forwarded to CMD as SIGTERM (SIGKILL
 after --grace). The claim is deleted (the lease released) on every way out.
 
+When stdin is the terminal (and stdout is not a pipe), CMD's group gets the terminal
+while it runs: it can read it, and Ctrl-C and Ctrl-Z reach it. When CMD is stopped
+(Ctrl-Z, SIGSTOP...) or this process gets SIGTSTP, the whole job stops, this process
+too, so the lease is not renewed; once continued, CMD is continued only if the lease
+is still held, else it is killed and this exits 75.
+
 Exit codes:
   CMD's exit status  CMD ran to completion (128+N if it was killed by signal N)
-  75                 the lease was lost while CMD ran; CMD was stopped
+  75                 the lease was lost while CMD ran (or was stopped); CMD was stopped
   76                 the lease was not granted within --timeout
   2                  bad usage or input (e.g. a malformed duration, an invalid lease name)
-  1                  Kubernetes API or other error
+  1                  Kubernetes API or other error, or CMD's watchdog died
   126, 127           CMD could not be started, or was not found
   129, 130, 143      SIGHUP, SIGINT or SIGTERM arrived before CMD started
 Since CMD's own status is passed through, a CMD that exits 75 or 76 itself cannot be
@@ -204,55 +217,243 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
         return EXIT_USAGE;
     }
 
+    let code = run_command(leases, args, &grant, signals).await;
+    release(grant).await;
+    code
+}
+
+/// Runs CMD under the grant and supervises it until it ends or must be ended;
+/// returns the exit code. Whatever CMD left running in its group is killed before
+/// this returns: it would go on writing with the token after the release.
+async fn run_command(
+    leases: &LeaseClient,
+    args: &LockArgs,
+    grant: &Grant,
+    signals: &mut Signals,
+) -> u8 {
+    let mut job = match JobSignals::new() {
+        Ok(job) => job,
+        Err(e) => {
+            eprintln!("palisade lock: cannot install signal handlers: {e}");
+            return EXIT_ERROR;
+        }
+    };
     let mut group = match Group::new() {
         Ok(group) => group,
         Err(e) => {
             eprintln!("palisade lock: cannot start the command's watchdog: {e}");
-            release(grant).await;
             return EXIT_ERROR;
         }
     };
-    let mut child = match spawn(&args.command, &grant, &group) {
-        Ok(child) => child,
+    group.kill_at(kill_time(args, grant));
+    ignore_terminal_output();
+    // Handed over before CMD starts, so that its first read finds it in the foreground.
+    let terminal = Terminal::of_stdin();
+    if let Some(terminal) = &terminal {
+        terminal.give(&group);
+    }
+    let code = match spawn(&args.command, grant, &group) {
+        Ok(mut child) => {
+            supervise(
+                leases,
+                args,
+                grant,
+                signals,
+                &mut job,
+                &group,
+                terminal.as_ref(),
+                &mut child,
+            )
+            .await
+        }
         Err(e) => {
             eprintln!("palisade lock: cannot run {:?}: {e}", args.command[0]);
-            group.finish();
-            release(grant).await;
-            return match e.kind() {
+            match e.kind() {
                 std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
                 _ => EXIT_CANNOT_RUN,
-            };
-        }
-    };
-    let lost = grant.lost();
-    let code = tokio::select! {
-        // A loss noticed together with CMD's exit is reported as a loss.
-        biased;
-        reason = lost => {
-            eprintln!(
-                "palisade lock: lost lease {lease} (fencing token {}): {reason}; stopping the command",
-                grant.token()
-            );
-            stop(&mut child, &group, grace(args.grace, grant.lease_duration())).await;
-            EXIT_LOST
-        }
-        signal = signals.recv() => {
-            eprintln!("palisade lock: signal {signal}: stopping the command, then releasing lease {lease}");
-            exit_code(stop(&mut child, &group, grace(args.grace, grant.lease_duration())).await)
-        }
-        status = child.wait() => match status {
-            Ok(status) => exit_code(Some(status)),
-            Err(e) => {
-                eprintln!("palisade lock: waiting for the command failed: {e}");
-                EXIT_ERROR
             }
-        },
+        }
     };
-    // Whatever CMD left running in its group would go on writing with the token
-    // after the release: it is killed first.
+    if let Some(terminal) = &terminal {
+        terminal.take_back(&group);
+    }
     group.finish();
-    release(grant).await;
     code
+}
+
+/// When the watchdog kills CMD's group if this process has not: the local deadline
+/// plus the grace, when this process itself would have SIGKILLed it.
+fn kill_time(args: &LockArgs, grant: &Grant) -> Duration {
+    *grant.local_deadline().borrow() + grace(args.grace, grant.lease_duration())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn supervise(
+    leases: &LeaseClient,
+    args: &LockArgs,
+    grant: &Grant,
+    signals: &mut Signals,
+    job: &mut JobSignals,
+    group: &Group,
+    terminal: Option<&Terminal>,
+    child: &mut Child,
+) -> u8 {
+    let lease = args.lease.as_str();
+    let token = grant.token();
+    let grace = || grace(args.grace, grant.lease_duration());
+    let lost = grant.lost();
+    tokio::pin!(lost);
+    let mut deadline = grant.local_deadline();
+    let mut deadline_open = true;
+    // Also on a state change before the first SIGCHLD was looked at.
+    let mut check_children = true;
+    loop {
+        if check_children {
+            check_children = false;
+            match child.poll() {
+                ChildState::Exited(status) if grant.is_held() => return exit_code(Some(status)),
+                ChildState::Exited(_) => {
+                    // Ended by the watchdog at the kill time, while this process could not act.
+                    let reason = grant.lost_reason().unwrap_or(LostReason::LocalDeadline);
+                    eprintln!(
+                        "palisade lock: lost lease {lease} (fencing token {token}): {reason}; the command was killed"
+                    );
+                    return EXIT_LOST;
+                }
+                ChildState::Stopped(_) => {
+                    if let Some(code) = suspend(leases, grant, group, terminal, child).await {
+                        return code;
+                    }
+                    check_children = true;
+                    continue;
+                }
+                ChildState::Running => {}
+            }
+            if let Some(how) = group.watchdog_ended() {
+                if !grant.is_held() {
+                    let reason = grant.lost_reason().unwrap_or(LostReason::LocalDeadline);
+                    eprintln!(
+                        "palisade lock: lost lease {lease} (fencing token {token}): {reason}; stopping the command"
+                    );
+                    return exit_lost(stop(child, group, job, grace(), false).await);
+                }
+                eprintln!(
+                    "palisade lock: the command's watchdog (pid {}) {how}: nothing would stop the \
+                     command's process group if this process died; stopping the command, then \
+                     releasing lease {lease}",
+                    group.id()
+                );
+                stop(child, group, job, grace(), true).await;
+                return EXIT_WATCHDOG;
+            }
+        }
+        tokio::select! {
+            // A loss noticed together with CMD's exit is reported as a loss.
+            biased;
+            reason = &mut lost => {
+                eprintln!(
+                    "palisade lock: lost lease {lease} (fencing token {token}): {reason}; stopping the command"
+                );
+                return exit_lost(stop(child, group, job, grace(), false).await);
+            }
+            changed = deadline.changed(), if deadline_open => match changed {
+                Ok(()) => group.kill_at(kill_time(args, grant)),
+                Err(_) => deadline_open = false,
+            },
+            signal = job.recv() => {
+                if let JobSignal::Suspend = signal
+                    && let Some(code) = suspend(leases, grant, group, terminal, child).await
+                {
+                    return code;
+                }
+                check_children = true;
+            }
+            signal = signals.recv() => {
+                eprintln!("palisade lock: signal {signal}: stopping the command, then releasing lease {lease}");
+                return exit_code(stop(child, group, job, grace(), true).await);
+            }
+        }
+    }
+}
+
+/// EXIT_LOST, whatever CMD's status on the way out.
+fn exit_lost(_status: Option<std::process::ExitStatus>) -> u8 {
+    EXIT_LOST
+}
+
+/// CMD was stopped, or this process got SIGTSTP: stops the job
+/// as a shell would see it, by stopping this process too, so that nothing renews
+/// the lease of a stopped command. Once continued, CMD is continued only if the grant
+/// is still held (read back from the Lease); otherwise CMD is SIGKILLed before
+/// anything else and the return is the exit code (EXIT_LOST).
+async fn suspend(
+    leases: &LeaseClient,
+    grant: &Grant,
+    group: &Group,
+    terminal: Option<&Terminal>,
+    child: &mut Child,
+) -> Option<u8> {
+    let lease = grant.lease();
+    if let Some(terminal) = terminal {
+        terminal.take_back(group);
+    }
+    // The whole job stops, not only CMD (a stop of CMD alone leaves the rest running).
+    group.signal(libc::SIGTSTP);
+    stop_self();
+    // Continued.
+    if !still_ours(leases, grant).await {
+        group.signal(libc::SIGKILL);
+        let reason = grant.lost_reason().unwrap_or(LostReason::LocalDeadline);
+        eprintln!(
+            "palisade lock: lost lease {lease} (fencing token {}) while the command was stopped: \
+             {reason}; the command was killed",
+            grant.token()
+        );
+        // Reaped on the way out.
+        let _ = child.poll();
+        return Some(EXIT_LOST);
+    }
+    if let Some(terminal) = terminal {
+        terminal.give(group);
+    }
+    group.signal(libc::SIGCONT);
+    None
+}
+
+/// Whether the grant is still held after a stop, by the clock and by a fresh read
+/// of the Lease: what arrived while this process was stopped may not have been read
+/// yet. Retried until the local deadline on errors.
+async fn still_ours(leases: &LeaseClient, grant: &Grant) -> bool {
+    if !grant.is_held() {
+        return false;
+    }
+    let check = async {
+        loop {
+            match call(
+                || format!("reading lease {}", grant.lease()),
+                leases.leases().get(grant.lease()),
+            )
+            .await
+            {
+                Ok(l) => {
+                    let status = l.status.unwrap_or_default();
+                    return status.fencing_token == Some(grant.token())
+                        && status
+                            .holder
+                            .is_some_and(|h| h.claim_uid == grant.claim_uid());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the lease after a stop; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = grant.lost() => false,
+        held = check => held && grant.is_held(),
+    }
 }
 
 async fn release(grant: Grant) {

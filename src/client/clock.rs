@@ -32,6 +32,11 @@ impl BootInstant {
         BootInstant(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
     }
 
+    /// The time since boot this instant is.
+    pub fn since_boot(self) -> Duration {
+        self.0
+    }
+
     pub fn saturating_duration_since(self, earlier: BootInstant) -> Duration {
         self.0.saturating_sub(earlier.0)
     }

@@ -356,8 +356,11 @@ impl LeaseClient {
         let stop = CancellationToken::new();
         let (claim, claim_uid) = (guard.name.clone(), guard.uid.clone());
         let (duration_tx, duration_rx) = watch::channel(lease_duration(&granted));
+        let (deadline_tx, deadline_rx) =
+            watch::channel((observed_at + lease_duration(&granted) / 3).since_boot());
         let keeper = Keeper {
             duration: duration_tx,
+            deadline: deadline_tx,
             token: status.fencing_token.unwrap_or_default(),
             guard,
             lost: lost_tx,
@@ -365,7 +368,12 @@ impl LeaseClient {
             timer,
         };
         let confirmed_at = match keeper.confirm(observed_at).await {
-            Ok(sent_at) => sent_at,
+            Ok(sent_at) => {
+                keeper
+                    .deadline
+                    .send_replace((sent_at + keeper.deadline_after_renewal()).since_boot());
+                sent_at
+            }
             Err(reason) => {
                 let claim = keeper.guard.name.clone();
                 keeper.guard.delete_or_warn().await;
@@ -385,6 +393,7 @@ impl LeaseClient {
             token: status.fencing_token.unwrap_or_default(),
             lost: lost_rx,
             duration: duration_rx,
+            deadline: deadline_rx,
             stop,
             keeper: Some(tokio::spawn(keeper.run(
                 confirmed_at,
@@ -451,6 +460,7 @@ pub struct Grant {
     token: i64,
     lost: watch::Receiver<Option<LostReason>>,
     duration: watch::Receiver<Duration>,
+    deadline: watch::Receiver<Duration>,
     /// Tells the keeper to stop renewing and delete the claim.
     stop: CancellationToken,
     keeper: Option<JoinHandle<Result<(), Error>>>,
@@ -506,6 +516,22 @@ impl Grant {
     /// Why the grant was lost, if it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         *self.lost.borrow()
+    }
+
+    /// The local deadline, as a time on `CLOCK_BOOTTIME` (since boot, suspensions
+    /// included): unless a renewal counts before it, this process stops believing it
+    /// holds the grant then. Later with every renewal that counts, earlier when the
+    /// Lease is shortened. For a supervisor that must act even when this process
+    /// cannot (`palisade lock`'s watchdog).
+    pub fn local_deadline(&self) -> watch::Receiver<Duration> {
+        self.deadline.clone()
+    }
+
+    /// Whether the grant is held as far as this process knows right now: not lost,
+    /// and its local deadline not passed on the clock, which is read here, so the
+    /// answer is right even before the keeper has run after a pause.
+    pub fn is_held(&self) -> bool {
+        self.lost_reason().is_none() && BootInstant::now().since_boot() < *self.deadline.borrow()
     }
 
     /// Completes when the grant is lost. Does not borrow the grant, so it can be
@@ -821,6 +847,8 @@ struct Keeper {
     token: i64,
     guard: ClaimGuard,
     lost: watch::Sender<Option<LostReason>>,
+    /// The local deadline, published for [`Grant::local_deadline`] and [`Grant::is_held`].
+    deadline: watch::Sender<Duration>,
     stop: CancellationToken,
     /// Fires at the local deadline, on CLOCK_BOOTTIME.
     timer: BootTimer,
@@ -883,6 +911,9 @@ impl Keeper {
         let mut renewing: Option<BoxFuture<'static, Result<BootInstant, RenewalError>>> = None;
         loop {
             let deadline = last_renewal + self.deadline_after_renewal();
+            let since_boot = deadline.since_boot();
+            self.deadline
+                .send_if_modified(|d| std::mem::replace(d, since_boot) != since_boot);
             // Every wake-up checks the deadline first: after a pause or a suspension
             // it has passed, whatever else is ready.
             if BootInstant::now() >= deadline {

@@ -1,18 +1,25 @@
 //! CMD under supervision: its process group and the watchdog that kills the group
-//! when `palisade lock` dies, starting CMD with the grant in its environment,
-//! stopping it, its exit status, and the signals this process forwards to it.
+//! when `palisade lock` dies or cannot act, starting CMD with the grant in its
+//! environment, its state changes (exited, stopped), the terminal, stopping it, its
+//! exit status, and the signals this process handles.
 //!
 //! Part of the command, not of the library: DESIGN.md, "The crate's features and the CLI".
+//! The rules for terminals, stops and the watchdog: DESIGN.md, "`palisade lock`".
 
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::ExitStatus;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::EXIT_ERROR;
 use crate::client::Grant;
+
+/// The watchdog's kill time before the first one is set: never.
+const NO_DEADLINE: u64 = u64::MAX;
 
 /// CMD's process group: CMD and everything it starts that stays in the group.
 ///
@@ -24,22 +31,60 @@ use crate::client::Grant;
 /// the group reaches grandchildren too. A process that leaves the group on purpose
 /// (`setsid`, `setpgid`) is out of reach.
 ///
+/// It also SIGKILLs the group at a kill time this process publishes in a shared page
+/// (the grant's local deadline plus the grace, on `CLOCK_BOOTTIME`), so the group is
+/// gone before the lease can move on even when this process is stopped or starved
+/// and cannot do it itself.
+///
 /// A forked process without `exec`, because the watchdog must need nothing from the
 /// filesystem (no shell in a distroless image) and does only async-signal-safe calls.
+/// It closes every descriptor it inherited but its two, so it keeps no connection
+/// of this process open.
 pub(super) struct Group {
     /// The watchdog's pid, which is also the group's id. Never reaped before the
     /// group is finished with, so the id cannot be reused while we signal it.
     leader: libc::pid_t,
-    /// Dropping it tells the watchdog to kill the group.
+    /// Dropping it tells the watchdog to kill the group; a byte written to it tells
+    /// the watchdog to read the kill time again.
     alive: Option<std::io::PipeWriter>,
+    /// The kill time in nanoseconds on `CLOCK_BOOTTIME`: a page shared with the watchdog.
+    kill_at: *mut AtomicU64,
 }
 
 impl Group {
     pub(super) fn new() -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd;
         // Both ends close on exec: CMD inherits neither.
         let (reader, writer) = std::io::pipe()?;
-        let (read_fd, write_fd) = (reader.as_raw_fd(), writer.as_raw_fd());
+        // A poke never blocks: one pending byte is as good as many.
+        set_nonblocking(writer.as_raw_fd())?;
+        // SAFETY: timerfd_create has no memory-safety preconditions; the fd is owned below.
+        let timer = unsafe {
+            libc::timerfd_create(libc::CLOCK_BOOTTIME, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK)
+        };
+        if timer < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor nobody else owns.
+        let timer = unsafe { OwnedFd::from_raw_fd(timer) };
+        // SAFETY: a fresh anonymous shared mapping of one page, checked below.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                std::mem::size_of::<AtomicU64>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if page == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let kill_at = page.cast::<AtomicU64>();
+        // SAFETY: the mapping is page-aligned, writable and ours alone until the fork.
+        unsafe { kill_at.write(AtomicU64::new(NO_DEADLINE)) };
+        let (read_fd, write_fd, timer_fd) =
+            (reader.as_raw_fd(), writer.as_raw_fd(), timer.as_raw_fd());
         // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask get valid pointers.
         let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
         let mut previous: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -50,29 +95,79 @@ impl Group {
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut previous);
         }
         // SAFETY: the child only makes async-signal-safe calls (signal, sigmask,
-        // setpgid, close, read, kill, _exit) and never returns.
+        // setpgid, close, poll, read, clock_gettime, timerfd_settime, kill, _exit)
+        // and never returns.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            unsafe { watchdog(read_fd, write_fd, &previous) }
+            unsafe { watchdog(read_fd, write_fd, timer_fd, kill_at, &previous) }
         }
         // SAFETY: restores the mask saved above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut()) };
         if pid < 0 {
-            return Err(std::io::Error::last_os_error());
+            let e = std::io::Error::last_os_error();
+            // SAFETY: unmaps the page mapped above, which nobody else uses.
+            unsafe { libc::munmap(page, std::mem::size_of::<AtomicU64>()) };
+            return Err(e);
         }
         // Also here, so that CMD can join the group whichever process runs first.
         // SAFETY: setpgid on our own child.
         unsafe { libc::setpgid(pid, pid) };
-        drop(reader);
+        drop((reader, timer));
         Ok(Self {
             leader: pid,
             alive: Some(writer),
+            kill_at,
         })
     }
 
-    fn signal(&self, signal: libc::c_int) {
+    /// The group's id (the watchdog's pid).
+    pub(super) fn id(&self) -> libc::pid_t {
+        self.leader
+    }
+
+    /// Tells the watchdog to SIGKILL the group at `at` (time since boot, on
+    /// `CLOCK_BOOTTIME`) unless told a later time first.
+    pub(super) fn kill_at(&self, at: Duration) {
+        let nanos = u64::try_from(at.as_nanos()).unwrap_or(NO_DEADLINE - 1);
+        // SAFETY: the page lives until drop; atomics are fine in shared memory.
+        unsafe { (*self.kill_at).store(nanos, Ordering::Release) };
+        if let Some(alive) = &self.alive {
+            // SAFETY: writes one byte from a valid buffer; EAGAIN (a byte already
+            // pending) and EPIPE (the watchdog is gone, noticed elsewhere) are fine.
+            unsafe { libc::write(alive.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+    }
+
+    pub(super) fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill(2) has no memory-safety preconditions; a negative pid names the group.
         unsafe { libc::kill(-self.leader, signal) };
+    }
+
+    /// How the watchdog ended, if it has: without reaping it, so that its pid (the
+    /// group's id) stays reserved.
+    pub(super) fn watchdog_ended(&self) -> Option<String> {
+        // Finished: reaped.
+        self.alive.as_ref()?;
+        // SAFETY: siginfo_t is plain data that waitid fills in.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a valid siginfo pointer.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                self.leader as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: si_pid and si_status are valid for a SIGCHLD siginfo, as waitid writes.
+        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+        if rc != 0 || pid == 0 {
+            return None;
+        }
+        Some(match info.si_code {
+            libc::CLD_EXITED => format!("exited with status {status}"),
+            _ => format!("killed by signal {status}"),
+        })
     }
 
     /// SIGKILLs whatever is left of the group and reaps the watchdog.
@@ -88,17 +183,81 @@ impl Group {
 impl Drop for Group {
     fn drop(&mut self) {
         self.finish();
+        // SAFETY: the watchdog is gone and nothing else refers to the page.
+        unsafe { libc::munmap(self.kill_at.cast(), std::mem::size_of::<AtomicU64>()) };
     }
 }
 
-/// The watchdog process: waits for EOF on `read_fd`, then SIGKILLs its process group.
+fn set_nonblocking(fd: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Now on `CLOCK_BOOTTIME`, in nanoseconds.
+fn boot_nanos() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec it is given (async-signal-safe).
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Closes every descriptor but `keep` (two of them), with `close_range` where the
+/// kernel has it (Linux 5.9), else one by one up to the descriptor limit.
 ///
 /// # Safety
-/// Only in the child of a fork, with all signals blocked.
-unsafe fn watchdog(read_fd: libc::c_int, write_fd: libc::c_int, mask: &libc::sigset_t) -> ! {
+/// Only in the child of a fork: descriptors owned by Rust objects are closed under them.
+unsafe fn close_all_but(keep: [libc::c_int; 2]) {
+    let (low, high) = (keep[0].min(keep[1]) as u32, keep[0].max(keep[1]) as u32);
+    let ranges = [
+        (0, low.checked_sub(1)),
+        (low + 1, high.checked_sub(1)),
+        (high + 1, Some(u32::MAX)),
+    ];
+    for (first, last) in ranges {
+        let Some(last) = last.filter(|&last| last >= first) else {
+            continue;
+        };
+        // SAFETY: close_range takes plain integers.
+        if unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) } != 0 {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit writes into the struct it is given.
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+            let end = (limit.rlim_cur.min(1 << 20) as u32).min(last.saturating_add(1));
+            for fd in first..end {
+                // SAFETY: closing a descriptor number; EBADF is harmless.
+                unsafe { libc::close(fd as libc::c_int) };
+            }
+        }
+    }
+}
+
+/// The watchdog process: SIGKILLs its process group on EOF on `read_fd` or when the
+/// kill time in `kill_at` passes.
+///
+/// # Safety
+/// Only in the child of a fork, with all signals blocked; `kill_at` points to the
+/// shared page.
+unsafe fn watchdog(
+    read_fd: libc::c_int,
+    write_fd: libc::c_int,
+    timer_fd: libc::c_int,
+    kill_at: *const AtomicU64,
+    mask: &libc::sigset_t,
+) -> ! {
     unsafe {
-        // Signals forwarded to the group, or from a terminal, must not end the
-        // watchdog: only SIGKILL (which ends the whole group anyway) may.
+        // Signals forwarded to the group, or from a terminal (the group may be its
+        // foreground group), must not end or stop the watchdog: only SIGKILL (which
+        // ends the whole group anyway) and SIGSTOP may.
         for signal in 1..32 {
             if signal != libc::SIGKILL && signal != libc::SIGSTOP && signal != libc::SIGCONT {
                 libc::signal(signal, libc::SIG_IGN);
@@ -107,11 +266,62 @@ unsafe fn watchdog(read_fd: libc::c_int, write_fd: libc::c_int, mask: &libc::sig
         libc::pthread_sigmask(libc::SIG_SETMASK, mask, std::ptr::null_mut());
         libc::setpgid(0, 0);
         libc::close(write_fd);
-        let mut byte = 0u8;
+        // Nothing of this process's: its API connections must close when it drops them.
+        close_all_but([read_fd, timer_fd]);
+        let mut fds = [
+            libc::pollfd {
+                fd: read_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: timer_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let mut buf = [0u8; 64];
         loop {
-            let n = libc::read(read_fd, (&raw mut byte).cast(), 1);
-            if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+            let at = (*kill_at).load(Ordering::Acquire);
+            if at != NO_DEADLINE {
+                if boot_nanos() >= at {
+                    break;
+                }
+                let spec = libc::itimerspec {
+                    it_interval: libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    },
+                    it_value: libc::timespec {
+                        tv_sec: (at / 1_000_000_000) as libc::time_t,
+                        tv_nsec: (at % 1_000_000_000) as libc::c_long,
+                    },
+                };
+                if libc::timerfd_settime(
+                    timer_fd,
+                    libc::TFD_TIMER_ABSTIME,
+                    &spec,
+                    std::ptr::null_mut(),
+                ) != 0
+                {
+                    break;
+                }
+            }
+            if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
+                if *libc::__errno_location() == libc::EINTR {
+                    continue;
+                }
                 break;
+            }
+            if fds[0].revents != 0 {
+                let n = libc::read(read_fd, buf.as_mut_ptr().cast(), buf.len());
+                if n == 0 || (n < 0 && *libc::__errno_location() != libc::EINTR) {
+                    break;
+                }
+            }
+            if fds[1].revents != 0 {
+                // Drains the expiry count (non-blocking); the loop checks the time itself.
+                libc::read(timer_fd, buf.as_mut_ptr().cast(), 8);
             }
         }
         libc::kill(0, libc::SIGKILL);
@@ -119,12 +329,74 @@ unsafe fn watchdog(read_fd: libc::c_int, write_fd: libc::c_int, mask: &libc::sig
     }
 }
 
+/// CMD, the direct child, reaped by [`Child::poll`] (not by tokio, which cannot
+/// report a stop).
+pub(super) struct Child {
+    pid: libc::pid_t,
+    state: ChildState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ChildState {
+    Running,
+    /// Stopped by this signal.
+    Stopped(libc::c_int),
+    Exited(ExitStatus),
+}
+
+impl Child {
+    /// Collects CMD's state changes so far (without blocking) and returns its state.
+    pub(super) fn poll(&mut self) -> ChildState {
+        while !matches!(self.state, ChildState::Exited(_)) {
+            let mut status = 0;
+            // SAFETY: waitpid on our own child with a valid status pointer.
+            let pid = unsafe {
+                libc::waitpid(
+                    self.pid,
+                    &mut status,
+                    libc::WNOHANG | libc::WUNTRACED | libc::WCONTINUED,
+                )
+            };
+            if pid != self.pid {
+                break;
+            }
+            self.state = if libc::WIFSTOPPED(status) {
+                ChildState::Stopped(libc::WSTOPSIG(status))
+            } else if libc::WIFCONTINUED(status) {
+                ChildState::Running
+            } else {
+                ChildState::Exited(ExitStatus::from_raw(status))
+            };
+        }
+        self.state
+    }
+
+    fn kill(&self) {
+        if !matches!(self.state, ChildState::Exited(_)) {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // Never left behind, even if it left the group.
+        self.kill();
+        if !matches!(self.state, ChildState::Exited(_)) {
+            // SAFETY: reaps our own child, which SIGKILL ends.
+            unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
+        }
+    }
+}
+
 pub(super) fn spawn(command: &[OsString], grant: &Grant, group: &Group) -> std::io::Result<Child> {
-    let mut cmd = Command::new(&command[0]);
+    let mut cmd = std::process::Command::new(&command[0]);
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     // The group's watchdog covers the whole tree; this also covers CMD itself
     // should the watchdog be gone.
-    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid, _exit).
+    // SAFETY: between fork and exec only async-signal-safe calls (prctl, getppid,
+    // signal, _exit).
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -134,10 +406,14 @@ pub(super) fn spawn(command: &[OsString], grant: &Grant, group: &Group) -> std::
             if libc::getppid() != parent {
                 libc::_exit(libc::c_int::from(EXIT_ERROR));
             }
+            // Ignored here (see `ignore_terminal_output`), and an ignored signal stays
+            // ignored across exec.
+            libc::signal(libc::SIGTTOU, libc::SIG_DFL);
             Ok(())
         });
     }
-    cmd.args(&command[1..])
+    let child = cmd
+        .args(&command[1..])
         .env("PALISADE_FENCING_TOKEN", grant.token().to_string())
         .env("PALISADE_LEASE", grant.lease())
         .env("PALISADE_HOLDER", grant.identity())
@@ -145,23 +421,114 @@ pub(super) fn spawn(command: &[OsString], grant: &Grant, group: &Group) -> std::
         .env("PALISADE_NAMESPACE", grant.namespace())
         // The watchdog's group, so that stopping it stops everything CMD started.
         .process_group(group.leader)
-        .kill_on_drop(true)
-        .spawn()
+        .spawn()?;
+    Ok(Child {
+        pid: child.id() as libc::pid_t,
+        state: ChildState::Running,
+    })
 }
 
-/// SIGTERM to CMD's process group, SIGKILL after `grace`; returns CMD's status.
-pub(super) async fn stop(child: &mut Child, group: &Group, grace: Duration) -> Option<ExitStatus> {
-    group.signal(libc::SIGTERM);
-    if let Ok(Ok(status)) = tokio::time::timeout(grace, child.wait()).await {
+/// This process may hand the terminal to CMD's group and take it back from the
+/// background, and write to it from there: SIGTTOU must not stop it.
+pub(super) fn ignore_terminal_output() {
+    // SAFETY: sets a disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGTTOU, libc::SIG_IGN) };
+}
+
+/// The controlling terminal, when it is standard input and standard output is not a
+/// pipe (a pipeline's other commands, a pager among them, stay in this process's group
+/// and need the terminal themselves).
+pub(super) struct Terminal {
+    fd: libc::c_int,
+}
+
+impl Terminal {
+    pub(super) fn of_stdin() -> Option<Terminal> {
+        // SAFETY: isatty, tcgetpgrp and fstat on standard descriptors, with a valid stat buffer.
+        unsafe {
+            if libc::isatty(0) != 1 || libc::tcgetpgrp(0) < 0 {
+                return None;
+            }
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(1, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFIFO {
+                return None;
+            }
+        }
+        Some(Terminal { fd: 0 })
+    }
+
+    /// Makes `group` the foreground group, if this process's group is: the terminal
+    /// is only passed on by the job it belongs to.
+    pub(super) fn give(&self, group: &Group) {
+        // SAFETY: tcgetpgrp, getpgrp and tcsetpgrp take plain integers.
+        unsafe {
+            if libc::tcgetpgrp(self.fd) == libc::getpgrp() {
+                libc::tcsetpgrp(self.fd, group.leader);
+            }
+        }
+    }
+
+    /// Makes this process's group the foreground group again, if `group` has the terminal.
+    pub(super) fn take_back(&self, group: &Group) {
+        // SAFETY: as above.
+        unsafe {
+            if libc::tcgetpgrp(self.fd) == group.leader {
+                libc::tcsetpgrp(self.fd, libc::getpgrp());
+            }
+        }
+    }
+}
+
+/// Stops this process (SIGSTOP, which unlike SIGTSTP is never discarded for an
+/// orphaned process group) and returns once it is continued.
+pub(super) fn stop_self() {
+    // SAFETY: kill(2) on ourselves.
+    unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+}
+
+/// Ends CMD's process group: SIGTERM, SIGKILL after `grace`; returns CMD's status.
+/// A stopped CMD is continued to handle the SIGTERM only when `may_continue` (its
+/// grant is held); otherwise it gets SIGKILL at once, and never runs again.
+pub(super) async fn stop(
+    child: &mut Child,
+    group: &Group,
+    signals: &mut JobSignals,
+    grace: Duration,
+    may_continue: bool,
+) -> Option<ExitStatus> {
+    let stopped = matches!(child.poll(), ChildState::Stopped(_));
+    if stopped && !may_continue {
+        group.signal(libc::SIGKILL);
+        child.kill();
+    } else {
+        group.signal(libc::SIGTERM);
+        if stopped {
+            group.signal(libc::SIGCONT);
+        }
+    }
+    let exited = async {
+        loop {
+            if let ChildState::Exited(status) = child.poll() {
+                return status;
+            }
+            signals.child().await;
+        }
+    };
+    if let Ok(status) = tokio::time::timeout(grace, exited).await {
         return Some(status);
     }
     group.signal(libc::SIGKILL);
-    child.wait().await.ok()
+    child.kill();
+    loop {
+        if let ChildState::Exited(status) = child.poll() {
+            return Some(status);
+        }
+        signals.child().await;
+    }
 }
 
 /// The shell's convention: the exit code, or 128 + the signal that killed it.
 pub(super) fn exit_code(status: Option<ExitStatus>) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
     match status {
         Some(status) => match (status.code(), status.signal()) {
             (Some(code), _) => code as u8,
@@ -198,13 +565,48 @@ impl Signals {
     }
 }
 
+/// SIGCHLD and SIGTSTP to this process, handled from just before CMD starts (until
+/// then SIGTSTP stops this process as usual).
+pub(super) struct JobSignals {
+    child: Signal,
+    suspend: Signal,
+}
+
+impl JobSignals {
+    pub(super) fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            child: signal(SignalKind::child())?,
+            suspend: signal(SignalKind::from_raw(libc::SIGTSTP))?,
+        })
+    }
+
+    /// The next SIGCHLD: CMD or the watchdog changed state.
+    pub(super) async fn child(&mut self) {
+        self.child.recv().await;
+    }
+
+    /// The next SIGCHLD or SIGTSTP.
+    pub(super) async fn recv(&mut self) -> JobSignal {
+        tokio::select! {
+            _ = self.child.recv() => JobSignal::Child,
+            _ = self.suspend.recv() => JobSignal::Suspend,
+        }
+    }
+}
+
+pub(super) enum JobSignal {
+    /// SIGCHLD: CMD or the watchdog changed state.
+    Child,
+    /// SIGTSTP to this process: stop the job.
+    Suspend,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn exit_codes_follow_the_shell_convention() {
-        use std::os::unix::process::ExitStatusExt;
         assert_eq!(exit_code(Some(ExitStatus::from_raw(7 << 8))), 7);
         assert_eq!(exit_code(Some(ExitStatus::from_raw(libc::SIGTERM))), 143);
         assert_eq!(exit_code(Some(ExitStatus::from_raw(libc::SIGKILL))), 137);
