@@ -1,6 +1,7 @@
-//! The seed's story as an automated test: a holder paused with SIGSTOP past its
-//! lease resumes and its write is rejected as stale (runs tests/demo/demo.sh,
-//! the script behind `make demo`, against the real API server).
+//! The seed's story as an automated test: a holder's write delayed in the network
+//! while the holder is paused with SIGSTOP past its lease arrives with the old token
+//! and is rejected as stale (runs tests/demo/demo.sh, the script behind `make demo`,
+//! against the real API server).
 
 mod support;
 
@@ -59,9 +60,9 @@ fn a_paused_holder_resumes_and_its_stale_write_is_rejected() {
         Some(token_b),
         "the store's highest token is the new holder's"
     );
-    let worker_a = std::fs::read_to_string(work.join("worker-a.log")).unwrap();
+    let delivered = std::fs::read_to_string(work.join("network.log")).unwrap();
     assert!(
-        worker_a.contains(&format!("stale fencing token {token_a}")),
-        "{worker_a}"
+        delivered.contains(&format!("stale fencing token {token_a}")),
+        "{delivered}"
     );
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The fencing story with real processes (`make demo`):
 #   two workers contend for one Lease with `palisade lock` and write to a fenced
-#   store; the holder is paused (SIGSTOP) past its lease; the other is granted a
-#   higher token and writes; the paused one resumes and its write is rejected.
+#   store; the holder sends a write that the network delays, then is paused
+#   (SIGSTOP) past its lease; the other is granted a higher token and writes; the
+#   delayed write arrives with the old token and is rejected; the paused holder
+#   resumes and `palisade lock` ends its command, the lease being lost.
 #
 # Needs: KUBECONFIG (the local control plane), PALISADE (the binary), KUBECTL.
 # Exits 0 only when the stale write was rejected and the store kept the new token.
@@ -51,8 +53,9 @@ setsid "$PALISADE" controller --namespace "$NS" --leader-elect=false --admin-add
 pids+=($!)
 step "controller running (log: $WORK/controller.log)"
 
-# A worker: holds the lease, writes once at once, "works" for 2 s, then writes again.
-# It finishes its write even when told to stop, as many real programs do.
+# A worker: holds the lease, writes once at once, then sends a second write over a
+# slow network (the demo plays the network: it holds the request, with its token,
+# until it chooses to deliver it) and works on.
 cat >"$WORK/worker.sh" <<'EOF'
 #!/usr/bin/env bash
 # SIGTERM is ignored, and so by the fence it runs (ignored signals survive exec):
@@ -65,13 +68,20 @@ write() {
     echo "$PALISADE_HOLDER: write '$1' with token $PALISADE_FENCING_TOKEN -> REJECTED ($out)"
   fi
 }
+send() { # the request, whole: token and payload
+  printf '%s\n%s\n' "$PALISADE_FENCING_TOKEN" "$1" >"$NETWORK/$PALISADE_HOLDER.tmp"
+  mv "$NETWORK/$PALISADE_HOLDER.tmp" "$NETWORK/$PALISADE_HOLDER"
+  echo "$PALISADE_HOLDER: sent '$1' with token $PALISADE_FENCING_TOKEN"
+}
 echo "$PALISADE_HOLDER: I hold lease $PALISADE_LEASE with fencing token $PALISADE_FENCING_TOKEN"
 write "$PALISADE_HOLDER first write"
-sleep 2
-write "$PALISADE_HOLDER second write"
+send "$PALISADE_HOLDER second write"
+sleep 30
 EOF
 chmod +x "$WORK/worker.sh"
-export STORE PALISADE
+NETWORK=$WORK/network
+mkdir -p "$NETWORK"
+export STORE PALISADE NETWORK
 "$PALISADE" fence --store "$STORE" --create >/dev/null
 
 say "2. worker-a takes the lease ($DURATION) and writes"
@@ -82,6 +92,9 @@ pids+=("$A")
 wait_for 30 "worker-a's first write" journal_has "worker-a first write"
 TOKEN_A=$(lease_field .status.fencingToken)
 sed 's/^/  | /' "$WORK/worker-a.log"
+
+wait_for 30 "worker-a's second write to be sent" test -e "$NETWORK/worker-a"
+step "worker-a sent its second write with token $TOKEN_A; the network holds it up"
 
 say "3. worker-a stalls: SIGSTOP (a long GC pause), for longer than its $DURATION lease"
 # palisade lock (which renews) and the command (its own process group) both freeze.
@@ -101,24 +114,30 @@ wait_for 30 "worker-b's first write" journal_has "worker-b first write"
 sed 's/^/  | /' "$WORK/worker-b.log"
 "$KUBECTL" -n "$NS" get leases.palisade.dev "$LEASE" | sed 's/^/  /'
 
-say "5. worker-a's command wakes up (SIGCONT) and carries on writing with token $TOKEN_A"
-# The command first, while its palisade lock is still frozen (had it woken too, it
-# would have killed the command within its grace, a sixth of the lease, first).
-kill -CONT -- "-$A_CMD"
-wait_for 30 "worker-a's second write" grep -q "worker-a second write" "$WORK/worker-a.log"
-kill -CONT "$A"
+say "5. The network delivers worker-a's delayed write, with token $TOKEN_A"
+# No lock service can stop a write already on its way; the fence at the store does.
+{ read -r token; read -r payload; } <"$NETWORK/worker-a"
+if out=$("$PALISADE" fence --store "$STORE" --key "$LEASE" --token "$token" --payload "$payload" 2>&1); then
+  echo "network: worker-a's write '$payload' with token $token -> ACCEPTED" >"$WORK/network.log"
+else
+  echo "network: worker-a's write '$payload' with token $token -> REJECTED ($out)" >"$WORK/network.log"
+fi
+sed 's/^/  | /' "$WORK/network.log"
+
+say "6. worker-a wakes up (SIGCONT): its lease is gone, so palisade lock ends the command"
+kill -CONT -- "-$A_CMD" "$A"
 set +e
 wait "$A"
 A_EXIT=$?
 set -e
-sed 's/^/  | /' "$WORK/worker-a.log" | tail -n +3
-step "palisade lock for worker-a exited with $A_EXIT (75 = the lease was lost while the command ran)"
+sed 's/^/  | /' "$WORK/worker-a.log" | tail -n +4
+step "palisade lock for worker-a exited with $A_EXIT (the lease was lost while the command was stopped)"
 
-say "6. What the fenced store accepted"
+say "7. What the fenced store accepted"
 sed 's/^/  | /' "$STORE/journal.jsonl"
 HIGHEST=$("$PALISADE" fence --store "$STORE" --show | grep -o "\"$LEASE\": *[0-9]*" | grep -o '[0-9]*$')
 
-if grep -q "worker-a second write.*REJECTED (write rejected: stale" "$WORK/worker-a.log" && ! journal_has "worker-a second write" \
+if grep -q "worker-a second write.*REJECTED (write rejected: stale" "$WORK/network.log" && ! journal_has "worker-a second write" \
   && [[ $HIGHEST == "$TOKEN_B" ]] && ((TOKEN_B > TOKEN_A)); then
   echo
   echo "verdict: SAFE - worker-a's stale write (token $TOKEN_A) was rejected; the store's highest token is worker-b's $TOKEN_B."
