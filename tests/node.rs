@@ -810,8 +810,10 @@ async fn deleting_pods_keeps_the_other_pods_reaching_the_api_server() {
     pod_namespace(&client, NS).await;
     let before = bridge_address();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    // No --request-timeout: with any flag that overrides the config, kubectl stops
+    // using the in-cluster one.
     let probe = "while true; do \
-        if kubectl get --raw /readyz --request-timeout=2s >/dev/null 2>&1; \
+        if timeout 2 kubectl get --raw /readyz >/dev/null 2>&1; \
         then echo ok; else echo fail; fi; sleep 0.2; done";
     let names = ["p0", "p1", "p2", "survivor"];
     for name in names {
