@@ -1111,6 +1111,24 @@ mod tests {
         assert_eq!(held(15, None), Duration::from_secs(15));
     }
 
+    /// A Lease re-created under the name and granted to the same claim publishes
+    /// another token: the holder of the old one no longer holds.
+    #[test]
+    fn a_grant_is_held_only_while_the_lease_publishes_its_claim_with_its_token() {
+        let lease = |uid: &str, token: i64| -> Lease {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+                "metadata": {"name": "l"}, "spec": {"leaseDurationSeconds": 15},
+                "status": {"fencingToken": token,
+                           "holder": {"claim": "c", "claimUID": uid, "identity": "i"}}
+            }))
+            .unwrap()
+        };
+        assert!(holds_grant(&lease("u", 7), "u", 7));
+        assert!(!holds_grant(&lease("u", 9), "u", 7), "another token");
+        assert!(!holds_grant(&lease("v", 7), "u", 7), "another claim");
+    }
+
     #[test]
     fn claim_names_are_lease_identity_and_a_random_suffix() {
         let claim = new_claim("billing", "Worker_0.example", None);
