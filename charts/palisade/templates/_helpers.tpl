@@ -98,9 +98,10 @@ the check when the schema is skipped).
 
 {{/*
 The election timings as the controller requires them (src/election.rs): leaseDuration whole
-seconds from 1s to 24h, leaseDuration > renewDeadline > retryPeriod > 0. A leader keeps
-trying to renew until renewDeadline and then stops granting; that must come before a standby
-may take over (leaseDuration), and it must leave room for more than one try (retryPeriod).
+seconds from 1s to 24h, leaseDuration > renewDeadline > retryPeriod > 0. A leader whose
+renewal fails stops granting once renewDeadline has passed since its last success; that should
+come before a standby may take over (leaseDuration), and leave room for more than one try
+(retryPeriod).
 Renders nothing; fails with a message naming the values.
 */}}
 {{- define "palisade.checkElectionTimings" -}}
