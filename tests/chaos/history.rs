@@ -648,8 +648,8 @@ fn check_tokens_issued(events: &[Event], v: &mut Verdict) {
 
 /// After `Healed`, each Lease gets a new holder within the stated bound.
 /// A holder the harness silenced is expired in time, however the controller's
-/// leadership changed meanwhile: the harness's watch sees its Lease name another
-/// holder (or none) within the bound the fault recorded.
+/// leadership changed meanwhile: its Lease names another holder (or none) within the
+/// bound the fault recorded, as the harness's watch or another worker's grant shows.
 fn check_silenced_holders_expire(events: &[Event], v: &mut Verdict) {
     for e in events {
         let Event::Silenced {
@@ -661,9 +661,23 @@ fn check_silenced_holders_expire(events: &[Event], v: &mut Verdict) {
         else {
             continue;
         };
-        let moved_on = events.iter().any(|seen| {
-            matches!(seen, Event::LeaseSeen { lease: l, holder_uid, t_ns: at, .. }
-                if l == lease && holder_uid != claim_uid && *at > *t_ns && *at <= t_ns + within_ns)
+        // Either sighting proves the Lease had moved on by then: the harness's watch
+        // (which may lag, its connection cut by a fault) or another worker's grant.
+        let within = |at: &u64| *at > *t_ns && *at <= t_ns + within_ns;
+        let moved_on = events.iter().any(|seen| match seen {
+            Event::LeaseSeen {
+                lease: l,
+                holder_uid,
+                t_ns: at,
+                ..
+            } => l == lease && holder_uid != claim_uid && within(at),
+            Event::Grant {
+                lease: l,
+                claim_uid: granted,
+                t_ns: at,
+                ..
+            } => l == lease && granted != claim_uid && within(at),
+            _ => false,
         });
         if !moved_on {
             v.violations.push(format!(
