@@ -205,7 +205,7 @@ $(IMAGE_DIR)/palisade-example.tar: $(STATIC_BIN) $(KUBE_BIN)/kubectl tests/contr
 
 # Each feature set a library user may pick builds on its own (cargo check: fast), and
 # the API docs build without warnings.
-FEATURE_SETS := client fence client,fence postgres redis controller cli
+FEATURE_SETS := client fence client,fence postgres redis controller agent cli
 check:
 	cargo fmt --all --check
 	cargo clippy --locked --all-targets -- -D warnings

@@ -53,6 +53,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "agent")]
+pub mod agent;
 #[cfg(feature = "client")]
 pub mod api;
 #[cfg(feature = "cli")]
@@ -82,7 +84,7 @@ pub mod grant;
 pub mod index;
 #[cfg(feature = "client")]
 pub mod kube_client;
-#[cfg(feature = "controller")]
+#[cfg(any(feature = "controller", feature = "agent"))]
 pub mod telemetry;
 pub mod token;
 #[cfg(feature = "client")]

@@ -158,11 +158,16 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
+        encode(&self.registry)
     }
+}
+
+/// The OpenMetrics text of a registry.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)
+        .expect("writing to a String cannot fail");
+    out
 }
 
 /// Readiness: true once the watches delivered their initial state, false again during shutdown.
@@ -178,16 +183,20 @@ impl Readiness {
     }
 }
 
+/// What `/metrics` serves: the text exposition of a process's registry.
+pub type MetricsText = Arc<dyn Fn() -> String + Send + Sync>;
+
 #[derive(Clone)]
 struct AdminState {
-    metrics: Arc<Metrics>,
+    metrics: MetricsText,
     ready: Readiness,
 }
 
-/// Serves `/healthz` (the process answers), `/readyz` and `/metrics` until `shutdown`.
+/// Serves `/healthz` (the process answers), `/readyz` and `/metrics` until `shutdown`
+/// (the controller's and the agent's admin server).
 pub async fn serve_admin(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    metrics: MetricsText,
     ready: Readiness,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
@@ -222,6 +231,6 @@ async fn metrics_text(State(state): State<AdminState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics.encode(),
+        (state.metrics)(),
     )
 }

@@ -94,9 +94,13 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_on_signal(shutdown.clone()));
 
+    let metrics_text = {
+        let metrics = metrics.clone();
+        Arc::new(move || metrics.encode())
+    };
     let admin = tokio::spawn(telemetry::serve_admin(
         args.admin_addr,
-        metrics.clone(),
+        metrics_text,
         ready.clone(),
         shutdown.clone(),
     ));

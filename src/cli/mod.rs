@@ -1,13 +1,14 @@
 //! The command line: `palisade <subcommand>`, also installable as the kubectl plugin
 //! `kubectl-palisade` (feature `cli`).
 //!
-//! One file per subcommand ([`lock`], [`status`], [`fence`], [`controller`],
-//! [`crds`]); what they share is here: the async runtime, the logging set-up, the
+//! One file per subcommand ([`lock`], [`agent`], [`status`], [`fence`],
+//! [`controller`], [`crds`]); what they share is here: the async runtime, the logging set-up, the
 //! holder identity when none is given, and the duration syntax of the flags. The
 //! logic they run lives in the library ([`crate::client`], [`crate::fence`],
 //! [`crate::controller`]); this module only turns flags into calls, and results into
 //! messages and exit codes.
 
+pub mod agent;
 pub mod controller;
 pub mod crds;
 pub mod fence;
@@ -35,6 +36,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Hold Leases for this pod's applications, behind a local HTTP API (a native sidecar).
+    Agent(agent::AgentArgs),
     /// Print the CustomResourceDefinitions (Lease, LeaseClaim) as YAML.
     Crds,
     /// Run the lease controller.
@@ -50,6 +53,7 @@ pub enum Command {
 /// Runs the subcommand; its exit code.
 pub fn main(cli: Cli) -> ExitCode {
     match cli.command {
+        Command::Agent(args) => agent::run(args),
         Command::Crds => crds::run(),
         Command::Controller(args) => controller::run(args),
         Command::Fence(args) => fence::run(args),

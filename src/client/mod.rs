@@ -42,7 +42,7 @@
 //!   them finish. (A process that is killed outright leaves its claim: a pending
 //!   one waits in the queue, and once granted it expires after one lease duration.)
 
-mod clock;
+pub(crate) mod clock;
 mod object_watch;
 
 use std::fmt;

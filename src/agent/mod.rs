@@ -1,0 +1,362 @@
+//! `palisade agent`: holds palisade Leases for the containers of its pod, so that a
+//! program in any language gets fencing tokens and the client library's timing
+//! contract through a local HTTP API (`openapi.yaml`), without re-implementing it.
+//!
+//! - [`wire`]: the JSON of requests and errors, checked field by field.
+//! - [`session`]: sessions (one per application process) and their grants, each held
+//!   by a task that runs [`crate::client::LeaseClient::acquire`] and keeps the grant.
+//! - [`routes`]: the HTTP handlers.
+//! - [`token_files`]: the token files for shell-level programs.
+//!
+//! Why a session ends, and so lets go of its Leases: it missed its keepalive (the
+//! application is dead or hung), its event stream closed (the application's process
+//! died: the kernel closed its socket), or it was deleted. DESIGN.md, "The agent",
+//! has the reasoning and what an application must do in each case.
+
+mod metrics;
+pub mod routes;
+pub mod session;
+mod token_files;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use kube::Client;
+use tokio::time::sleep_until;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::metrics::AgentMetrics;
+use self::session::{GrantKey, Session, Slot, hold};
+use self::token_files::TokenFiles;
+use self::wire::{AcquireRequest, ApiError, SessionRequest};
+use crate::client::{Error as ClientError, LeaseClient, default_identity};
+use crate::error::ApiErrorKind;
+use crate::telemetry::{self, Readiness};
+
+/// The socket's default path: in an `emptyDir` mounted at `/run/palisade` in every
+/// container of the pod.
+pub const DEFAULT_SOCKET: &str = "/run/palisade/agent.sock";
+pub const DEFAULT_TOKEN_DIR: &str = "/run/palisade/leases";
+
+/// How long the agent's shutdown waits for its releases to finish.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(12);
+
+pub struct AgentConfig {
+    /// The Lease namespace when a request names none.
+    pub namespace: String,
+    pub socket: PathBuf,
+    /// A loopback address to listen on too; anything else is refused.
+    pub listen: Option<SocketAddr>,
+    pub token_dir: Option<PathBuf>,
+    pub admin_addr: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(
+        "--listen {0}: the agent listens on loopback addresses only (127.0.0.1, ::1): its API has no authentication beyond the pod boundary"
+    )]
+    NotLoopback(SocketAddr),
+    #[error("socket {path}: another agent is listening on it")]
+    SocketInUse { path: PathBuf },
+    #[error("socket {path}: {source}")]
+    Socket { path: PathBuf, source: io::Error },
+    #[error("--listen {addr}: {source}")]
+    Listen { addr: SocketAddr, source: io::Error },
+    #[error("token directory: {0}")]
+    TokenDir(io::Error),
+}
+
+/// The agent's state, shared by its handlers and tasks.
+pub struct Agent {
+    kube: Client,
+    default_namespace: String,
+    clients: Mutex<HashMap<String, LeaseClient>>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    token_files: Arc<TokenFiles>,
+    metrics: Arc<AgentMetrics>,
+    /// The grant holders, so that shutdown can wait for their releases.
+    holders: TaskTracker,
+}
+
+impl Agent {
+    fn leases(&self, namespace: &str) -> LeaseClient {
+        let mut clients = self.clients.lock().unwrap();
+        clients
+            .entry(namespace.to_string())
+            .or_insert_with(|| LeaseClient::new(self.kube.clone(), namespace))
+            .clone()
+    }
+
+    pub fn start_session(self: &Arc<Self>, request: SessionRequest) -> Arc<Session> {
+        let session = Arc::new(Session::new(new_id(), request.name, request.keepalive));
+        self.sessions
+            .lock()
+            .unwrap()
+            .insert(session.id.clone(), session.clone());
+        self.metrics.sessions.inc();
+        let (agent, watched) = (self.clone(), session.clone());
+        tokio::spawn(async move {
+            // Ends the session once it has gone a whole keepalive without a request.
+            loop {
+                tokio::select! {
+                    () = watched.ended.cancelled() => return,
+                    () = sleep_until(watched.expires_at()) => {}
+                }
+                if watched.time_left().is_zero() {
+                    agent.end_session(&watched, "keepalive missed").await;
+                    return;
+                }
+            }
+        });
+        session
+    }
+
+    /// The session named by a request, which counts as its keepalive.
+    pub fn session(&self, id: &str) -> Result<Arc<Session>, ApiError> {
+        let session = self.sessions.lock().unwrap().get(id).cloned();
+        let session = session.ok_or_else(|| ApiError::unknown_session(id))?;
+        session.seen();
+        Ok(session)
+    }
+
+    /// Ends a session: lets go of all its grants, and waits (bounded) until they are released.
+    pub async fn end_session(&self, session: &Session, why: &str) {
+        if self.sessions.lock().unwrap().remove(&session.id).is_none() {
+            return;
+        }
+        tracing::info!(session = %session.id, name = ?session.name, why, "session ended");
+        self.metrics.sessions.dec();
+        session.ended.cancel();
+        let releases = session.grants().into_iter().map(|slot| async move {
+            let mut phase = slot.phase();
+            let _ = phase.wait_for(|p| !p.is_live()).await;
+        });
+        let _ = tokio::time::timeout(SHUTDOWN_LIMIT, futures::future::join_all(releases)).await;
+    }
+
+    /// Starts holding a grant for `session`; the slot's phase tells how it goes.
+    pub async fn acquire(
+        &self,
+        session: &Session,
+        request: AcquireRequest,
+    ) -> Result<Arc<Slot>, ApiError> {
+        let namespace = request
+            .namespace
+            .clone()
+            .unwrap_or_else(|| self.default_namespace.clone());
+        let key = GrantKey {
+            namespace: namespace.clone(),
+            name: request.name.clone(),
+        };
+        let leases = self.leases(&namespace);
+        let identity = request
+            .holder_identity
+            .clone()
+            .unwrap_or_else(default_identity);
+        let slot = session.insert(key, identity).map_err(|existing| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "already_acquired",
+                format!(
+                    "session {} {} Lease {namespace}/{} already; release it first",
+                    session.id,
+                    if existing.phase().borrow().is_waiting() {
+                        "waits for"
+                    } else {
+                        "holds"
+                    },
+                    request.name
+                ),
+            )
+        })?;
+        if let Err(e) = leases
+            .ensure_lease(&request.name, request.duration_secs)
+            .await
+        {
+            slot.release.cancel();
+            session.forget(&slot.key);
+            return Err(kubernetes_error(&e, &namespace));
+        }
+        self.holders.spawn(hold(
+            leases,
+            request,
+            slot.clone(),
+            self.token_files.clone(),
+            self.metrics.clone(),
+        ));
+        Ok(slot)
+    }
+
+    /// Ends every session (the agent is stopping) and lets the claims' deletions finish.
+    async fn shut_down(&self) {
+        let sessions: Vec<_> = self.sessions.lock().unwrap().values().cloned().collect();
+        let ends = sessions
+            .iter()
+            .map(|s| self.end_session(s, "agent stopping"));
+        futures::future::join_all(ends).await;
+        self.holders.close();
+        let _ = tokio::time::timeout(SHUTDOWN_LIMIT, self.holders.wait()).await;
+        let clients: Vec<_> = self.clients.lock().unwrap().values().cloned().collect();
+        for client in clients {
+            client.flush(SHUTDOWN_LIMIT).await;
+        }
+    }
+}
+
+/// An API server error of an acquire's Lease creation, as an answer.
+fn kubernetes_error(error: &ClientError, namespace: &str) -> ApiError {
+    match error.api_kind() {
+        Some(ApiErrorKind::Forbidden) => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "the agent may not create or read Leases in namespace {namespace} (bind its service account to the chart's client ClusterRole there): {error}"
+            ),
+        ),
+        Some(ApiErrorKind::NotFound) => ApiError {
+            field: Some("namespace".into()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!(
+                    "namespace {namespace} does not exist, or the palisade CRDs are not installed in this cluster: {error}"
+                ),
+            )
+        },
+        Some(ApiErrorKind::Invalid) => ApiError::field(
+            "invalid_field",
+            "name",
+            format!("the API server refused the Lease: {error}"),
+        ),
+        _ => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "kubernetes_unavailable",
+            format!("the Kubernetes API could not be reached in time: {error}"),
+        ),
+    }
+}
+
+/// A session id: 128 random bits from the kernel. Ids need not be secret (whoever
+/// can reach the socket is inside the pod), only unique; the kernel's generator
+/// makes that so without another dependency.
+fn new_id() -> String {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("/dev/urandom is readable");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs the agent until `shutdown`, then releases every grant and returns.
+pub async fn run(
+    kube: Client,
+    config: AgentConfig,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    if let Some(addr) = config.listen
+        && !addr.ip().is_loopback()
+    {
+        return Err(StartError::NotLoopback(addr));
+    }
+    let unix = bind_socket(&config.socket).await?;
+    let tcp = match config.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    let token_files = TokenFiles::new(config.token_dir.clone()).map_err(StartError::TokenDir)?;
+    let agent = Arc::new(Agent {
+        kube,
+        default_namespace: config.namespace.clone(),
+        clients: Mutex::default(),
+        sessions: Mutex::default(),
+        token_files: Arc::new(token_files),
+        metrics: Arc::new(AgentMetrics::default()),
+        holders: TaskTracker::new(),
+    });
+    let ready = Readiness::default();
+    let metrics_text = {
+        let metrics = agent.metrics.clone();
+        Arc::new(move || telemetry::encode(&metrics.registry))
+    };
+    let admin_stop = CancellationToken::new();
+    let admin = tokio::spawn(telemetry::serve_admin(
+        config.admin_addr,
+        metrics_text,
+        ready.clone(),
+        admin_stop.clone(),
+    ));
+
+    let app = routes::router(agent.clone());
+    let stop_serving = CancellationToken::new();
+    let serve_unix = {
+        let stop = stop_serving.clone();
+        tokio::spawn(
+            axum::serve(unix, app.clone())
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .into_future(),
+        )
+    };
+    let serve_tcp = tcp.map(|tcp| {
+        let stop = stop_serving.clone();
+        tokio::spawn(
+            axum::serve(tcp, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .into_future(),
+        )
+    });
+    tracing::info!(socket = %config.socket.display(), listen = ?config.listen, namespace = %config.namespace, "agent listening");
+    ready.set(true);
+
+    shutdown.cancelled().await;
+    ready.set(false);
+    tracing::info!("agent stopping: releasing every grant");
+    agent.shut_down().await;
+    // Open connections (event streams) would keep a graceful shutdown waiting.
+    serve_unix.abort();
+    if let Some(serve_tcp) = serve_tcp {
+        serve_tcp.abort();
+    }
+    stop_serving.cancel();
+    let _ = std::fs::remove_file(&config.socket);
+    admin_stop.cancel();
+    let _ = admin.await;
+    Ok(())
+}
+
+/// Binds the Unix socket, replacing a stale one a killed agent left (no one answers
+/// on it) but never one another agent is listening on.
+async fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, StartError> {
+    let failed = |source| StartError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+    }
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(StartError::SocketInUse {
+                path: path.to_path_buf(),
+            });
+        }
+        std::fs::remove_file(path).map_err(failed)?;
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(failed)?;
+    // Every container of the pod may connect, whatever its user: the pod is the boundary.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(failed)?;
+    Ok(listener)
+}

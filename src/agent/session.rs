@@ -1,0 +1,337 @@
+//! Sessions and their grants. A session is one application process; each of its
+//! grants is one [`crate::client`] acquire, held by a task of its own, whose phase the
+//! handlers read and wait on. The timing contract stays in the client library: this
+//! module only decides *when to let go* (the session ended) and reports what happened.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{broadcast, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::AgentMetrics;
+use super::token_files::TokenFiles;
+use super::wire::AcquireRequest;
+use crate::client::clock::BootInstant;
+use crate::client::{AcquireOptions, Error as ClientError, LeaseClient, LostReason, PodBinding};
+
+/// A grant's identity within its session.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GrantKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Where a grant is in its life. `Lost` and `Released` are final.
+#[derive(Debug, Clone)]
+pub enum Phase {
+    Waiting {
+        claim: Option<String>,
+    },
+    Held {
+        token: i64,
+        claim: String,
+        duration: Duration,
+        /// The client library's local deadline on `CLOCK_BOOTTIME`.
+        deadline: watch::Receiver<Duration>,
+    },
+    Lost {
+        token: Option<i64>,
+        claim: Option<String>,
+        reason: &'static str,
+        message: String,
+    },
+    Released {
+        token: Option<i64>,
+        claim: Option<String>,
+    },
+}
+
+impl Phase {
+    pub fn is_waiting(&self) -> bool {
+        matches!(self, Phase::Waiting { .. })
+    }
+
+    pub fn is_live(&self) -> bool {
+        matches!(self, Phase::Waiting { .. } | Phase::Held { .. })
+    }
+}
+
+/// The `Grant` of the OpenAPI document.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantView {
+    pub name: String,
+    pub namespace: String,
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<i64>,
+    pub valid_for_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    pub holder_identity: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_seconds: Option<u64>,
+}
+
+/// One grant of a session.
+pub struct Slot {
+    pub key: GrantKey,
+    pub identity: String,
+    phase: watch::Sender<Phase>,
+    /// Cancelled to let go: a release, or the end of the session.
+    pub release: CancellationToken,
+    events: broadcast::Sender<GrantView>,
+}
+
+impl Slot {
+    pub fn phase(&self) -> watch::Receiver<Phase> {
+        self.phase.subscribe()
+    }
+
+    fn set(&self, phase: Phase) {
+        self.phase.send_replace(phase);
+        // Nobody listening is fine: the stream is optional.
+        let _ = self.events.send(self.view(None));
+    }
+
+    /// The grant as the API shows it, on the clock now. `session_left` caps
+    /// `validForMs`: the session ends (and the grant with it) once that has passed
+    /// without a keepalive.
+    pub fn view(&self, session_left: Option<Duration>) -> GrantView {
+        let mut view = GrantView {
+            name: self.key.name.clone(),
+            namespace: self.key.namespace.clone(),
+            state: "waiting",
+            token: None,
+            valid_for_ms: 0,
+            lost_reason: None,
+            lost_message: None,
+            claim: None,
+            holder_identity: self.identity.clone(),
+            duration_seconds: None,
+        };
+        match &*self.phase.borrow() {
+            Phase::Waiting { claim } => view.claim = claim.clone(),
+            Phase::Held {
+                token,
+                claim,
+                duration,
+                deadline,
+            } => {
+                view.token = Some(*token);
+                view.claim = Some(claim.clone());
+                view.duration_seconds = Some(duration.as_secs());
+                let left = deadline
+                    .borrow()
+                    .saturating_sub(BootInstant::now().since_boot());
+                if left.is_zero() {
+                    // Past the local deadline: lost, even if the keeper has not run yet.
+                    view.state = "lost";
+                    view.lost_reason = Some(reason_code(LostReason::LocalDeadline));
+                    view.lost_message = Some(LostReason::LocalDeadline.to_string());
+                } else {
+                    view.state = "held";
+                    let left = session_left.map_or(left, |s| s.min(left));
+                    view.valid_for_ms = left.as_millis() as u64;
+                }
+            }
+            Phase::Lost {
+                token,
+                claim,
+                reason,
+                message,
+            } => {
+                view.state = "lost";
+                view.token = *token;
+                view.claim = claim.clone();
+                view.lost_reason = Some(reason);
+                view.lost_message = Some(message.clone());
+            }
+            Phase::Released { token, claim } => {
+                view.state = "released";
+                view.token = *token;
+                view.claim = claim.clone();
+            }
+        }
+        view
+    }
+}
+
+/// The `lostReason` codes of the API: the client library's reasons by name, and
+/// `AcquireFailed` for an acquire that failed before a grant.
+pub fn reason_code(reason: LostReason) -> &'static str {
+    match reason {
+        LostReason::Revoked => "Revoked",
+        LostReason::Expired => "Expired",
+        LostReason::Superseded => "Superseded",
+        LostReason::LeaseDeleted => "LeaseDeleted",
+        LostReason::ClaimDeleted => "ClaimDeleted",
+        LostReason::LocalDeadline => "LocalDeadline",
+    }
+}
+
+pub const ACQUIRE_FAILED: &str = "AcquireFailed";
+
+/// One application process's session.
+pub struct Session {
+    pub id: String,
+    pub name: Option<String>,
+    pub keepalive: Duration,
+    last_seen: Mutex<Instant>,
+    grants: Mutex<HashMap<GrantKey, Arc<Slot>>>,
+    pub events: broadcast::Sender<GrantView>,
+    /// Cancelled when the session ends, for whatever reason.
+    pub ended: CancellationToken,
+    /// Whether its event stream has been opened (there is one at most).
+    pub stream_opened: std::sync::atomic::AtomicBool,
+}
+
+impl Session {
+    pub fn new(id: String, name: Option<String>, keepalive: Duration) -> Self {
+        Self {
+            id,
+            name,
+            keepalive,
+            last_seen: Mutex::new(Instant::now()),
+            grants: Mutex::new(HashMap::new()),
+            events: broadcast::channel(256).0,
+            ended: CancellationToken::new(),
+            stream_opened: Default::default(),
+        }
+    }
+
+    /// A request named this session: it lives another `keepalive`.
+    pub fn seen(&self) {
+        *self.last_seen.lock().unwrap() = Instant::now();
+    }
+
+    /// When the session ends unless a request names it first.
+    pub fn expires_at(&self) -> Instant {
+        *self.last_seen.lock().unwrap() + self.keepalive
+    }
+
+    pub fn time_left(&self) -> Duration {
+        self.expires_at().saturating_duration_since(Instant::now())
+    }
+
+    pub fn grant(&self, key: &GrantKey) -> Option<Arc<Slot>> {
+        self.grants.lock().unwrap().get(key).cloned()
+    }
+
+    pub fn grants(&self) -> Vec<Arc<Slot>> {
+        let mut slots: Vec<_> = self.grants.lock().unwrap().values().cloned().collect();
+        slots.sort_by(|a, b| (&a.key.namespace, &a.key.name).cmp(&(&b.key.namespace, &b.key.name)));
+        slots
+    }
+
+    pub fn views(&self) -> Vec<GrantView> {
+        let left = self.time_left();
+        self.grants().iter().map(|s| s.view(Some(left))).collect()
+    }
+
+    /// Drops a slot that never started (its Lease could not be created).
+    pub fn forget(&self, key: &GrantKey) {
+        self.grants.lock().unwrap().remove(key);
+    }
+
+    /// A new slot for `key`, unless the session holds or waits for it already (then
+    /// that slot is returned as the error). A lost or released grant is replaced.
+    pub fn insert(&self, key: GrantKey, identity: String) -> Result<Arc<Slot>, Arc<Slot>> {
+        let mut grants = self.grants.lock().unwrap();
+        if let Some(existing) = grants.get(&key)
+            && existing.phase.borrow().is_live()
+        {
+            return Err(existing.clone());
+        }
+        let slot = Arc::new(Slot {
+            key: key.clone(),
+            identity,
+            phase: watch::channel(Phase::Waiting { claim: None }).0,
+            release: self.ended.child_token(),
+            events: self.events.clone(),
+        });
+        grants.insert(key, slot.clone());
+        Ok(slot)
+    }
+}
+
+/// Holds one grant from acquire to its end: the slot's phase follows it. Lets go
+/// (deleting the claim) when the slot's `release` is cancelled.
+pub async fn hold(
+    leases: LeaseClient,
+    request: AcquireRequest,
+    slot: Arc<Slot>,
+    token_files: Arc<TokenFiles>,
+    metrics: Arc<AgentMetrics>,
+) {
+    let options = AcquireOptions {
+        identity: Some(slot.identity.clone()),
+        pod: PodBinding::FromEnv,
+        timeout: None,
+    };
+    let acquired = tokio::select! {
+        acquired = leases.acquire(&request.name, options) => acquired,
+        // Dropping the acquire deletes its claim (tracked by the client's `flush`).
+        () = slot.release.cancelled() => {
+            slot.set(Phase::Released { token: None, claim: None });
+            return;
+        }
+    };
+    let grant = match acquired {
+        Ok(grant) => grant,
+        Err(e) => {
+            let (reason, token) = match &e {
+                ClientError::NotGranted { reason, .. } => (reason_code(*reason), None),
+                _ => (ACQUIRE_FAILED, None),
+            };
+            metrics.lost(reason);
+            slot.set(Phase::Lost {
+                token,
+                claim: None,
+                reason,
+                message: e.to_string(),
+            });
+            return;
+        }
+    };
+    let (token, claim) = (grant.token(), grant.claim_name().to_string());
+    token_files.write(&slot.key, token);
+    metrics.held.inc();
+    slot.set(Phase::Held {
+        token,
+        claim: claim.clone(),
+        duration: grant.lease_duration(),
+        deadline: grant.local_deadline(),
+    });
+    tokio::select! {
+        reason = grant.lost() => {
+            token_files.remove(&slot.key, token);
+            metrics.held.dec();
+            metrics.lost(reason_code(reason));
+            slot.set(Phase::Lost {
+                token: Some(token),
+                claim: Some(claim),
+                reason: reason_code(reason),
+                message: reason.to_string(),
+            });
+            // Dropping the grant deletes its claim.
+        }
+        () = slot.release.cancelled() => {
+            // The token file goes first: from here on nothing in the pod may use it.
+            token_files.remove(&slot.key, token);
+            metrics.held.dec();
+            if let Err(e) = grant.release().await {
+                tracing::warn!(lease = %slot.key.name, error = %e, "releasing: the claim's delete failed; it expires");
+            }
+            slot.set(Phase::Released { token: Some(token), claim: Some(claim) });
+        }
+    }
+}
