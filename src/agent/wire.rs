@@ -101,7 +101,7 @@ pub struct AcquireRequest {
 }
 
 pub fn session_request(headers: &HeaderMap, body: &[u8]) -> Result<SessionRequest, ApiError> {
-    let mut fields = FieldReader::new(headers, body, true)?;
+    let mut fields = FieldReader::new(headers, body, true, &["keepaliveMs", "name"])?;
     let keepalive_ms = fields.integer("keepaliveMs", MIN_KEEPALIVE_MS, MAX_KEEPALIVE_MS)?;
     let name = fields.string("name", MAX_SESSION_NAME_LEN)?;
     fields.finish()?;
@@ -112,7 +112,14 @@ pub fn session_request(headers: &HeaderMap, body: &[u8]) -> Result<SessionReques
 }
 
 pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireRequest, ApiError> {
-    let mut fields = FieldReader::new(headers, body, false)?;
+    let known = [
+        "name",
+        "namespace",
+        "durationSeconds",
+        "holderIdentity",
+        "waitMs",
+    ];
+    let mut fields = FieldReader::new(headers, body, false, &known)?;
     let name = fields.string("name", 63)?.ok_or_else(|| {
         ApiError::field(
             "missing_field",
@@ -204,7 +211,26 @@ struct FieldReader {
 }
 
 impl FieldReader {
-    fn new(headers: &HeaderMap, body: &[u8], empty_ok: bool) -> Result<Self, ApiError> {
+    /// Refuses fields other than `known` first: a misspelt field is the likely cause
+    /// of a missing one.
+    fn new(
+        headers: &HeaderMap,
+        body: &[u8],
+        empty_ok: bool,
+        known: &[&str],
+    ) -> Result<Self, ApiError> {
+        let reader = Self::parse(headers, body, empty_ok)?;
+        match reader.fields.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(field) => Err(ApiError::field(
+                "unknown_field",
+                field,
+                format!("unknown field {field:?} (known: {})", known.join(", ")),
+            )),
+            None => Ok(reader),
+        }
+    }
+
+    fn parse(headers: &HeaderMap, body: &[u8], empty_ok: bool) -> Result<Self, ApiError> {
         if let Some(kind) = headers.get(header::CONTENT_TYPE) {
             let kind = kind.to_str().unwrap_or("");
             let essence = kind.split(';').next().unwrap_or("").trim();
@@ -266,14 +292,8 @@ impl FieldReader {
     }
 
     fn finish(self) -> Result<(), ApiError> {
-        match self.fields.keys().next() {
-            None => Ok(()),
-            Some(field) => Err(ApiError::field(
-                "unknown_field",
-                field,
-                format!("unknown field {field:?}"),
-            )),
-        }
+        debug_assert!(self.fields.is_empty(), "every known field is read");
+        Ok(())
     }
 }
 

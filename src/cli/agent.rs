@@ -31,9 +31,12 @@ pub struct AgentArgs {
     /// Serve the API on this loopback TCP address too (e.g. 127.0.0.1:7800).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Where token files are written (<dir>/<namespace>/<lease>/token); "" for none.
+    /// Where token files are written (<dir>/<namespace>/<lease>/token).
     #[arg(long, default_value = DEFAULT_TOKEN_DIR)]
     pub token_dir: PathBuf,
+    /// Write no token files.
+    #[arg(long, conflicts_with = "token_dir")]
+    pub no_token_files: bool,
     /// Address of /healthz, /readyz and /metrics.
     #[arg(
         long,
@@ -66,7 +69,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
             namespace,
             socket: args.socket,
             listen: args.listen,
-            token_dir: (!args.token_dir.as_os_str().is_empty()).then_some(args.token_dir),
+            token_dir: (!args.no_token_files).then_some(args.token_dir),
             admin_addr: args.admin_addr,
         };
         let shutdown = CancellationToken::new();

@@ -53,7 +53,10 @@ impl Client {
 pub enum Said {
     Granted(u64),
     /// A write, and whether the fence admitted it.
-    Wrote { token: u64, admitted: bool },
+    Wrote {
+        token: u64,
+        admitted: bool,
+    },
     Lost(String),
     Released,
     Exited(Option<i32>),
@@ -126,13 +129,20 @@ impl Resource {
         }
     }
 
-    pub async fn granted(&self, holder: &str, since: Instant, limit: Duration) -> Result<(Instant, u64), String> {
+    pub async fn granted(
+        &self,
+        holder: &str,
+        since: Instant,
+        limit: Duration,
+    ) -> Result<(Instant, u64), String> {
         let e = self
             .wait_for(&format!("grant to {holder}"), since, limit, |e| {
                 e.holder == holder && matches!(e.said, Said::Granted(_))
             })
             .await?;
-        let Said::Granted(token) = e.said else { unreachable!() };
+        let Said::Granted(token) = e.said else {
+            unreachable!()
+        };
         Ok((e.at, token))
     }
 
@@ -140,7 +150,8 @@ impl Resource {
     pub fn writes(&self, holder: &str, since: Instant) -> (usize, usize) {
         let mut counts = (0, 0);
         for e in self.entries() {
-            if e.holder == holder && e.at >= since
+            if e.holder == holder
+                && e.at >= since
                 && let Said::Wrote { admitted, .. } = e.said
             {
                 if admitted {
@@ -256,7 +267,12 @@ impl Holder {
                 c
             }
         };
-        for var in ["POD_NAME", "POD_UID", "POD_NAMESPACE", "PALISADE_FENCING_TOKEN"] {
+        for var in [
+            "POD_NAME",
+            "POD_UID",
+            "POD_NAMESPACE",
+            "PALISADE_FENCING_TOKEN",
+        ] {
             command.env_remove(var);
         }
         if !client.through_agent()
@@ -346,7 +362,11 @@ fn parse_line(line: &str) -> Option<Said> {
 async fn wait_for_socket(socket: &std::path::Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while tokio::net::UnixStream::connect(socket).await.is_err() {
-        assert!(Instant::now() < deadline, "agent socket {} not up within 10 s", socket.display());
+        assert!(
+            Instant::now() < deadline,
+            "agent socket {} not up within 10 s",
+            socket.display()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -74,7 +74,10 @@ fn parse_args(raw: &[String]) -> Result<Args, String> {
             "--clients" => {
                 args.clients = value
                     .split(',')
-                    .map(|c| Client::parse(c).ok_or(format!("unknown client {c:?} (rust, lock, go, python)")))
+                    .map(|c| {
+                        Client::parse(c)
+                            .ok_or(format!("unknown client {c:?} (rust, lock, go, python)"))
+                    })
                     .collect::<Result<_, _>>()?
             }
             "--scenarios" => {
@@ -139,7 +142,10 @@ fn drivers_of(clients: &[Client]) -> Result<(Option<PathBuf>, Option<(PathBuf, P
     };
     for path in go.iter().chain(python.iter().flat_map(|(p, s)| [p, s])) {
         if !path.exists() {
-            return Err(format!("{} does not exist (build it with make conformance-drivers)", path.display()));
+            return Err(format!(
+                "{} does not exist (build it with make conformance-drivers)",
+                path.display()
+            ));
         }
     }
     Ok((go, python))
@@ -167,10 +173,18 @@ async fn run(args: Args) -> ExitCode {
         .find_map(|l| l.trim().strip_prefix("server: "))
         .expect("a server in the kubeconfig")
         .to_string();
-    let port: u16 = server.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port");
+    let port: u16 = server
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port");
     let proxy = proxy::Proxy::start(port).await.expect("a proxy");
     let kubeconfig = out.join("kubeconfig");
-    std::fs::write(&kubeconfig, admin.replace(&server, &format!("https://127.0.0.1:{}", proxy.port))).unwrap();
+    std::fs::write(
+        &kubeconfig,
+        admin.replace(&server, &format!("https://127.0.0.1:{}", proxy.port)),
+    )
+    .unwrap();
 
     let suite = Suite {
         setup: Setup {
@@ -188,7 +202,11 @@ async fn run(args: Args) -> ExitCode {
     };
     let mut table = format!(
         "| scenario | {} |\n|---|{}\n",
-        args.clients.iter().map(|c| c.name()).collect::<Vec<_>>().join(" | "),
+        args.clients
+            .iter()
+            .map(|c| c.name())
+            .collect::<Vec<_>>()
+            .join(" | "),
         "---|".repeat(args.clients.len())
     );
     let mut failures = Vec::new();
@@ -204,7 +222,12 @@ async fn run(args: Args) -> ExitCode {
                     format!("FAIL: {why}")
                 }
             };
-            println!("{:>7} {:<11} {:>5.1}s  {cell}", client.name(), scenario.name(), started.elapsed().as_secs_f64());
+            println!(
+                "{:>7} {:<11} {:>5.1}s  {cell}",
+                client.name(),
+                scenario.name(),
+                started.elapsed().as_secs_f64()
+            );
             row.push_str(&format!(" {cell} |"));
         }
         table.push_str(&row);
@@ -213,10 +236,17 @@ async fn run(args: Args) -> ExitCode {
     std::fs::write(out.join("results.md"), &table).expect("writing results.md");
     println!("\n{table}");
     if failures.is_empty() {
-        println!("conformance: every client passed every scenario ({})", out.join("results.md").display());
+        println!(
+            "conformance: every client passed every scenario ({})",
+            out.join("results.md").display()
+        );
         ExitCode::SUCCESS
     } else {
-        eprintln!("conformance: {} failed:\n  {}", failures.len(), failures.join("\n  "));
+        eprintln!(
+            "conformance: {} failed:\n  {}",
+            failures.len(),
+            failures.join("\n  ")
+        );
         ExitCode::FAILURE
     }
 }

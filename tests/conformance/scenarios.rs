@@ -93,7 +93,15 @@ impl Run<'_> {
     async fn spawn(&mut self) -> usize {
         let id = format!("{}-{}", self.lease, self.holders.len());
         let pod = self.suite.pod(&id).await;
-        let holder = Holder::spawn(&self.suite.setup, self.client, &self.lease, &id, Some(pod), &self.resource).await;
+        let holder = Holder::spawn(
+            &self.suite.setup,
+            self.client,
+            &self.lease,
+            &id,
+            Some(pod),
+            &self.resource,
+        )
+        .await;
         self.holders.push(holder);
         self.holders.len() - 1
     }
@@ -102,7 +110,12 @@ impl Run<'_> {
         self.holders[h].id.clone()
     }
 
-    async fn granted(&self, h: usize, since: Instant, limit: Duration) -> Result<(Instant, u64), String> {
+    async fn granted(
+        &self,
+        h: usize,
+        since: Instant,
+        limit: Duration,
+    ) -> Result<(Instant, u64), String> {
         self.resource.granted(&self.id(h), since, limit).await
     }
 
@@ -111,7 +124,10 @@ impl Run<'_> {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.resource.writes(&self.id(h), since).0 < n {
             if Instant::now() > deadline {
-                return Err(format!("{} made fewer than {n} admitted writes in 5 s", self.id(h)));
+                return Err(format!(
+                    "{} made fewer than {n} admitted writes in 5 s",
+                    self.id(h)
+                ));
             }
             sleep(Duration::from_millis(10)).await;
         }
@@ -119,7 +135,12 @@ impl Run<'_> {
     }
 
     /// The holder was told it lost the grant: a `lost` line, or `palisade lock`'s exit 75.
-    async fn told_lost(&self, h: usize, since: Instant, limit: Duration) -> Result<(Instant, String), String> {
+    async fn told_lost(
+        &self,
+        h: usize,
+        since: Instant,
+        limit: Duration,
+    ) -> Result<(Instant, String), String> {
         let id = self.id(h);
         let e = self
             .resource
@@ -147,9 +168,16 @@ impl Run<'_> {
     fn no_stale_write_admitted(&self) -> Result<(), String> {
         let mut highest = 0;
         for e in self.resource.entries() {
-            if let Said::Wrote { token, admitted: true } = e.said {
+            if let Said::Wrote {
+                token,
+                admitted: true,
+            } = e.said
+            {
                 if token < highest {
-                    return Err(format!("{} had a write with token {token} admitted after token {highest}", e.holder));
+                    return Err(format!(
+                        "{} had a write with token {token} admitted after token {highest}",
+                        e.holder
+                    ));
                 }
                 highest = token;
             }
@@ -172,15 +200,22 @@ async fn exclusion(run: &mut Run<'_>) -> Result<String, String> {
     let mut tokens = Vec::new();
     let mut since = start;
     for _ in 0..4 {
-        let live: Vec<String> = (0..run.holders.len()).filter(|h| !run.holders[*h].done).map(|h| run.id(h)).collect();
+        let live: Vec<String> = (0..run.holders.len())
+            .filter(|h| !run.holders[*h].done)
+            .map(|h| run.id(h))
+            .collect();
         let e = run
             .resource
             .wait_for("the next grant", since, limit, |e| {
                 live.contains(&e.holder) && matches!(e.said, Said::Granted(_))
             })
             .await?;
-        let Said::Granted(token) = e.said else { unreachable!() };
-        let h = (0..run.holders.len()).find(|h| run.id(*h) == e.holder).unwrap();
+        let Said::Granted(token) = e.said else {
+            unreachable!()
+        };
+        let h = (0..run.holders.len())
+            .find(|h| run.id(*h) == e.holder)
+            .unwrap();
         tokens.push(token);
         run.admitted_writes(h, 3, e.at).await?;
         since = Instant::now();
@@ -195,12 +230,18 @@ async fn exclusion(run: &mut Run<'_>) -> Result<String, String> {
     if !tokens.windows(2).all(|w| w[0] < w[1]) {
         return Err(format!("tokens not strictly increasing: {tokens:?}"));
     }
-    let refused: usize = (0..run.holders.len()).map(|h| run.resource.writes(&run.id(h), start).1).sum();
-    let admitted: usize = (0..run.holders.len()).map(|h| run.resource.writes(&run.id(h), start).0).sum();
+    let refused: usize = (0..run.holders.len())
+        .map(|h| run.resource.writes(&run.id(h), start).1)
+        .sum();
+    let admitted: usize = (0..run.holders.len())
+        .map(|h| run.resource.writes(&run.id(h), start).0)
+        .sum();
     if refused > 0 {
         return Err(format!("{refused} writes refused: two holders overlapped"));
     }
-    Ok(format!("4 grants, tokens increasing, {admitted} writes, 0 refused"))
+    Ok(format!(
+        "4 grants, tokens increasing, {admitted} writes, 0 refused"
+    ))
 }
 
 /// The holder is SIGKILLed; the next holder must not wait for the lease to expire.
@@ -225,7 +266,11 @@ async fn kill(run: &mut Run<'_>) -> Result<String, String> {
     }
     let handover = at_b - killed;
     if handover > run.duration() / 2 {
-        return Err(format!("next grant {} after SIGKILL: not well before the lease ({:?}) would expire", ms(handover), run.duration()));
+        return Err(format!(
+            "next grant {} after SIGKILL: not well before the lease ({:?}) would expire",
+            ms(handover),
+            run.duration()
+        ));
     }
     Ok(format!("next grant {} after SIGKILL ({how})", ms(handover)))
 }
@@ -244,11 +289,15 @@ async fn freeze(run: &mut Run<'_>) -> Result<String, String> {
     run.admitted_writes(b, 2, at_b).await?;
     let continued = Instant::now();
     run.holders[a].signal(libc::SIGCONT);
-    let (at_lost, reason) = run.told_lost(a, continued, run.duration() + Duration::from_secs(5)).await?;
+    let (at_lost, reason) = run
+        .told_lost(a, continued, run.duration() + Duration::from_secs(5))
+        .await?;
     sleep(Duration::from_millis(300)).await; // its last (stale) write
     let (admitted, refused) = run.resource.writes(&run.id(a), at_b);
     if token_b <= token_a || admitted > 0 {
-        return Err(format!("token {token_b} after {token_a}; {admitted} stale writes admitted"));
+        return Err(format!(
+            "token {token_b} after {token_a}; {admitted} stale writes admitted"
+        ));
     }
     let stale = if run.client == Client::Lock {
         // The watchdog SIGKILLed the command at the local deadline: it never wrote stale.
@@ -280,7 +329,11 @@ async fn agent_kill(run: &mut Run<'_>) -> Result<String, String> {
     let (at_lost, reason) = run.told_lost(a, killed, Duration::from_secs(5)).await?;
     let (at_b, token_b) = run.granted(b, killed, run.duration() * 3).await?;
     if at_lost >= at_b || token_b <= token_a {
-        return Err(format!("told lost {} after the kill, but the next grant came {} after it", ms(at_lost - killed), ms(at_b - killed)));
+        return Err(format!(
+            "told lost {} after the kill, but the next grant came {} after it",
+            ms(at_lost - killed),
+            ms(at_b - killed)
+        ));
     }
     Ok(format!(
         "told lost ({reason}) {} after SIGKILL; next grant {} after it (expiry)",
@@ -316,7 +369,10 @@ async fn outage(run: &mut Run<'_>) -> Result<String, String> {
                 ms(at_b.saturating_duration_since(healed))
             ))
         }
-        (Some((at_lost, reason)), None) => Err(format!("told lost ({reason}) {} into the outage, but no next grant", ms(at_lost - cut))),
+        (Some((at_lost, reason)), None) => Err(format!(
+            "told lost ({reason}) {} into the outage, but no next grant",
+            ms(at_lost - cut)
+        )),
         (lost, Some((at_b, _))) => Err(format!(
             "the next holder was granted {} after the cut while the holder was told {lost:?}",
             ms(at_b - cut)
@@ -336,10 +392,18 @@ async fn release(run: &mut Run<'_>) -> Result<String, String> {
     let (at_b, token_b) = run.granted(b, asked, run.duration()).await?;
     let code = run.holders[a].exited(Duration::from_secs(12)).await?;
     if code != Some(0) || token_b <= token_a {
-        return Err(format!("exit {code:?} on SIGTERM; token {token_b} after {token_a}"));
+        return Err(format!(
+            "exit {code:?} on SIGTERM; token {token_b} after {token_a}"
+        ));
     }
     if at_b - asked > run.duration() / 3 {
-        return Err(format!("next grant {} after SIGTERM: the release did not free the Lease", ms(at_b - asked)));
+        return Err(format!(
+            "next grant {} after SIGTERM: the release did not free the Lease",
+            ms(at_b - asked)
+        ));
     }
-    Ok(format!("exit 0; next grant {} after SIGTERM", ms(at_b - asked)))
+    Ok(format!(
+        "exit 0; next grant {} after SIGTERM",
+        ms(at_b - asked)
+    ))
 }

@@ -1,0 +1,540 @@
+//! `palisade agent` against the local control plane: its API over the Unix socket
+//! (spoken here as raw HTTP/1.1, as any client would), its sessions' ends, its
+//! token files, its shutdown, its metrics.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{ControllerProcess, TestNamespace, free_port, kubeconfig_path, setup};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+struct AgentProcess {
+    child: tokio::process::Child,
+    socket: PathBuf,
+    tokens: PathBuf,
+    admin_port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl AgentProcess {
+    async fn start(ns: &TestNamespace) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, tokens) = (dir.path().join("agent.sock"), dir.path().join("leases"));
+        let admin_port = free_port();
+        let child = tokio::process::Command::from(support::cli::palisade())
+            .args(["agent", "--namespace", &ns.name, "--socket"])
+            .arg(&socket)
+            .arg("--token-dir")
+            .arg(&tokens)
+            .arg("--admin-addr")
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .env("KUBECONFIG", kubeconfig_path())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawning palisade agent");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&socket).await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the agent's socket is not up in 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self {
+            child,
+            socket,
+            tokens,
+            admin_port,
+            _dir: dir,
+        }
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let body = body.map(|b| b.to_string());
+        request(
+            &self.socket,
+            method,
+            path,
+            body.as_deref(),
+            Some("application/json"),
+        )
+        .await
+    }
+
+    async fn session(&self, keepalive_ms: u64) -> String {
+        let (status, body) = self
+            .call(
+                "POST",
+                "/v1/sessions",
+                Some(json!({"keepaliveMs": keepalive_ms})),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    async fn acquire(&self, session: &str, lease: &str, wait_ms: u64) -> (u16, Value) {
+        self.call(
+            "POST",
+            &format!("/v1/sessions/{session}/leases"),
+            Some(json!({"name": lease, "durationSeconds": 6, "waitMs": wait_ms})),
+        )
+        .await
+    }
+
+    fn token_file(&self, ns: &str, lease: &str) -> PathBuf {
+        self.tokens.join(ns).join(lease).join("token")
+    }
+}
+
+/// One HTTP/1.1 request on its own connection; the status and the JSON body.
+async fn request(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    kind: Option<&str>,
+) -> (u16, Value) {
+    let mut stream = UnixStream::connect(socket)
+        .await
+        .expect("the agent's socket");
+    let body = body.unwrap_or("");
+    let kind = kind
+        .map(|k| format!("Content-Type: {k}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n{kind}Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(40), stream.read_to_string(&mut answer))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer within 40 s"))
+        .unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let json = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .filter(|b| !b.is_empty())
+        .map(|b| serde_json::from_str(b).unwrap_or(Value::String(b.to_string())))
+        .unwrap_or(Value::Null);
+    (status, json)
+}
+
+/// Keeps a session alive from a task, until dropped.
+struct Keepalive(tokio::task::JoinHandle<()>);
+
+impl Keepalive {
+    fn start(socket: &Path, session: &str, every: Duration) -> Self {
+        let (socket, path) = (
+            socket.to_path_buf(),
+            format!("/v1/sessions/{session}/keepalive"),
+        );
+        Keepalive(tokio::spawn(async move {
+            loop {
+                request(&socket, "POST", &path, None, None).await;
+                tokio::time::sleep(every).await;
+            }
+        }))
+    }
+}
+
+impl Drop for Keepalive {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_4xx_that_names_the_field() {
+    let ns = setup("agent-input").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let agent = AgentProcess::start(&ns).await;
+    let id = agent.session(10_000).await;
+    let leases = format!("/v1/sessions/{id}/leases");
+    let cases: Vec<(&str, Option<&str>, u16, &str, Option<&str>)> = vec![
+        (
+            r#"{"name": "Billing"}"#,
+            None,
+            400,
+            "invalid_field",
+            Some("name"),
+        ),
+        (
+            r#"{"name": "b", "durationSeconds": 0}"#,
+            None,
+            400,
+            "invalid_field",
+            Some("durationSeconds"),
+        ),
+        (
+            r#"{"name": "b", "durationSeconds": 86401}"#,
+            None,
+            400,
+            "invalid_field",
+            Some("durationSeconds"),
+        ),
+        (
+            r#"{"name": "b", "namespace": "No"}"#,
+            None,
+            400,
+            "invalid_field",
+            Some("namespace"),
+        ),
+        (
+            r#"{"name": "b", "waitMs": 30001}"#,
+            None,
+            400,
+            "invalid_field",
+            Some("waitMs"),
+        ),
+        (
+            r#"{"lease": "b"}"#,
+            None,
+            400,
+            "unknown_field",
+            Some("lease"),
+        ),
+        (r#"{}"#, None, 400, "missing_field", Some("name")),
+        (r#"{"name": "b""#, None, 400, "invalid_json", None),
+        (
+            r#"{"name": "b"}"#,
+            Some("text/plain"),
+            415,
+            "unsupported_media_type",
+            None,
+        ),
+    ];
+    for (body, kind, status, code, field) in cases {
+        let (got, answer) = request(
+            &agent.socket,
+            "POST",
+            &leases,
+            Some(body),
+            kind.or(Some("application/json")),
+        )
+        .await;
+        assert_eq!(
+            (got, answer["error"].as_str()),
+            (status, Some(code)),
+            "{body}: {answer}"
+        );
+        assert_eq!(answer["field"].as_str(), field, "{body}: {answer}");
+        assert!(
+            answer["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{answer}"
+        );
+    }
+
+    let (status, held) = agent.acquire(&id, "billing", 10_000).await;
+    assert_eq!(
+        (status, held["state"].as_str()),
+        (200, Some("held")),
+        "{held}"
+    );
+    let (status, again) = agent.acquire(&id, "billing", 0).await;
+    assert_eq!(
+        (status, again["error"].as_str()),
+        (409, Some("already_acquired")),
+        "{again}"
+    );
+
+    // A second session waits; its acquire answers 202 after its waitMs, not later.
+    let other = agent.session(10_000).await;
+    let started = Instant::now();
+    let (status, waiting) = agent.acquire(&other, "billing", 500).await;
+    assert_eq!(
+        (status, waiting["state"].as_str()),
+        (202, Some("waiting")),
+        "{waiting}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a 500 ms long poll took {:?}",
+        started.elapsed()
+    );
+    let (status, resumed) = agent
+        .call(
+            "GET",
+            &format!("/v1/sessions/{other}/leases/{}/billing?waitMs=300", ns.name),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, resumed["state"].as_str()),
+        (200, Some("waiting")),
+        "{resumed}"
+    );
+    let (status, e) = agent
+        .call(
+            "GET",
+            &format!(
+                "/v1/sessions/{other}/leases/{}/billing?waitMs=oops",
+                ns.name
+            ),
+            None,
+        )
+        .await;
+    assert_eq!((status, e["field"].as_str()), (400, Some("waitMs")), "{e}");
+
+    let (status, e) = agent
+        .call("GET", "/v1/sessions/nope/leases/x/y", None)
+        .await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (404, Some("unknown_session")),
+        "{e}"
+    );
+    let (status, e) = agent
+        .call(
+            "GET",
+            &format!("/v1/sessions/{id}/leases/{}/other", ns.name),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (404, Some("unknown_grant")),
+        "{e}"
+    );
+    let (status, e) = agent
+        .call("POST", "/v1/sessions", Some(json!({"keepaliveMs": 10})))
+        .await;
+    assert_eq!(
+        (status, e["field"].as_str()),
+        (400, Some("keepaliveMs")),
+        "{e}"
+    );
+    let (status, e) = agent
+        .call(
+            "POST",
+            &format!("/v1/sessions/{id}/leases"),
+            Some(json!({"name": "elsewhere", "namespace": "no-such-namespace-here"})),
+        )
+        .await;
+    assert_eq!(
+        (status, e["field"].as_str()),
+        (404, Some("namespace")),
+        "{e}"
+    );
+
+    // The document the clients are written against is served as it is in the repository.
+    let (status, doc) = request(&agent.socket, "GET", "/v1/openapi.yaml", None, None).await;
+    let file =
+        std::fs::read_to_string(support::repo_root().join("src/agent/openapi.yaml")).unwrap();
+    assert_eq!((status, doc.as_str()), (200, Some(file.as_str())));
+}
+
+#[tokio::test]
+async fn a_session_that_stops_its_keepalives_lets_go_and_its_token_file_goes() {
+    let ns = setup("agent-keepalive").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let agent = AgentProcess::start(&ns).await;
+    let hung = agent.session(1_000).await;
+    let (status, first) = agent.acquire(&hung, "cron", 10_000).await;
+    assert_eq!(status, 200, "{first}");
+    let file = agent.token_file(&ns.name, "cron");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        format!("{}\n", first["token"])
+    );
+    assert!(first["validForMs"].as_u64().unwrap() > 0, "{first}");
+
+    let waiter = agent.session(1_000).await;
+    let _alive = Keepalive::start(&agent.socket, &waiter, Duration::from_millis(300));
+    // The first session sends nothing more: like a hung or frozen application.
+    let (status, _) = agent.acquire(&waiter, "cron", 0).await;
+    assert_eq!(status, 202);
+    let asked = Instant::now();
+    let (_, second) = agent
+        .call(
+            "GET",
+            &format!("/v1/sessions/{waiter}/leases/{}/cron?waitMs=10000", ns.name),
+            None,
+        )
+        .await;
+    assert_eq!(second["state"], "held", "{second}");
+    assert!(
+        second["token"].as_i64() > first["token"].as_i64(),
+        "{first} then {second}"
+    );
+    // Well before the lease's 6 s: released when the keepalive (1 s) was missed.
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "granted after {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        format!("{}\n", second["token"])
+    );
+
+    let (status, gone) = agent
+        .call("GET", &format!("/v1/sessions/{hung}"), None)
+        .await;
+    assert_eq!(
+        (status, gone["error"].as_str()),
+        (404, Some("unknown_session")),
+        "{gone}"
+    );
+}
+
+#[tokio::test]
+async fn closing_the_event_stream_releases_at_once_and_the_stream_reports_changes() {
+    let ns = setup("agent-stream").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let agent = AgentProcess::start(&ns).await;
+    let app = agent.session(30_000).await;
+    let mut stream = UnixStream::connect(&agent.socket).await.unwrap();
+    stream
+        .write_all(
+            format!("GET /v1/sessions/{app}/events HTTP/1.1\r\nHost: agent\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut events = BufReader::new(stream);
+    let (status, held) = agent.acquire(&app, "stream", 10_000).await;
+    assert_eq!(status, 200, "{held}");
+    // `event: session` first, then the grant as it became held.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("\"state\":\"held\""))
+    {
+        assert!(Instant::now() < deadline, "no held event in 5 s: {seen:?}");
+        let mut line = String::new();
+        events.read_line(&mut line).await.unwrap();
+        seen.push(line);
+    }
+    let session_at = seen
+        .iter()
+        .position(|l| l.starts_with("event: session"))
+        .expect("a session event");
+    let grant_at = seen
+        .iter()
+        .position(|l| l.starts_with("event: grant"))
+        .expect("a grant event");
+    assert!(session_at < grant_at, "{seen:?}");
+    let (status, _) = agent
+        .call("GET", &format!("/v1/sessions/{app}/events"), None)
+        .await;
+    assert_eq!(status, 409, "one stream per session");
+
+    let waiter = agent.session(30_000).await;
+    assert_eq!(agent.acquire(&waiter, "stream", 0).await.0, 202);
+    let closed = Instant::now();
+    drop(events); // the application's process died: the kernel closes its socket
+    let (_, next) = agent
+        .call(
+            "GET",
+            &format!(
+                "/v1/sessions/{waiter}/leases/{}/stream?waitMs=10000",
+                ns.name
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(next["state"], "held", "{next}");
+    assert!(
+        closed.elapsed() < Duration::from_secs(2),
+        "granted {:?} after the stream closed",
+        closed.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn sigterm_releases_every_grant_and_removes_the_socket() {
+    let ns = setup("agent-sigterm").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let mut agent = AgentProcess::start(&ns).await;
+    let id = agent.session(30_000).await;
+    for lease in ["one", "two"] {
+        assert_eq!(agent.acquire(&id, lease, 10_000).await.0, 200);
+    }
+    let metrics = support::admin_get(agent.admin_port, "/metrics")
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "palisade_agent_grants_held 2"),
+        "{metrics}"
+    );
+
+    let pid = agent.child.id().unwrap() as i32;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = tokio::time::timeout(Duration::from_secs(15), agent.child.wait())
+        .await
+        .expect("exits within 15 s")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!agent.socket.exists(), "the socket is removed");
+    assert!(!agent.token_file(&ns.name, "one").exists());
+    let claims = support::claim_names(&ns).await;
+    assert!(claims.is_empty(), "claims left behind: {claims:?}");
+}
+
+#[tokio::test]
+async fn the_api_listens_on_loopback_only() {
+    let output = support::cli::palisade()
+        .args([
+            "agent",
+            "--namespace",
+            "x",
+            "--socket",
+            "/nonexistent/dir/agent.sock",
+            "--listen",
+            "0.0.0.0:7800",
+        ])
+        .env("KUBECONFIG", kubeconfig_path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("loopback"), "{stderr}");
+
+    let ns = setup("agent-tcp").await;
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let _agent = tokio::process::Command::from(support::cli::palisade())
+        .args([
+            "agent",
+            "--namespace",
+            &ns.name,
+            "--no-token-files",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--socket",
+        ])
+        .arg(dir.path().join("a.sock"))
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .env("KUBECONFIG", kubeconfig_path())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut tcp = loop {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("the TCP port is not up: {e}"),
+        }
+    };
+    tcp.write_all(
+        b"POST /v1/sessions HTTP/1.1\r\nHost: a\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+}

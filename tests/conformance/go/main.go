@@ -1,0 +1,132 @@
+// The Go conformance driver: the protocol of the agent's black-box conformance suite
+// (tests/conformance/), through the Go client's public API only.
+//
+//	palisade-conformance-go --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]
+//
+// The agent is at PALISADE_AGENT_SOCKET. stdout: `granted <token>`, then `write
+// <token>` every 100 ms; on a loss `lost <reason>`, one more `write <token>` (the
+// write in flight, which the fence must refuse) and exit 3; on a `release` line, stdin
+// EOF or SIGTERM the grant is released, `released`, exit 0. Diagnostics on stderr;
+// exit 1 when no grant could be had, 2 on bad arguments.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	palisade "github.com/palisade-dev/palisade/clients/go"
+)
+
+func main() {
+	lease := flag.String("lease", "", "the Lease to acquire (required)")
+	namespace := flag.String("namespace", "", "the Lease's namespace (default: the agent's)")
+	durationSeconds := flag.Int("duration-seconds", 0, "leaseDurationSeconds when the agent creates the Lease")
+	keepaliveMs := flag.Int("keepalive-ms", 0, "the session's keepalive in milliseconds")
+	flag.Parse()
+	if *lease == "" || flag.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "usage: palisade-conformance-go --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]")
+		os.Exit(2)
+	}
+	// os.Stdout is unbuffered: each line goes out as it is printed.
+	say := func(format string, args ...any) { fmt.Fprintf(os.Stdout, format+"\n", args...) }
+
+	// SIGTERM, a `release` line and stdin EOF all mean: release and exit.
+	quit := make(chan string, 2)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM)
+	go func() { <-sigs; quit <- "SIGTERM" }()
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if strings.TrimSpace(sc.Text()) == "release" {
+				quit <- "release"
+				return
+			}
+		}
+		quit <- "stdin EOF"
+	}()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	session, err := palisade.NewSession(ctx, palisade.SessionOptions{
+		Keepalive: time.Duration(*keepaliveMs) * time.Millisecond,
+		Name:      "conformance-go",
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "session:", err)
+		os.Exit(1)
+	}
+
+	// Acquire, waiting as long as it takes; asked to quit meanwhile, give up the wait.
+	type result struct {
+		g   *palisade.Grant
+		err error
+	}
+	acquired := make(chan result, 1)
+	go func() {
+		g, err := session.Acquire(ctx, *lease, &palisade.AcquireOptions{
+			Namespace: *namespace,
+			Duration:  time.Duration(*durationSeconds) * time.Second,
+		})
+		acquired <- result{g, err}
+	}()
+	var grant *palisade.Grant
+	select {
+	case r := <-acquired:
+		if r.err != nil {
+			fmt.Fprintln(os.Stderr, "acquire:", r.err)
+			os.Exit(1)
+		}
+		grant = r.g
+	case why := <-quit:
+		fmt.Fprintf(os.Stderr, "%s before the grant: the wait is given up\n", why)
+		cancel()
+		<-acquired
+		session.Close(context.Background())
+		say("released")
+		os.Exit(0)
+	}
+
+	token := grant.Token()
+	say("granted %d", token)
+	lost := func() {
+		say("lost %s", grant.LostReason())
+		say("write %d", token)
+		fmt.Fprintln(os.Stderr, grant.Err())
+		os.Exit(3)
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			// No validity check first: the suite's fence judges the write.
+			say("write %d", token)
+		case <-grant.Lost():
+			lost()
+		case why := <-quit:
+			fmt.Fprintf(os.Stderr, "%s: releasing\n", why)
+			rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err := grant.Release(rctx)
+			rcancel()
+			if errors.Is(err, palisade.ErrLost) {
+				lost()
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "release:", err)
+				os.Exit(1)
+			}
+			session.Close(context.Background())
+			say("released")
+			os.Exit(0)
+		}
+	}
+}
