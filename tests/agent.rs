@@ -158,7 +158,9 @@ async fn bad_input_gets_a_4xx_that_names_the_field() {
     let agent = AgentProcess::start(&ns).await;
     let id = agent.session(10_000).await;
     let leases = format!("/v1/sessions/{id}/leases");
-    let cases: Vec<(&str, Option<&str>, u16, &str, Option<&str>)> = vec![
+    // (body, content type, status, error code, field)
+    type Case<'a> = (&'a str, Option<&'a str>, u16, &'a str, Option<&'a str>);
+    let cases: Vec<Case> = vec![
         (
             r#"{"name": "Billing"}"#,
             None,
