@@ -13,7 +13,6 @@
 #[allow(dead_code)]
 #[path = "../chaos/proxy.rs"]
 mod proxy;
-#[allow(dead_code)]
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -120,7 +119,10 @@ fn main() -> ExitCode {
     runtime.block_on(run(args))
 }
 
-fn drivers_of(clients: &[Client]) -> Result<(Option<PathBuf>, Option<(PathBuf, PathBuf)>), String> {
+/// The Go driver, and the Python interpreter with the Python driver.
+type Drivers = (Option<PathBuf>, Option<(PathBuf, PathBuf)>);
+
+fn drivers_of(clients: &[Client]) -> Result<Drivers, String> {
     let go = match std::env::var("PALISADE_CONFORMANCE_GO") {
         Ok(path) => Some(PathBuf::from(path)),
         Err(_) if clients.contains(&Client::Go) => {
