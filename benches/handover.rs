@@ -21,6 +21,8 @@
 //! of `make cluster`. `make test` runs a smoke version (a few rounds, debug build)
 //! so this cannot rot.
 
+#[path = "common/cluster.rs"]
+mod cluster;
 #[path = "../tests/support/requests.rs"]
 mod requests;
 #[path = "common/schema.rs"]
@@ -31,23 +33,21 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
-use kube::{Client, Config, CustomResourceExt, ResourceExt};
-use palisade::api::{Lease, LeaseClaim};
+use kube::{Client, Config, ResourceExt};
+use palisade::api::LeaseClaim;
 use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
 use serde_json::json;
 
+use cluster::{WAIT_LIMIT, wait_waiting};
 use schema::{Figure, Latency, Source};
 
 /// The lease duration of the API-cost Lease, client-go's default.
 const STEADY_LEASE_SECS: i64 = 15;
 /// An idle rate of palisade.dev requests above this (req/s) means someone else uses the cluster.
 const NOT_IDLE: f64 = 1.0;
-/// The longest wait for a state the bench expects (every wait is bounded; `acquire` by its timeout).
-const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
 /// Handover latency and API cost of palisade (`make bench`; needs `make cluster`).
 #[derive(clap::Parser)]
@@ -94,51 +94,10 @@ fn args() -> Args {
 #[tokio::main]
 async fn main() {
     let args = args();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let kubeconfig = root.join("target/cluster/kubeconfig");
-    let kc = Kubeconfig::read_from(&kubeconfig)
-        .expect("no target/cluster/kubeconfig: run `make cluster` (make bench does)");
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    let client = palisade::kube_client::client(config.clone()).unwrap();
-    install_crds(&client).await;
+    let (kubeconfig, config, client) = cluster::connect().await;
     let ns = format!("bench-{}", std::process::id());
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    // The binary of the same profile: release under `cargo bench`, debug under the
-    // smoke run of `make test` (`cargo test --bench handover`).
-    let controller_bin = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
-    let admin_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut controller = tokio::process::Command::new(&controller_bin)
-        .args([
-            "controller",
-            "--namespace",
-            &ns,
-            "--leader-elect=false",
-            "--admin-addr",
-            &format!("127.0.0.1:{admin_port}"),
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "starting {}: {e} (make bench builds it)",
-                controller_bin.display()
-            )
-        });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster::create_namespace(&client, &ns).await;
+    let (mut controller, admin_port) = cluster::start_controller(&kubeconfig, &ns).await;
 
     let leases = LeaseClient::new(client.clone(), &ns);
     let started = Instant::now();
@@ -179,9 +138,7 @@ async fn main() {
     };
     let _ = controller.start_kill();
     let _ = controller.wait().await;
-    let _ = Api::<Namespace>::all(client.clone())
-        .delete(&ns, &DeleteParams::background())
-        .await;
+    cluster::delete_namespace(&client, &ns).await;
 
     let expiry_note = format!(
         "2 s lease duration; time from the grant observed + 2 s to the next holder's acquire returning, \
@@ -326,52 +283,11 @@ async fn main() {
     println!("\n{md}\n\nwrote {}", path.display());
 }
 
-async fn install_crds(client: &Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in [Lease::crd(), LeaseClaim::crd()] {
-        let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply("palisade-bench").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .unwrap();
-        kube::runtime::wait::await_condition(
-            crds.clone(),
-            &name,
-            kube::runtime::wait::conditions::is_crd_established(),
-        )
-        .await
-        .unwrap();
-    }
-}
-
 fn options(identity: &str, pod: PodBinding) -> AcquireOptions {
     AcquireOptions {
         identity: Some(identity.to_string()),
         pod,
         timeout: Some(Duration::from_secs(30)),
-    }
-}
-
-/// Waits until the Lease lists `n` waiting claims, so the next handover has someone to go to.
-async fn wait_waiting(leases: &LeaseClient, lease: &str, n: i64) {
-    let mut stream = watcher::watch_object(leases.leases().clone(), lease).boxed();
-    let seen = tokio::time::timeout(WAIT_LIMIT, async {
-        while let Some(Ok(Some(l))) = stream.next().await {
-            if l.status.as_ref().and_then(|s| s.waiting_count) == Some(n) {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    match seen {
-        Ok(true) => {}
-        Ok(false) => panic!("watch on {lease} ended"),
-        Err(_) => panic!("{lease} did not list {n} waiting claims within {WAIT_LIMIT:?}"),
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::agent_http::{self, request};
 use support::{ControllerProcess, TestNamespace, free_port, kubeconfig_path, setup};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
@@ -54,15 +55,7 @@ impl AgentProcess {
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let body = body.map(|b| b.to_string());
-        request(
-            &self.socket,
-            method,
-            path,
-            body.as_deref(),
-            Some("application/json"),
-        )
-        .await
+        agent_http::call(&self.socket, method, path, body).await
     }
 
     async fn session(&self, keepalive_ms: u64) -> String {
@@ -89,42 +82,6 @@ impl AgentProcess {
     fn token_file(&self, ns: &str, lease: &str) -> PathBuf {
         self.tokens.join(ns).join(lease).join("token")
     }
-}
-
-/// One HTTP/1.1 request on its own connection; the status and the JSON body.
-async fn request(
-    socket: &Path,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-    kind: Option<&str>,
-) -> (u16, Value) {
-    let mut stream = UnixStream::connect(socket)
-        .await
-        .expect("the agent's socket");
-    let body = body.unwrap_or("");
-    let kind = kind
-        .map(|k| format!("Content-Type: {k}\r\n"))
-        .unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n{kind}Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(body.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(40), stream.read_to_string(&mut answer))
-        .await
-        .unwrap_or_else(|_| panic!("{method} {path}: no answer within 40 s"))
-        .unwrap();
-    let status = answer[9..12].parse().unwrap();
-    let json = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .filter(|b| !b.is_empty())
-        .map(|b| serde_json::from_str(b).unwrap_or(Value::String(b.to_string())))
-        .unwrap_or(Value::Null);
-    (status, json)
 }
 
 /// Keeps a session alive from a task, until dropped.

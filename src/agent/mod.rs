@@ -96,7 +96,12 @@ impl Agent {
     }
 
     pub fn start_session(self: &Arc<Self>, request: SessionRequest) -> Arc<Session> {
-        let session = Arc::new(Session::new(new_id(), request.name, request.keepalive));
+        let session = Arc::new(Session::new(
+            new_id(),
+            self.default_namespace.clone(),
+            request.name,
+            request.keepalive,
+        ));
         self.sessions
             .lock()
             .unwrap()

@@ -83,6 +83,8 @@ async fn openapi() -> impl IntoResponse {
 #[serde(rename_all = "camelCase")]
 struct SessionView {
     id: String,
+    /// The agent's default namespace: that of the Leases acquired without one.
+    namespace: String,
     keepalive_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<String>,
@@ -92,6 +94,7 @@ struct SessionView {
 fn session_view(session: &Session) -> SessionView {
     SessionView {
         id: session.id.clone(),
+        namespace: session.namespace.clone(),
         keepalive_ms: session.keepalive.as_millis() as u64,
         name: session.name.clone(),
         grants: session.views(),
@@ -213,7 +216,7 @@ async fn acquire(
     } else {
         StatusCode::OK
     };
-    Ok(json(status, &slot.view(Some(session.time_left()))))
+    Ok(json(status, &slot.view()))
 }
 
 /// The slot's phase once it is no longer waiting, or after `wait`.
@@ -249,7 +252,7 @@ async fn get_grant(
         wait_while_waiting(&slot, wait).await;
         session.seen();
     }
-    Ok(json(StatusCode::OK, &slot.view(Some(session.time_left()))))
+    Ok(json(StatusCode::OK, &slot.view()))
 }
 
 async fn release(
@@ -258,7 +261,7 @@ async fn release(
 ) -> Result<Response, ApiError> {
     let session = agent.session(&id)?;
     let slot = grant_of(&session, namespace, name)?;
-    let view = slot.view(None);
+    let view = slot.view();
     if view.state == "lost" {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -281,5 +284,5 @@ async fn release(
             "the claim's deletion did not finish in time; the grant ends at its deadline",
         ));
     }
-    Ok(json(StatusCode::OK, &slot.view(None)))
+    Ok(json(StatusCode::OK, &slot.view()))
 }

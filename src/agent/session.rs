@@ -89,6 +89,9 @@ pub struct Slot {
     /// Cancelled to let go: a release, or the end of the session.
     pub release: CancellationToken,
     events: broadcast::Sender<GrantView>,
+    /// The session's end unless a request names it first (caps `validForMs`).
+    session_expiry: Arc<Mutex<Instant>>,
+    keepalive: Duration,
 }
 
 impl Slot {
@@ -99,13 +102,17 @@ impl Slot {
     fn set(&self, phase: Phase) {
         self.phase.send_replace(phase);
         // Nobody listening is fine: the stream is optional.
-        let _ = self.events.send(self.view(None));
+        let _ = self.events.send(self.view());
     }
 
-    /// The grant as the API shows it, on the clock now. `session_left` caps
-    /// `validForMs`: the session ends (and the grant with it) once that has passed
-    /// without a keepalive.
-    pub fn view(&self, session_left: Option<Duration>) -> GrantView {
+    /// The grant as the API shows it, on the clock now. `validForMs` is capped by the
+    /// session's end: it ends (and the grant with it) once that passes without a
+    /// keepalive.
+    pub fn view(&self) -> GrantView {
+        let session_left = Some(
+            (*self.session_expiry.lock().unwrap() + self.keepalive)
+                .saturating_duration_since(Instant::now()),
+        );
         let mut view = GrantView {
             name: self.key.name.clone(),
             namespace: self.key.namespace.clone(),
@@ -183,9 +190,11 @@ pub const ACQUIRE_FAILED: &str = "AcquireFailed";
 /// One application process's session.
 pub struct Session {
     pub id: String,
+    /// The agent's default namespace.
+    pub namespace: String,
     pub name: Option<String>,
     pub keepalive: Duration,
-    last_seen: Mutex<Instant>,
+    last_seen: Arc<Mutex<Instant>>,
     grants: Mutex<HashMap<GrantKey, Arc<Slot>>>,
     pub events: broadcast::Sender<GrantView>,
     /// Cancelled when the session ends, for whatever reason.
@@ -195,12 +204,13 @@ pub struct Session {
 }
 
 impl Session {
-    pub fn new(id: String, name: Option<String>, keepalive: Duration) -> Self {
+    pub fn new(id: String, namespace: String, name: Option<String>, keepalive: Duration) -> Self {
         Self {
             id,
+            namespace,
             name,
             keepalive,
-            last_seen: Mutex::new(Instant::now()),
+            last_seen: Arc::new(Mutex::new(Instant::now())),
             grants: Mutex::new(HashMap::new()),
             events: broadcast::channel(256).0,
             ended: CancellationToken::new(),
@@ -233,8 +243,7 @@ impl Session {
     }
 
     pub fn views(&self) -> Vec<GrantView> {
-        let left = self.time_left();
-        self.grants().iter().map(|s| s.view(Some(left))).collect()
+        self.grants().iter().map(|s| s.view()).collect()
     }
 
     /// Drops a slot that never started (its Lease could not be created).
@@ -257,6 +266,8 @@ impl Session {
             phase: watch::channel(Phase::Waiting { claim: None }).0,
             release: self.ended.child_token(),
             events: self.events.clone(),
+            session_expiry: self.last_seen.clone(),
+            keepalive: self.keepalive,
         });
         grants.insert(key, slot.clone());
         Ok(slot)

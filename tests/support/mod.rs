@@ -27,6 +27,7 @@ use kube::{Api, Client, Config};
 
 pub mod accounts;
 pub mod admission;
+pub mod agent_http;
 pub mod blackhole;
 pub mod claims;
 pub mod cli;

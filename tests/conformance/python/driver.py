@@ -48,25 +48,24 @@ def main() -> int:
     state = {"granted": False, "interrupted": False}
     main_thread = threading.get_ident()
 
-    def on_term(signum, frame):
+    def on_term(signum: int, frame: object) -> None:
         stop.set()
         # Until the grant, the main thread waits inside acquire: stop it there (once).
         if not state["granted"] and not state["interrupted"]:
             state["interrupted"] = True
             raise Stop()
 
-    def watch_stdin():
+    def watch_stdin() -> None:
         for line in sys.stdin:
             if line.strip() == "release":
                 break
         # A directed signal wakes the main thread out of a blocking socket read.
         signal.pthread_kill(main_thread, signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, on_term)
-    threading.Thread(target=watch_stdin, name="stdin", daemon=True).start()
-
     session = None
     try:
+        signal.signal(signal.SIGTERM, on_term)
+        threading.Thread(target=watch_stdin, name="stdin", daemon=True).start()
         session = palisade.Session(keepalive_ms=args.keepalive_ms, name="conformance-python")
         grant = session.acquire(
             args.lease, namespace=args.namespace, duration_seconds=args.duration_seconds

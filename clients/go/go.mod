@@ -1,0 +1,3 @@
+module github.com/palisade-dev/palisade/clients/go
+
+go 1.22

@@ -1,0 +1,54 @@
+# The Go client (clients/go), its conformance driver (tests/conformance/go) and the Go
+# example (examples/go-leader-redis). Included by the Makefile.
+#
+#   make go-client-check        go vet of the three modules, and the tests that need no agent
+#   make go-client-test         every test of the client, the TestAgent* ones against the agent
+#                               at PALISADE_AGENT_SOCKET (which they need)
+#   make conformance-go-driver  target/clients/palisade-conformance-go
+#   make example-go-image       $(IMAGE_DIR)/go-leader-redis.tar, imported into the node when it runs
+#   make example-go-check       the example on the node: deploy, fail the leader over, check Redis
+
+.PHONY: go-client-check go-client-test conformance-go-driver example-go-image example-go-check
+
+GO_CLIENT_DIR := clients/go
+GO_DRIVER_DIR := tests/conformance/go
+GO_EXAMPLE_DIR := examples/go-leader-redis
+GO_CLIENT_SRCS := $(shell find $(GO_CLIENT_DIR) -name '*.go' -o -name '*.lua' -o -name go.mod)
+GO_STATIC_BUILD := CGO_ENABLED=0 go build -trimpath -ldflags "-s -w"
+GO_DRIVER_BIN := target/clients/palisade-conformance-go
+EXAMPLE_GO_IMAGE := palisade.local/go-leader-redis:1
+
+# Unit tests only: the TestAgent* tests need a running agent.
+go-client-check:
+	cd $(GO_CLIENT_DIR) && go vet ./... && go test -skip '^TestAgent' ./...
+	cd $(GO_DRIVER_DIR) && go vet ./...
+	cd $(GO_EXAMPLE_DIR) && go vet ./...
+
+go-client-test:
+	@[ -n "$${PALISADE_AGENT_SOCKET:-}" ] || { echo "go-client-test: set PALISADE_AGENT_SOCKET to a running palisade agent's socket" >&2; exit 1; }
+	cd $(GO_CLIENT_DIR) && go vet ./... && go test -count=1 ./...
+
+conformance-go-driver: $(GO_DRIVER_BIN)
+
+$(GO_DRIVER_BIN): $(GO_CLIENT_SRCS) $(wildcard $(GO_DRIVER_DIR)/*.go $(GO_DRIVER_DIR)/go.mod)
+	@mkdir -p $(@D)
+	cd $(GO_DRIVER_DIR) && go build -o $(CURDIR)/$@ .
+
+# A static binary alone in its image: nothing else runs in it.
+example-go-image: $(IMAGE_DIR)/go-leader-redis.tar
+	@if BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh status 2>/dev/null; then \
+		BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh import $<; \
+	else echo "example-go-image: no node running; make cluster imports $(IMAGE_DIR)/*.tar when it starts"; fi
+
+$(IMAGE_DIR)/go-leader-redis.tar: $(GO_CLIENT_SRCS) $(wildcard $(GO_EXAMPLE_DIR)/*.go $(GO_EXAMPLE_DIR)/go.mod $(GO_EXAMPLE_DIR)/go.sum) \
+		tests/controlplane/images/docker-archive.sh
+	@rm -rf $@.root && mkdir -p $@.root
+	cd $(GO_EXAMPLE_DIR) && $(GO_STATIC_BUILD) -o $@.root/go-leader-redis .
+	tests/controlplane/images/docker-archive.sh $@ $(EXAMPLE_GO_IMAGE) $@.root \
+		'{"User":"65532:65532","Entrypoint":["/go-leader-redis"]}'
+	@rm -rf $@.root
+
+# The palisade image (image-local) brings the agent.
+example-go-check: cluster databases image-local example-go-image
+	KUBECONFIG=$(KUBECONFIG_TEST) KUBECTL=$(PALISADE_BIN_DIR)/kubectl HELM=$(PALISADE_BIN_DIR)/helm \
+		PALISADE_IMAGE=$(IMAGE) REDIS_PORT=$(REDIS_PORT) $(GO_EXAMPLE_DIR)/check.sh
