@@ -18,6 +18,9 @@
 #   make chart-lint     helm lint --strict of charts/palisade
 #   make image          build the container image (needs a Docker engine)
 #   make image-local    the same image (and the example-workload image) without a daemon
+#   make conformance    every way to hold a Lease through one black-box suite (tests/conformance/)
+#   make go-client-check, python-client-check   the thin clients' tests that need no agent
+#   make example-go-check, example-python-check the examples/ that use them, as pods on the node
 #
 # Control-plane binaries are built from Go modules under tests/controlplane/ and
 # cached outside target/ (CACHE_DIR), keyed by version, so `cargo clean` keeps them.
@@ -54,6 +57,10 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION)
 CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kubectl \
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
+# --- the agent's thin clients and their examples ----------------------------------
+# clients/go and examples/go-leader-redis; clients/python and examples/python-worker-postgres.
+include mk/go.mk mk/python.mk
+
 # --- the node (NODE=0: control plane only) ---------------------------------------
 export NODE ?= 1
 IMAGE_DIR := $(CURDIR)/target/images
@@ -65,7 +72,8 @@ endif
 
 .PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test check crds cluster cluster-down cluster-status \
-	controlplane-bins node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image
+	controlplane-bins node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
+	conformance
 
 all: build
 
@@ -225,16 +233,30 @@ unit-test:
 	cargo test --locked --lib --bins --test grant_model
 	cargo test --locked --doc
 
-# The whole suite: integration tests (tests/*.rs) use the cluster `make cluster` starts.
-test: cluster databases $(if $(filter 1,$(NODE)),image-local)
+# The conformance suite's drivers: the Go client's, and the venv the Python one runs in
+# (the Rust library's and palisade lock's are built by cargo).
+CONFORMANCE_ENV = PALISADE_CONFORMANCE_GO=$(CURDIR)/$(GO_DRIVER_BIN) \
+	PALISADE_CONFORMANCE_PYTHON="$(PYTHON_CONFORMANCE_DRIVER)"
+CONFORMANCE_ARGS ?=
+conformance: cluster conformance-go-driver python-venv
+	$(CONFORMANCE_ENV) cargo test --locked --test conformance -- $(CONFORMANCE_ARGS)
+
+# The whole suite: integration tests (tests/*.rs) use the cluster `make cluster` starts;
+# then the examples of the thin clients run as pods on the node.
+test: cluster databases conformance-go-driver python-venv go-client-check python-client-check \
+		$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image)
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
 		--steady 1 --warmup 0 --baseline 1 --out target/bench-smoke
 	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
 	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
+	cargo test --locked --bench agent -- --rounds 4 --leases 3 --steady 2 --out target/bench-smoke
 	cargo test --locked --bench report -- --dir target/bench-smoke --smoke
-	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
+	$(CONFORMANCE_ENV) PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
+ifeq ($(NODE),1)
+	$(MAKE) --no-print-directory example-go-check example-python-check
+endif
 
 # Benchmark figures (programs that print figures, not tests), in one run on the local
 # control plane. Each part writes BENCH_DIR/<source>.json in the schema of
@@ -251,7 +273,7 @@ RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
 bench: cluster databases
 	@rm -f $(BENCH_DIR)/*.json $(BENCH_DIR)/results.md $(BENCH_DIR)/*.png
 	@mkdir -p $(BENCH_DIR)
-	cargo bench --locked --no-run --bench handover --bench report
+	cargo bench --locked --no-run --bench handover --bench agent --bench report
 	@failed=""; SECONDS=0; \
 	cargo bench --locked --bench handover -- --out $(BENCH_DIR) $(BENCH_ARGS) || failed="$$failed handover"; \
 	echo "make bench: palisade handover done at $$SECONDS s"; \
@@ -263,6 +285,8 @@ bench: cluster databases
 	echo "make bench: scale done at $$SECONDS s"; \
 	cargo bench --locked --bench fence_db -- --out $(BENCH_DIR) $(FENCE_DB_ARGS) || failed="$$failed fence-db"; \
 	echo "make bench: fencing in PostgreSQL and Redis done at $$SECONDS s"; \
+	cargo bench --locked --bench agent -- --out $(BENCH_DIR) $(AGENT_BENCH_ARGS) || failed="$$failed agent"; \
+	echo "make bench: the agent against the library done at $$SECONDS s"; \
 	cargo bench --locked --bench report -- --dir $(BENCH_DIR) || failed="$$failed report"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 

@@ -28,7 +28,13 @@ use serde_json::json;
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 const OUTPUTS: [&str; 3] = ["results.json", "results.md", "handover-latency.png"];
 /// The sources `make bench` is meant to produce; a missing one is named in the report.
-const EXPECTED: [&str; 4] = ["palisade-handover", "clientgo", "rust-peers", "scale"];
+const EXPECTED: [&str; 5] = [
+    "palisade-handover",
+    "palisade-agent",
+    "clientgo",
+    "rust-peers",
+    "scale",
+];
 
 /// Merges the outputs of one `make bench` run into results.json, results.md and the chart.
 #[derive(clap::Parser)]
@@ -348,6 +354,7 @@ fn targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
         },
     );
     out.push(api_target(figures));
+    out.extend(agent_targets(latency, figures));
     let t = "< 64 MiB RSS at 10,000 leases";
     out.push(
         match figures
@@ -370,6 +377,66 @@ fn targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
         },
     );
     out
+}
+
+/// The agent's budgets: its release handover against the library's in the same run,
+/// its memory and its API requests per held grant against the library's.
+fn agent_targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
+    let release = |config: &str| {
+        latency.iter().find(|l| {
+            l.system == "palisade-agent" && l.config == config && l.scenario == "release" && l.n > 0
+        })
+    };
+    let figure = |name: &str| figure(figures, "palisade-agent", "default", name).map(|f| f.value);
+    let t = "agent release handover: at most 2 ms more than the library's at p99 (same run)";
+    let handover = match (release("agent"), release("library")) {
+        (Some(a), Some(l)) => Target {
+            target: t,
+            measured: format!(
+                "p99 {} ms against {} ms (+{:.2} ms, n={})",
+                ms(a.p99),
+                ms(l.p99),
+                a.p99 - l.p99,
+                a.n
+            ),
+            status: Status::of(a.p99 - l.p99 <= 2.0),
+        },
+        _ => Target {
+            target: t,
+            measured: "-".into(),
+            status: Status::NotMeasured,
+        },
+    };
+    let t = "agent holding 10 Leases: RSS <= 16 MiB";
+    let rss = match figure("rss_bytes_holding_leases") {
+        Some(v) => Target {
+            target: t,
+            measured: format!("{:.1} MiB", v / 1048576.0),
+            status: Status::of(v <= 16.0 * 1048576.0),
+        },
+        None => Target {
+            target: t,
+            measured: "-".into(),
+            status: Status::NotMeasured,
+        },
+    };
+    let t = "agent: API requests per held grant within 10% of the library's";
+    let requests = match (
+        figure("requests_per_s_per_grant_agent"),
+        figure("requests_per_s_per_grant_library"),
+    ) {
+        (Some(a), Some(l)) => Target {
+            target: t,
+            measured: format!("{a:.3} against {l:.3} req/s per grant"),
+            status: Status::of((a - l).abs() <= 0.1 * l.max(0.01)),
+        },
+        _ => Target {
+            target: t,
+            measured: "-".into(),
+            status: Status::NotMeasured,
+        },
+    };
+    vec![handover, rss, requests]
 }
 
 /// Ours against client-go at default timings, from the API server's count; when

@@ -1,0 +1,95 @@
+//! The thin clients' own test suites (`go test` in clients/go, pytest in
+//! clients/python), run against a real agent on the local control plane: a
+//! controller and a `palisade agent` for a namespace of their own, whose socket
+//! the suites find in PALISADE_AGENT_SOCKET.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::{ControllerProcess, kubeconfig_path, repo_root, setup};
+
+/// A controller and an agent for `ns`; the agent's socket.
+async fn agent_for(
+    ns: &str,
+    dir: &Path,
+) -> (ControllerProcess, tokio::process::Child, std::path::PathBuf) {
+    let controller = ControllerProcess::start(ns, &["--leader-elect=false"]).await;
+    let socket = dir.join("agent.sock");
+    let agent = tokio::process::Command::from(support::cli::palisade())
+        .args([
+            "agent",
+            "--namespace",
+            ns,
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--socket",
+        ])
+        .arg(&socket)
+        .arg("--token-dir")
+        .arg(dir.join("leases"))
+        .env("KUBECONFIG", kubeconfig_path())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning palisade agent");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::UnixStream::connect(&socket).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent's socket is not up in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (controller, agent, socket)
+}
+
+fn run_suite(what: &str, mut command: Command) {
+    let started = Instant::now();
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run it: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{what} failed ({:?}):\n{text}",
+        output.status
+    );
+    eprintln!("{what}: passed in {:.1} s", started.elapsed().as_secs_f64());
+}
+
+#[tokio::test]
+async fn the_go_client_passes_its_tests_against_the_agent() {
+    let ns = setup("client-go").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_controller, _agent, socket) = agent_for(&ns.name, dir.path()).await;
+    let mut go = Command::new("go");
+    go.args(["test", "-count=1", "./..."])
+        .current_dir(repo_root().join("clients/go"))
+        .env("PALISADE_AGENT_SOCKET", &socket);
+    run_suite("go test (clients/go)", go);
+}
+
+#[tokio::test]
+async fn the_python_client_passes_its_tests_against_the_agent() {
+    let python = repo_root().join("target/venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: `make python-venv` makes it (make test does)",
+        python.display()
+    );
+    let ns = setup("client-python").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_controller, _agent, socket) = agent_for(&ns.name, dir.path()).await;
+    let mut pytest = Command::new(python);
+    pytest
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .current_dir(repo_root().join("clients/python"))
+        .env("PALISADE_AGENT_SOCKET", &socket);
+    run_suite("pytest (clients/python)", pytest);
+}
