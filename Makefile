@@ -325,8 +325,8 @@ bench-rust-peers: cluster
 DURATION ?= 10m
 SEED ?= $(shell date +%s)
 CHAOS_ARGS ?=
-chaos: controlplane-bins
-	cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
+chaos: controlplane-bins conformance-go-driver
+	$(CONFORMANCE_ENV) cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
 
 # The fencing story with real pods on the node; see tests/demo/demo-cluster.sh.
 demo-cluster: cluster image-local

@@ -221,6 +221,7 @@ type grantJSON struct {
 	LostReason      string `json:"lostReason,omitempty"`
 	LostMessage     string `json:"lostMessage,omitempty"`
 	Claim           string `json:"claim,omitempty"`
+	ClaimUID        string `json:"claimUid,omitempty"`
 	HolderIdentity  string `json:"holderIdentity,omitempty"`
 	DurationSeconds int64  `json:"durationSeconds,omitempty"`
 }

@@ -18,6 +18,7 @@ type Grant struct {
 	namespace string
 	holder    string
 	claim     string
+	claimUID  string
 	token     int64
 	duration  time.Duration
 
@@ -39,6 +40,7 @@ func newGrant(s *Session, gj grantJSON) *Grant {
 		namespace: gj.Namespace,
 		holder:    gj.HolderIdentity,
 		claim:     gj.Claim,
+		claimUID:  gj.ClaimUID,
 		token:     gj.Token,
 		duration:  time.Duration(gj.DurationSeconds) * time.Second,
 		lost:      make(chan struct{}),
@@ -60,6 +62,9 @@ func (g *Grant) Namespace() string { return g.namespace }
 // HolderIdentity is the claim's holder identity; Claim the LeaseClaim's name.
 func (g *Grant) HolderIdentity() string { return g.holder }
 func (g *Grant) Claim() string          { return g.claim }
+
+// ClaimUID is the LeaseClaim's UID, as Lease.status.holder.claimUID names it.
+func (g *Grant) ClaimUID() string { return g.claimUID }
 
 // Duration is the lease duration the grant is held under.
 func (g *Grant) Duration() time.Duration { return g.duration }

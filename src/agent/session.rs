@@ -34,6 +34,7 @@ pub enum Phase {
     Held {
         token: i64,
         claim: String,
+        claim_uid: String,
         duration: Duration,
         /// The client library's local deadline on `CLOCK_BOOTTIME`.
         deadline: watch::Receiver<Duration>,
@@ -76,6 +77,8 @@ pub struct GrantView {
     pub lost_message: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub claim: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim_uid: Option<String>,
     pub holder_identity: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_seconds: Option<u64>,
@@ -122,6 +125,7 @@ impl Slot {
             lost_reason: None,
             lost_message: None,
             claim: None,
+            claim_uid: None,
             holder_identity: self.identity.clone(),
             duration_seconds: None,
         };
@@ -130,11 +134,13 @@ impl Slot {
             Phase::Held {
                 token,
                 claim,
+                claim_uid,
                 duration,
                 deadline,
             } => {
                 view.token = Some(*token);
                 view.claim = Some(claim.clone());
+                view.claim_uid = Some(claim_uid.clone());
                 view.duration_seconds = Some(duration.as_secs());
                 let left = deadline
                     .borrow()
@@ -319,6 +325,7 @@ pub async fn hold(
     slot.set(Phase::Held {
         token,
         claim: claim.clone(),
+        claim_uid: grant.claim_uid().to_string(),
         duration: grant.lease_duration(),
         deadline: grant.local_deadline(),
     });

@@ -31,8 +31,13 @@
 //!
 //! A test binary without libtest's harness: `cargo test` runs it with no arguments
 //! (the short run); the flags are `--duration 90s --seed 1 --workers 5 --leases 2`.
-//! The same binary, started as `chaos worker ...`, is a worker process.
+//! The same binary, started as `chaos worker ...`, is a worker process; every third
+//! worker is started as `chaos agent-worker ...` and holds its grants through
+//! `palisade agent` and the Go client (agent_worker.rs; the Go driver from
+//! PALISADE_CONFORMANCE_GO, which the Makefile sets). Faults signal a worker's whole
+//! process group: an agent worker's agent and driver freeze and die with it.
 
+mod agent_worker;
 mod dbstores;
 mod history;
 mod proxy;
@@ -40,6 +45,7 @@ mod renewals;
 mod rng;
 mod worker;
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -189,6 +195,12 @@ fn main() -> ExitCode {
         runtime.block_on(worker::run(args));
         return ExitCode::SUCCESS;
     }
+    if raw.first().map(String::as_str) == Some("agent-worker") {
+        let args = worker::WorkerArgs::from_args(&raw[1..]).expect("worker arguments");
+        let palisade = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
+        runtime.block_on(agent_worker::run(args, palisade));
+        return ExitCode::SUCCESS;
+    }
     if raw.iter().any(|a| a == "--list") {
         println!("chaos: test");
         return ExitCode::SUCCESS;
@@ -201,6 +213,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if std::env::var_os(agent_worker::GO_DRIVER_ENV).is_none() {
+        eprintln!(
+            "chaos: {} (the Go driver the agent workers hold through) is not set: run it with make chaos or make test",
+            agent_worker::GO_DRIVER_ENV
+        );
+        return ExitCode::from(2);
+    }
     match history::self_check() {
         Ok(n) => println!("chaos: checker self-check: {n} planted violations all reported"),
         Err(e) => {
@@ -418,8 +437,16 @@ impl Processes {
         };
         let log = std::fs::File::create(self.out.join(format!("worker-{identity}.log")))
             .expect("worker log");
+        let mut argv = args.to_args();
+        // Every third worker holds its grants through the agent and the Go client.
+        if n % 3 == 2 {
+            argv[0] = "agent-worker".into();
+        }
         let child = Command::new(std::env::current_exe().expect("current exe"))
-            .args(args.to_args())
+            .args(argv)
+            // A group of its own: a fault signals the whole "pod" (an agent worker's
+            // agent and driver too).
+            .process_group(0)
             .env(dbstores::PG_ENV, dbstores::postgres_url())
             .env(dbstores::REDIS_ENV, dbstores::redis_url())
             .stdout(log.try_clone().expect("log"))
@@ -429,11 +456,13 @@ impl Processes {
         self.workers.push((identity, child));
     }
 
+    /// The worker's process group, as kill(2) takes it (negative): the worker and,
+    /// for an agent worker, its agent and driver.
     fn worker_pid(&self, identity: &str) -> Option<i32> {
         self.workers
             .iter()
             .find(|(id, _)| id == identity)
-            .map(|(_, c)| c.id() as i32)
+            .map(|(_, c)| -(c.id() as i32))
     }
 
     fn kill_worker(&mut self, identity: &str) {
@@ -468,7 +497,7 @@ impl Drop for Processes {
 }
 
 fn signal(pid: i32, sig: i32) {
-    // SAFETY: kill(2) on a pid we spawned and have not reaped.
+    // SAFETY: kill(2) on a pid (or, negative, a process group) we spawned and have not reaped.
     unsafe { libc::kill(pid, sig) };
 }
 
@@ -617,7 +646,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     controller_proxy.set(Mode::Pass);
     worker_proxy.set(Mode::Pass);
     for (_, child) in &procs.workers {
-        signal(child.id() as i32, libc::SIGCONT);
+        signal(-(child.id() as i32), libc::SIGCONT);
     }
     procs.start_missing_replicas();
     let healed = now_ns();

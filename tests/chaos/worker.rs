@@ -182,7 +182,13 @@ pub async fn run(args: WorkerArgs) {
     }
 }
 
-fn write_file(fence: &Fence<FileStore>, worker: &str, lease: &str, token: u64, seq: u64) -> Event {
+pub fn write_file(
+    fence: &Fence<FileStore>,
+    worker: &str,
+    lease: &str,
+    token: u64,
+    seq: u64,
+) -> Event {
     let payload = serde_json::to_string(&JournalWrite {
         lease: lease.to_string(),
         token,
@@ -214,7 +220,7 @@ fn write_file(fence: &Fence<FileStore>, worker: &str, lease: &str, token: u64, s
 
 /// A merge patch without a resourceVersion: the only thing between a stale
 /// writer and the object is the admission policy.
-async fn write_configmap(
+pub async fn write_configmap(
     configmaps: &Api<ConfigMap>,
     worker: &str,
     lease: &str,

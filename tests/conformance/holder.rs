@@ -348,7 +348,13 @@ impl Holder {
 fn parse_line(line: &str) -> Option<Said> {
     let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
     match word {
-        "granted" => rest.trim().parse().ok().map(Said::Granted),
+        // `granted <token>`, or `granted <token> <claim UID>`.
+        "granted" => rest
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+            .map(Said::Granted),
         "write" => rest.trim().parse().ok().map(|token| Said::Wrote {
             token,
             admitted: false,
