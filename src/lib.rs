@@ -13,7 +13,8 @@
 //! | `postgres` | [`fence::postgres`] (implies `fence`) | tokio-postgres |
 //! | `redis` | [`fence::redis`] (implies `fence`) | redis |
 //! | `controller` | [`controller`] and [`telemetry`]: the lease controller (implies `client`) | axum, prometheus-client |
-//! | `cli` | the `palisade` binary (implies `client`, `fence`, `controller`) | clap, tracing-subscriber |
+//! | `agent` | [`agent`]: `palisade agent`, the per-pod sidecar's local HTTP API (implies `client`) | axum, prometheus-client |
+//! | `cli` | the `palisade` binary (implies `client`, `fence`, `controller`, `agent`) | clap, tracing-subscriber |
 //!
 //! `default` is the full build: `cli`, `postgres` and `redis`. A program that takes
 //! a Lease and fences its writes needs only

@@ -6,7 +6,7 @@
 //! - [`session`]: sessions (one per application process) and their grants, each held
 //!   by a task that runs [`crate::client::LeaseClient::acquire`] and keeps the grant.
 //! - [`routes`]: the HTTP handlers.
-//! - [`token_files`]: the token files for shell-level programs.
+//! - `token_files`: the token files for shell-level programs.
 //!
 //! Why a session ends, and so lets go of its Leases: it missed its keepalive (the
 //! application is dead or hung), its event stream closed (the application's process

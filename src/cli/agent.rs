@@ -31,7 +31,7 @@ pub struct AgentArgs {
     /// Serve the API on this loopback TCP address too (e.g. 127.0.0.1:7800).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Where token files are written (<dir>/<namespace>/<lease>/token).
+    /// Where token files are written: DIR/NAMESPACE/LEASE/token.
     #[arg(long, default_value = DEFAULT_TOKEN_DIR)]
     pub token_dir: PathBuf,
     /// Write no token files.
