@@ -75,14 +75,7 @@ impl Agent {
             .kill_on_drop(true)
             .spawn()
             .expect("starting palisade agent");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::UnixStream::connect(&socket).await.is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the agent's socket is not up in 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        agent_http::wait_for_socket(&socket).await;
         Agent { child, socket }
     }
 

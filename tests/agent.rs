@@ -37,14 +37,7 @@ impl AgentProcess {
             .kill_on_drop(true)
             .spawn()
             .expect("spawning palisade agent");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&socket).await.is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the agent's socket is not up in 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        agent_http::wait_for_socket(&socket).await;
         Self {
             child,
             socket,

@@ -34,14 +34,7 @@ async fn agent_for(
         .kill_on_drop(true)
         .spawn()
         .expect("spawning palisade agent");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::UnixStream::connect(&socket).await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the agent's socket is not up in 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::agent_http::wait_for_socket(&socket).await;
     (controller, agent, socket)
 }
 

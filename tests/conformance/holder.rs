@@ -249,7 +249,7 @@ impl Holder {
                     a.env("POD_NAME", name).env("POD_UID", uid);
                 }
                 agent = Some(a.spawn().expect("spawning palisade agent"));
-                wait_for_socket(&socket).await;
+                crate::support::agent_http::wait_for_socket(&socket).await;
                 let mut c = match client {
                     Client::Go => Command::new(setup.go_driver.as_ref().expect("the Go driver")),
                     _ => {
@@ -362,17 +362,5 @@ fn parse_line(line: &str) -> Option<Said> {
         "lost" => Some(Said::Lost(rest.to_string())),
         "released" => Some(Said::Released),
         _ => None,
-    }
-}
-
-async fn wait_for_socket(socket: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::UnixStream::connect(socket).await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "agent socket {} not up within 10 s",
-            socket.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -58,3 +58,16 @@ pub async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) 
     )
     .await
 }
+
+/// Waits (at most 10 s) until an agent answers on `socket`.
+pub async fn wait_for_socket(socket: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(socket).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent's socket {} is not up in 10 s",
+            socket.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
