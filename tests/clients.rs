@@ -7,7 +7,7 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use support::{ControllerProcess, kubeconfig_path, repo_root, setup};
 
