@@ -36,9 +36,9 @@ const (
 	// answered that it no longer knows the session (the agent died or restarted, or
 	// the session was ended by a DELETE).
 	ReasonSessionEnded LostReason = "SessionEnded"
-	// ReasonKeepaliveTimeout: no request naming the session succeeded within its
+	// ReasonKeepaliveMissed: no request naming the session succeeded within its
 	// keepalive; the agent has ended the session, or is about to.
-	ReasonKeepaliveTimeout LostReason = "KeepaliveTimeout"
+	ReasonKeepaliveMissed LostReason = "KeepaliveMissed"
 	// ReasonReleased: the agent reports the grant released, but not by Grant.Release
 	// (another request released it).
 	ReasonReleased LostReason = "Released"

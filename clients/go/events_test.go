@@ -110,7 +110,7 @@ func TestUnitSessionEndLosesEveryGrant(t *testing.T) {
 		t.Fatalf("late grant: Err = %v", c.Err())
 	}
 	// The first reason stays.
-	s.lose(ReasonKeepaliveTimeout, "later")
+	s.lose(ReasonKeepaliveMissed, "later")
 	if le := new(LostError); !errors.As(s.Err(), &le) || le.Reason != ReasonSessionEnded {
 		t.Fatalf("session Err = %v", s.Err())
 	}

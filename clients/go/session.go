@@ -265,7 +265,7 @@ func (s *Session) keepAlive() {
 		deadline = s.lastOK.Add(s.keepalive)
 		s.mu.Unlock()
 		if !time.Now().Before(deadline) {
-			s.lose(ReasonKeepaliveTimeout, "no request naming session %s succeeded within its keepalive of %v", s.id, s.keepalive)
+			s.lose(ReasonKeepaliveMissed, "no request naming session %s succeeded within its keepalive of %v", s.id, s.keepalive)
 			return
 		}
 		if time.Now().Before(next) {
