@@ -398,41 +398,16 @@ async fn main() {
         .into(),
         latency,
         figures,
-        parameters: [
-            ("rounds", json!(args.rounds)),
-            ("leases", json!(args.leases)),
-            ("steady_seconds", json!(args.steady)),
-            (
-                "profile",
-                json!(if cfg!(debug_assertions) {
-                    "debug"
-                } else {
-                    "release"
-                }),
-            ),
-            (
-                "wall_seconds",
-                json!(started.elapsed().as_secs_f64().round()),
-            ),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect(),
+        parameters: schema::parameters(
+            vec![
+                ("rounds", json!(args.rounds)),
+                ("leases", json!(args.leases)),
+                ("steady_seconds", json!(args.steady)),
+            ],
+            started,
+        ),
     };
-    std::fs::create_dir_all(&args.out).unwrap();
-    let path = args.out.join("palisade-agent.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&source).unwrap()).unwrap();
-    let mut md = String::from(
-        "| release handover | n | p50 | p95 | p99 | max |\n|---|---|---|---|---|---|\n",
-    );
-    for l in &source.latency {
-        md += &format!(
-            "| {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |\n",
-            l.config, l.n, l.p50, l.p95, l.p99, l.max
-        );
-    }
-    for f in &source.figures {
-        md += &format!("\n{}: {:.3} {}", f.name, f.value, f.unit);
-    }
+    let path = source.write_to(&args.out);
+    let md = source.summary("release handover", |l| &l.config);
     println!("\n{md}\n\nwrote {}", path.display());
 }

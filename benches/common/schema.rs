@@ -47,6 +47,60 @@ pub struct Source {
     pub parameters: BTreeMap<String, serde_json::Value>,
 }
 
+impl Source {
+    /// Writes `dir/<source>.json`; its path.
+    pub fn write_to(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join(format!("{}.json", self.source));
+        std::fs::write(&path, serde_json::to_string_pretty(self).unwrap()).unwrap();
+        path
+    }
+
+    /// What a bench prints at the end: its latency table (rows named by `label`) and
+    /// its other figures.
+    pub fn summary(&self, title: &str, label: impl Fn(&Latency) -> &str) -> String {
+        let mut md =
+            format!("| {title} | n | p50 | p95 | p99 | max |\n|---|---|---|---|---|---|\n");
+        for l in &self.latency {
+            md += &format!(
+                "| {} | {} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |\n",
+                label(l),
+                l.n,
+                l.p50,
+                l.p95,
+                l.p99,
+                l.max
+            );
+        }
+        for f in &self.figures {
+            md += &format!("\n{}: {:.3} {}", f.name, f.value, f.unit);
+        }
+        md
+    }
+}
+
+/// A bench's parameters: its own, then its build profile and its wall time.
+pub fn parameters(
+    own: Vec<(&str, serde_json::Value)>,
+    started: std::time::Instant,
+) -> BTreeMap<String, serde_json::Value> {
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    own.into_iter()
+        .chain([
+            ("profile", serde_json::json!(profile)),
+            (
+                "wall_seconds",
+                serde_json::json!(started.elapsed().as_secs_f64().round()),
+            ),
+        ])
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Latency {
     pub system: String,
