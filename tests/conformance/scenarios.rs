@@ -89,6 +89,12 @@ impl Run<'_> {
         Duration::from_secs(self.suite.setup.duration_secs as u64)
     }
 
+    /// A new holder, and the instant before it started: any grant of it comes later.
+    async fn spawn_timed(&mut self) -> (usize, Instant) {
+        let before = Instant::now();
+        (self.spawn().await, before)
+    }
+
     /// A new holder (index into `holders`), bound to a Pod object of its own.
     async fn spawn(&mut self) -> usize {
         let id = format!("{}-{}", self.lease, self.holders.len());
@@ -193,10 +199,11 @@ fn ms(d: Duration) -> String {
 /// Three holders contend; each in turn writes, then exits cleanly. Four grants.
 async fn exclusion(run: &mut Run<'_>) -> Result<String, String> {
     let limit = run.duration() * 2;
+    // Before the spawns: the first holder may be granted while the others start.
+    let start = Instant::now();
     for _ in 0..3 {
         run.spawn().await;
     }
-    let start = Instant::now();
     let mut tokens = Vec::new();
     let mut since = start;
     for _ in 0..4 {
@@ -246,8 +253,8 @@ async fn exclusion(run: &mut Run<'_>) -> Result<String, String> {
 
 /// The holder is SIGKILLed; the next holder must not wait for the lease to expire.
 async fn kill(run: &mut Run<'_>) -> Result<String, String> {
-    let a = run.spawn().await;
-    let (at, token_a) = run.granted(a, Instant::now(), run.duration() * 2).await?;
+    let (a, spawned) = run.spawn_timed().await;
+    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
     let b = run.spawn().await;
     run.admitted_writes(a, 2, at).await?;
     sleep(Duration::from_secs(1)).await; // b's claim is queued
@@ -278,8 +285,8 @@ async fn kill(run: &mut Run<'_>) -> Result<String, String> {
 /// The holder is SIGSTOPped past its lease: another is granted; once continued, the
 /// holder is told it lost the grant, and the fence refuses its stale write.
 async fn freeze(run: &mut Run<'_>) -> Result<String, String> {
-    let a = run.spawn().await;
-    let (at, token_a) = run.granted(a, Instant::now(), run.duration() * 2).await?;
+    let (a, spawned) = run.spawn_timed().await;
+    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
     let b = run.spawn().await;
     run.admitted_writes(a, 2, at).await?;
     sleep(Duration::from_secs(1)).await;
@@ -319,8 +326,8 @@ async fn agent_kill(run: &mut Run<'_>) -> Result<String, String> {
     if !run.client.through_agent() {
         return Ok("n/a (no agent)".into());
     }
-    let a = run.spawn().await;
-    let (at, token_a) = run.granted(a, Instant::now(), run.duration() * 2).await?;
+    let (a, spawned) = run.spawn_timed().await;
+    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
     let b = run.spawn().await;
     run.admitted_writes(a, 2, at).await?;
     sleep(Duration::from_secs(1)).await;
@@ -344,8 +351,8 @@ async fn agent_kill(run: &mut Run<'_>) -> Result<String, String> {
 
 /// Every holder's link to the API server is cut for 3 s, then healed.
 async fn outage(run: &mut Run<'_>) -> Result<String, String> {
-    let a = run.spawn().await;
-    let (at, _) = run.granted(a, Instant::now(), run.duration() * 2).await?;
+    let (a, spawned) = run.spawn_timed().await;
+    let (at, _) = run.granted(a, spawned, run.duration() * 2).await?;
     let b = run.spawn().await;
     run.admitted_writes(a, 2, at).await?;
     sleep(Duration::from_secs(1)).await;
@@ -389,8 +396,8 @@ async fn outage(run: &mut Run<'_>) -> Result<String, String> {
 
 /// A clean exit (SIGTERM) releases: the next holder is granted at once.
 async fn release(run: &mut Run<'_>) -> Result<String, String> {
-    let a = run.spawn().await;
-    let (at, token_a) = run.granted(a, Instant::now(), run.duration() * 2).await?;
+    let (a, spawned) = run.spawn_timed().await;
+    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
     let b = run.spawn().await;
     run.admitted_writes(a, 2, at).await?;
     sleep(Duration::from_secs(1)).await;
