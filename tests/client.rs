@@ -500,7 +500,7 @@ async fn a_waiter_whose_watch_went_silent_still_sees_its_grant() {
     granted.release().await.unwrap();
 }
 
-/// Issue 16 (API cost): a waiter on a quiet Lease keeps its watches alive by resuming
+/// A waiter on a quiet Lease keeps its watches alive by resuming
 /// them, not by listing again, and a resumed watch still delivers the grant.
 #[tokio::test]
 async fn a_quiet_waiter_resumes_its_watches_without_listing_again() {
@@ -657,7 +657,7 @@ async fn acquire_never_returns_a_grant_the_controller_already_ended() {
     }
 }
 
-/// Issue 16: in a storm the controller writes the new holder's `Granted` mirror after
+/// In a storm the controller writes the new holder's `Granted` mirror after
 /// every pending grant, possibly later than the holder's deadline. Its renewals must
 /// count meanwhile (every ending marks the claim first, so an unmirrored claim is not
 /// an ended one), and an ending marked later must still be the loss. No controller

@@ -515,7 +515,7 @@ fn stalled_claim_watch(inner: kube::Client) -> kube::Client {
     kube::Client::new(service, "default")
 }
 
-/// Issue 13, item 1: a holder whose renewals land must keep its grant, whatever the
+/// A holder whose renewals land must keep its grant, whatever the
 /// controller's caches say; once it stops renewing, it still expires.
 #[tokio::test]
 async fn a_renewing_holder_keeps_the_lease_while_the_controllers_claim_watch_is_stalled() {
@@ -611,7 +611,7 @@ fn apiserver_port() -> u16 {
         .unwrap()
 }
 
-/// Issue 13, item 10: every connection the controller has open goes silent (no FIN,
+/// Every connection the controller has open goes silent (no FIN,
 /// no RST); new ones work. The controller must notice within seconds, not after the
 /// kernel's TCP timeout: a release is handed over long before the 60 s lease could
 /// expire.
@@ -697,7 +697,7 @@ async fn wait_leading(admin_port: u16, leading: bool) {
     }
 }
 
-/// Issue 16: a leader that dies without releasing (SIGKILL) is replaced after the
+/// A leader that dies without releasing (SIGKILL) is replaced after the
 /// election lease (1 s by default, not the 15 s of client-go's defaults), and the new
 /// leader makes the grant the old one never saw.
 #[tokio::test]
@@ -730,7 +730,7 @@ async fn a_standby_takes_over_within_seconds_when_the_leader_is_killed() {
     );
 }
 
-/// Issue 13, item 11: a `fencingToken` at the int64 maximum, set through the status
+/// A `fencingToken` at the int64 maximum, set through the status
 /// subresource by anyone allowed to, makes the controller refuse to grant (with a
 /// condition saying why) instead of issuing that token again.
 #[tokio::test]
@@ -791,7 +791,7 @@ async fn set_duration(ns: &TestNamespace, lease: &str, seconds: i64) {
     .await;
 }
 
-/// Issue 13, item 12 (DESIGN "Client deadlines"): a holder's client keeps the duration
+/// A holder's client keeps the duration
 /// its grant was observed with, so lowering `leaseDurationSeconds` (10 s to 2 s here)
 /// while the holder is silent (its watch stalled: it neither renews nor sees the edit)
 /// must not let the controller expire it before the granted duration has passed since

@@ -814,7 +814,7 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
     }
 }
 
-/// Issue 13, item 11: a `fencingToken` at the top of the range (anyone with
+/// A `fencingToken` at the top of the range (anyone with
 /// `leases/status` can set one) must not make the next grant repeat or saturate it.
 #[test]
 fn a_token_at_the_maximum_is_refused_with_a_condition_instead_of_repeated() {
@@ -844,7 +844,7 @@ fn a_token_at_the_maximum_is_refused_with_a_condition_instead_of_repeated() {
     }
 }
 
-/// Issue 13, item 12 (DESIGN "Client deadlines"): a holder's client keeps the
+/// A holder's client keeps the
 /// duration its grant was observed with (or a shorter one it sees later), so the
 /// controller must never apply a shorter one to a grant in progress. Lowering
 /// `leaseDurationSeconds` from 600 to 3 during a grant must not let the

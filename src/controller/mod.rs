@@ -533,7 +533,7 @@ mod tests {
         }
     }
 
-    /// Issue 13, item 9: a write's outcome for a deleted Lease must neither overwrite
+    /// A write's outcome for a deleted Lease must neither overwrite
     /// nor remove the Lease re-created under the same name.
     #[tokio::test]
     async fn an_outcome_applies_only_to_the_lease_object_it_was_computed_for() {
@@ -716,7 +716,7 @@ mod retry_tests {
     }
 }
 
-/// Issue 16: under load only the Lease write is urgent. Claim mirrors wait until no
+/// Under load only the Lease write is urgent. Claim mirrors wait until no
 /// Lease is dirty, are decided afresh when written (coalesced: one pass however many
 /// grants went before), and never take more than half the write slots.
 #[cfg(test)]
