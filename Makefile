@@ -228,9 +228,11 @@ check:
 
 # The tests that need no cluster and no database, in seconds once built: the unit tests,
 # the grant decision's model and property tests (which drive the real controller loop),
-# and the doc examples. `make test` runs them too, with everything else.
+# the parsers' property tests, the file fence, the image's build context, and the doc
+# examples. (The chart's rendering tests need no cluster either, but helm, which
+# `make controlplane-bins` builds: they run in `make test`.) `make test` runs them too.
 unit-test:
-	cargo test --locked --lib --bins --test grant_model
+	cargo test --locked --lib --bins --test grant_model --test input_properties --test fence --test image_context
 	cargo test --locked --doc
 
 # The conformance suite's drivers: the Go client's, and the venv the Python one runs in
