@@ -2,7 +2,7 @@
 #
 #   make test           the whole suite: unit + integration tests against a real kube-apiserver (starts it)
 #   make unit-test      only the tests that need no cluster (unit, model, property, doc examples)
-#   make demo           the fencing story, end to end, on the local control plane
+#   make demo           the fencing story, end to end, on the local control plane (no node)
 #   make bench          all benchmark figures in one run (~30 min on 2 cores): target/bench/results.{json,md,png}
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
@@ -335,8 +335,10 @@ demo-cluster: cluster image-local
 	KUBECONFIG=$(KUBECONFIG_TEST) KUBECTL=$(PALISADE_BIN_DIR)/kubectl HELM=$(PALISADE_BIN_DIR)/helm \
 		tests/demo/demo-cluster.sh
 
-# The fencing story with real processes; see tests/demo/demo.sh.
-demo: cluster
+# The fencing story with real processes; see tests/demo/demo.sh. Host processes only:
+# the control plane without the node (a running cluster, node or not, is reused).
+demo:
+	@$(MAKE) --no-print-directory cluster NODE=0
 	cargo build --locked --quiet
 	KUBECONFIG=$(KUBECONFIG_TEST) PALISADE=$(CURDIR)/target/debug/palisade KUBECTL=$(PALISADE_BIN_DIR)/kubectl \
 		tests/demo/demo.sh
