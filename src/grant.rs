@@ -316,8 +316,8 @@ fn describe_lease(
                 status.fencing_token.unwrap_or_default(),
             ),
         ),
-        // Issue no token rather than repeat or saturate one (DESIGN "Decisions": token
-        // edges). Nothing was granted, so fencingToken is still the last one issued.
+        // Issue no token rather than repeat or saturate one (DESIGN "Token
+        // ceiling"). Nothing was granted, so fencingToken is still the last one issued.
         (None, Some(e)) => (
             false,
             reasons::TOKENS_EXHAUSTED,

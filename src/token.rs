@@ -10,7 +10,7 @@
 /// The highest token palisade issues: 18 decimal digits, the most that the object-fencing
 /// admission policy (and any enforcement point parsing into a 64-bit integer with room
 /// to compare) accepts. A Lease whose next token would exceed it is not granted again
-/// (DESIGN "Decisions": token edges).
+/// (DESIGN "Token ceiling").
 pub const MAX_TOKEN: i64 = 999_999_999_999_999_999;
 
 /// The token for the next grant, and whether the resourceVersion took part.

@@ -30,7 +30,7 @@ static SERVER: RwLock<()> = RwLock::new(());
 
 /// This binary's database: its schema version never meets another run's.
 const TEST_DB: &str = "palisade_fence_tests";
-/// The README's least-privilege application role: USAGE on the schema, EXECUTE on
+/// The least-privilege application role of docs/fences.md: USAGE on the schema, EXECUTE on
 /// the function, DML on its own table `public.app_writes` only.
 const APP_ROLE: &str = "palisade_test_app";
 /// The role `--show` needs: USAGE and SELECT on the marks.
@@ -96,7 +96,7 @@ async fn connect_app() -> Client {
     connect_to(&url_as(APP_ROLE, TEST_DB)).await
 }
 
-/// The roles and grants the README documents, in the database `admin` is connected
+/// The roles and grants docs/fences.md documents, in the database `admin` is connected
 /// to (the fence installed there). Idempotent; under the installers' lock, so that
 /// GRANTs and a concurrent install never update one catalog row at once ("tuple
 /// concurrently updated").
@@ -236,7 +236,7 @@ async fn run_plan(level: IsolationLevel, prefix: &str, ops: &[Op], writers: u8) 
         let outcomes = outcomes.clone();
         let prefix = prefix.to_owned();
         tasks.push(tokio::spawn(async move {
-            // The writers have only the README's grants.
+            // The writers have only docs/fences.md's grants.
             let mut client = connect_app().await;
             for (_, key, token, pause) in mine {
                 let key = format!("{prefix}-{key}");
@@ -722,7 +722,7 @@ fn assert_denied(result: Result<u64, tokio_postgres::Error>, what: &str) {
     }
 }
 
-/// The README's grants (USAGE on the schema, EXECUTE on the function, DML on the
+/// docs/fences.md's grants (USAGE on the schema, EXECUTE on the function, DML on the
 /// application's own table) are enough to fence, and give no way to lower, delete,
 /// forge or read a mark.
 #[test]
@@ -1134,14 +1134,14 @@ fn savepoint_wrapping_drivers_commit_a_separate_write_after_pf001() {
             assert_eq!(
                 app_rows(&app, &key).await,
                 vec![4],
-                "{driver}: the write after PF001 committed (the hazard the README warns of)"
+                "{driver}: the write after PF001 committed (the hazard docs/fences.md warns of)"
             );
             assert_eq!(mark(&admin, &key).await, Some(5));
         }
     });
 }
 
-/// What the README recommends for such drivers: the fence in the write's own
+/// What docs/fences.md recommends for such drivers: the fence in the write's own
 /// statement, so the statement that fails is the write. A stale token commits
 /// nothing under either wrapping; a current one writes.
 #[test]

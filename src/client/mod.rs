@@ -16,19 +16,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! How it keeps the contract (DESIGN.md, "Client side"):
+//! How it keeps the contract (DESIGN.md, "Client side" and "Client library"):
 //!
 //! - The authority is `Lease.status` (rule 1): a claim holds the lease exactly
 //!   when `status.holder.claimUID` is its UID, and the token is
 //!   `status.fencingToken`. The claim's status is only read for *why* a grant ended.
 //! - Waiting for the grant and noticing its loss use watches, never polling (rule 5).
 //! - Renewal is one merge patch of the claim's `spec.renewTime` (rule 4) every
-//!   third of `leaseDurationSeconds`. The controller expires a holder a full
-//!   duration after it *observed* a renewal, which is necessarily after the
-//!   renewal was sent; this process gives up two thirds of a duration after it
-//!   *sent* its last successful renewal, on its own clock (`CLOCK_BOOTTIME`, which
-//!   counts suspensions; see `src/client/clock.rs`). So it stops
-//!   believing it holds the lease before the controller can hand it to someone else.
+//!   third of `leaseDurationSeconds`, and the grant is given up on this process's
+//!   own clock (`CLOCK_BOOTTIME`, `src/client/clock.rs`) before the controller can
+//!   hand the lease on: the rule and its proof are DESIGN.md, "Client deadlines".
 //!   [`LeaseClient::acquire`] returns a grant only once a first renewal, sent as soon
 //!   as the grant is seen, has counted: a watch that resumed late may replay a grant
 //!   the controller has already ended, and only a response from the API server

@@ -13,7 +13,7 @@
 //! mark is missing is [`Error::NoMark`], never a fresh start: a Redis that lost its
 //! marks (FLUSHDB, eviction, a restart without AOF, a failover to an empty replica)
 //! fails closed. [`check_settings`] tells whether the server is set up so that marks
-//! are neither lost nor rolled back; the README ("Fencing in PostgreSQL and Redis")
+//! are neither lost nor rolled back; docs/fences.md ("Redis")
 //! has what Redis cannot promise even so.
 
 use redis::aio::ConnectionLike;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The local cluster's one node: kube-scheduler, containerd + runc, and a kubelet, next to
 # the control plane cluster.sh starts. Called by cluster.sh (NODE=1, the default); see
-# DESIGN.md "Decisions: the local node" for why it is built this way.
+# docs/testing-node.md for why it is built this way.
 #
 #   node.sh up     start the node (the control plane must be up); waits for the node Ready
 #   node.sh down   delete every pod, stop kubelet, containers, shims, containerd, scheduler;
@@ -220,7 +220,7 @@ authentication:
 authorization: {mode: Webhook}
 containerRuntimeEndpoint: unix://$CTRD_SOCK
 cgroupDriver: cgroupfs
-# This machine mounts cgroup v1 controllers (see DESIGN.md).
+# This machine mounts cgroup v1 controllers (see docs/testing-node.md).
 failCgroupV1: false
 failSwapOn: false
 podLogsDir: $N/pod-logs
