@@ -57,10 +57,6 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION)
 CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kubectl \
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
-# --- the agent's thin clients and their examples ----------------------------------
-# clients/go and examples/go-leader-redis; clients/python and examples/python-worker-postgres.
-include mk/go.mk mk/python.mk
-
 # --- the node (NODE=0: control plane only) ---------------------------------------
 export NODE ?= 1
 IMAGE_DIR := $(CURDIR)/target/images
@@ -79,6 +75,12 @@ all: build
 
 build:
 	cargo build --release --locked
+
+# --- the agent's thin clients and their examples ----------------------------------
+# clients/go and examples/go-leader-redis; clients/python and examples/python-worker-postgres.
+# Included here: after `all` (the default goal) and after IMAGE_DIR and CACHE_DIR, which
+# their targets' names use (make expands a target's name as it reads the line).
+include mk/go.mk mk/python.mk
 
 # --- control-plane binaries (cached by version) -------------------------------
 
