@@ -3,7 +3,7 @@
 //! `target/chaos-databases` and the ports below), restarts them as faults, and
 //! kills workers in the middle of an open PostgreSQL transaction.
 //!
-//! Workers reach PostgreSQL as [`APP_ROLE`], with only the grants the README
+//! Workers reach PostgreSQL as [`APP_ROLE`], with only the grants docs/fences.md
 //! documents (USAGE on the schema, EXECUTE on `palisade.fence`, INSERT on their own
 //! table); the superuser installs the fence once at set-up and reads the journal.
 //!
@@ -28,6 +28,7 @@ use std::time::Duration;
 use palisade::fence::postgres::{self as pg_fence, Error as PgError};
 use palisade::fence::redis::{self as redis_fence, Error as RedisError, RedisFence, Write};
 
+use crate::faults::Fault;
 use crate::history::{Event, JournalWrite, Outcome, Recorder};
 use crate::rng::now_ns;
 
@@ -40,7 +41,7 @@ pub const LOSSY: [Lossy; 2] = [
         port: 26381,
         // Redis' defaults: no AOF, RDB snapshots after 3600 s/1, 300 s/100, 60 s/10000 changes.
         settings: &[],
-        fault: "lose_redis_marks",
+        fault: Fault::LoseRedisMarks,
     },
     Lossy {
         store: "redis-lru",
@@ -55,7 +56,7 @@ pub const LOSSY: [Lossy; 2] = [
             "--maxmemory-policy",
             "allkeys-lru",
         ],
-        fault: "evict_redis_marks",
+        fault: Fault::EvictRedisMarks,
     },
 ];
 const LRU_MAXMEMORY: &str = "4mb";
@@ -66,7 +67,7 @@ pub struct Lossy {
     pub store: &'static str,
     pub port: u16,
     pub settings: &'static [&'static str],
-    pub fault: &'static str,
+    pub fault: Fault,
 }
 
 impl Lossy {
@@ -150,14 +151,14 @@ fn ping(port: u16) -> bool {
 pub const PG_ENV: &str = "PALISADE_CHAOS_POSTGRES";
 pub const REDIS_ENV: &str = "PALISADE_CHAOS_REDIS";
 pub const STORES: [&str; 2] = ["postgres", "redis"];
-/// The faults this module adds to the schedule (injected by main.rs's `inject_db`).
-pub const FAULTS: [&str; 6] = [
-    "restart_postgres",
-    "restart_redis",
-    "kill_worker_in_transaction",
-    "pause_in_transaction",
-    "lose_redis_marks",
-    "evict_redis_marks",
+/// The faults this module adds to the schedule (injected by faults.rs's `inject_db`).
+pub const FAULTS: [Fault; 6] = [
+    Fault::RestartPostgres,
+    Fault::RestartRedis,
+    Fault::KillWorkerInTransaction,
+    Fault::PauseInTransaction,
+    Fault::LoseRedisMarks,
+    Fault::EvictRedisMarks,
 ];
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -210,7 +211,7 @@ impl Servers {
     }
 
     /// Fresh servers with the fence installed, the journal table created and the
-    /// workers' role granted what the README documents, nothing more.
+    /// workers' role granted what docs/fences.md documents, nothing more.
     pub async fn set_up(&self) -> Result<(), String> {
         self.down_lossy();
         self.script(&["down"])?;

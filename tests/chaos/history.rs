@@ -501,7 +501,7 @@ fn check_lost_marks(
         let Some(lost_ns) = events
             .iter()
             .filter_map(|e| match e {
-                Event::Fault { fault, end_ns, .. } if fault == lossy.fault => Some(*end_ns),
+                Event::Fault { fault, end_ns, .. } if fault == lossy.fault.name() => Some(*end_ns),
                 _ => None,
             })
             .min()
@@ -1097,7 +1097,7 @@ pub fn self_check() -> Result<usize, String> {
     // A lossy store: after its loss, a write accepted or found in the store.
     let lossy = crate::dbstores::LOSSY[0];
     let loss = Event::Fault {
-        fault: lossy.fault.into(),
+        fault: lossy.fault.name().into(),
         target: String::new(),
         start_ns: 100,
         end_ns: 105,

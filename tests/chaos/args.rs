@@ -1,0 +1,61 @@
+//! The suite's command-line arguments (`--duration 90s --seed 1 --workers 5 --leases 2
+//! --keep-cluster`) and their parsing, with libtest's own flags ignored.
+
+use std::time::Duration;
+
+pub struct Args {
+    pub duration: Duration,
+    pub seed: u64,
+    pub workers: usize,
+    pub leases: usize,
+    pub keep_cluster: bool,
+}
+
+/// `90s`, `10m`, `1h`: the command line's duration syntax.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    palisade::cli::parse_duration(s).map_err(|e| format!("--duration: {e}"))
+}
+
+/// A number-valued flag's value.
+fn parse_number<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.parse().map_err(|_| format!("{flag} {v:?}: not a number"))
+}
+
+/// Our flags, and libtest's (which `cargo test -- --test-threads 4` passes to every
+/// test binary) ignored. `Ok(None)`: a name filter that excludes this suite.
+pub fn parse_args(raw: &[String]) -> Result<Option<Args>, String> {
+    let mut args = Args {
+        duration: Duration::from_secs(90),
+        seed: 1,
+        workers: 5,
+        leases: 2,
+        keep_cluster: false,
+    };
+    let mut it = raw.iter();
+    let mut filters = Vec::new();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--duration" => args.duration = parse_duration(&value()?)?,
+            "--seed" => args.seed = parse_number("--seed", &value()?)?,
+            "--workers" => args.workers = parse_number("--workers", &value()?)?,
+            "--leases" => args.leases = parse_number("--leases", &value()?)?,
+            "--keep-cluster" => args.keep_cluster = true,
+            "--test-threads" | "--skip" | "--format" | "--color" | "--logfile" | "-Z" => {
+                value()?;
+            }
+            a if a.starts_with('-') => {} // a libtest switch: nothing for us
+            filter => filters.push(filter.to_string()),
+        }
+    }
+    if !filters.is_empty() && !filters.iter().any(|f| "chaos".contains(f.as_str())) {
+        return Ok(None);
+    }
+    if args.workers < 2 || args.leases < 1 || args.workers < args.leases {
+        return Err("need at least 2 workers, 1 lease, and no more leases than workers".into());
+    }
+    if args.duration < Duration::from_secs(30) {
+        return Err("--duration: at least 30s (one round of every fault kind)".into());
+    }
+    Ok(Some(args))
+}

@@ -1,0 +1,280 @@
+//! The chaos suite's own control plane: started fresh (cluster.sh, on ports apart
+//! from `make cluster`'s), set up with the CRDs, the fencing policy, the namespace and
+//! the Leases, restarted piece by piece as faults, and torn down at the end.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResourceExt, ResourceExt};
+use palisade::api::{Lease, LeaseClaim};
+use palisade::client::LeaseClient;
+use serde_json::json;
+
+use crate::{dbstores, worker};
+
+pub const NAMESPACE: &str = "chaos";
+/// Lease duration of every Lease in the run.
+pub const LEASE_SECONDS: u64 = 2;
+
+// The suite's own control plane: ports apart from `make cluster`'s.
+const ETCD_PORT: u16 = 23791;
+const ETCD_PEER_PORT: u16 = 23801;
+pub const APISERVER_PORT: u16 = 16444;
+const KCM_PORT: u16 = 16258;
+
+/// The suite's own etcd + kube-apiserver (+ controller-manager), via cluster.sh.
+#[derive(Clone)]
+pub struct ControlPlane {
+    pub root: PathBuf,
+    state: PathBuf,
+}
+
+impl ControlPlane {
+    pub fn new() -> Self {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let state = root.join("target/chaos-cluster");
+        ControlPlane { root, state }
+    }
+
+    pub fn script(&self, args: &[&str]) -> Result<(), String> {
+        let bin_dir = std::env::var("PALISADE_BIN_DIR")
+            .map_err(|_| "PALISADE_BIN_DIR is not set: run through `make chaos` or `make test`")?;
+        let status = Command::new(self.root.join("tests/controlplane/cluster.sh"))
+            .args(args)
+            .env("BIN_DIR", bin_dir)
+            .env("STATE_DIR", &self.state)
+            .env("ETCD_PORT", ETCD_PORT.to_string())
+            .env("ETCD_PEER_PORT", ETCD_PEER_PORT.to_string())
+            .env("APISERVER_PORT", APISERVER_PORT.to_string())
+            .env("KCM_PORT", KCM_PORT.to_string())
+            // The machine's one node belongs to `make cluster`; the suite needs none.
+            .env("NODE", "0")
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| format!("cluster.sh: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("cluster.sh {} failed: {status}", args.join(" ")))
+        }
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.state.join("kubeconfig")
+    }
+
+    pub fn down(&self) {
+        if let Err(e) = self.script(&["down"]) {
+            eprintln!("chaos: {e}");
+        }
+    }
+}
+
+/// A fresh control plane and database servers, set up for a run with this many
+/// Leases: the admin client (straight to the API server), the servers and the
+/// Leases' names; `None` (the cause printed) when something failed.
+pub async fn bring_up(
+    plane: &ControlPlane,
+    lease_count: usize,
+) -> Option<(Client, dbstores::Servers, Vec<String>)> {
+    // A fresh control plane: nothing left over from an earlier run.
+    plane.down();
+    if let Err(e) = plane.script(&["up"]) {
+        eprintln!("chaos: starting the control plane: {e}");
+        return None;
+    }
+    let servers = dbstores::Servers::new(&plane.root);
+    if let Err(e) = servers.set_up().await {
+        eprintln!("chaos: starting PostgreSQL and Redis: {e}");
+        return None;
+    }
+    let admin = worker::client_from(&plane.kubeconfig()).await;
+    let leases: Vec<String> = (0..lease_count).map(|i| format!("lease-{i}")).collect();
+    if let Err(e) = set_up(&admin, plane, &leases).await {
+        eprintln!("chaos: set-up: {e}");
+        return None;
+    }
+    if let Err(e) = servers.create_marks(&leases).await {
+        eprintln!("chaos: creating the Redis marks: {e}");
+        return None;
+    }
+    Some((admin, servers, leases))
+}
+
+/// CRDs, the object-fencing admission policy (rendered from our chart), the
+/// namespace, the Leases and one fenced ConfigMap per Lease.
+async fn set_up(admin: &Client, plane: &ControlPlane, leases: &[String]) -> Result<(), String> {
+    apply_crds(admin).await?;
+    apply_fencing_policy(plane)?;
+    create_namespace(admin).await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
+    create_leases(admin, &configmaps, leases).await?;
+    wait_policy_active(&configmaps).await
+}
+
+/// The CRDs, applied and established.
+async fn apply_crds(admin: &Client) -> Result<(), String> {
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in [Lease::crd(), LeaseClaim::crd()] {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply("palisade-chaos").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .map_err(|e| format!("applying CRD {name}: {e}"))?;
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            kube::runtime::wait::await_condition(
+                crds.clone(),
+                &name,
+                kube::runtime::wait::conditions::is_crd_established(),
+            ),
+        )
+        .await
+        .map_err(|_| format!("CRD {name} not established within 30s"))?
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The object-fencing admission policy, rendered from our chart and applied.
+fn apply_fencing_policy(plane: &ControlPlane) -> Result<(), String> {
+    let bin_dir = PathBuf::from(std::env::var("PALISADE_BIN_DIR").unwrap_or_default());
+    let rendered = Command::new(bin_dir.join("helm"))
+        .args(["template", "chaos"])
+        .arg(plane.root.join("charts/palisade"))
+        .args(["--show-only", "templates/policy-object-fencing.yaml"])
+        .output()
+        .map_err(|e| format!("helm template: {e}"))?;
+    if !rendered.status.success() {
+        return Err(format!(
+            "helm template: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        ));
+    }
+    let mut apply = Command::new(bin_dir.join("kubectl"))
+        .args([
+            "apply",
+            "--server-side",
+            "--field-manager",
+            "palisade-chaos",
+            "-f",
+            "-",
+        ])
+        .env("KUBECONFIG", plane.kubeconfig())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("kubectl apply: {e}"))?;
+    {
+        use std::io::Write;
+        apply
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(&rendered.stdout)
+            .map_err(|e| format!("kubectl apply: {e}"))?;
+    }
+    if !apply.wait().map_err(|e| e.to_string())?.success() {
+        return Err("kubectl apply of the fencing policy failed".into());
+    }
+    Ok(())
+}
+
+async fn create_namespace(admin: &Client) -> Result<(), String> {
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(format!("creating namespace {NAMESPACE}: {e}")),
+    }
+    Ok(())
+}
+
+/// The Leases, each with its fenced ConfigMap.
+async fn create_leases(
+    admin: &Client,
+    configmaps: &Api<ConfigMap>,
+    leases: &[String],
+) -> Result<(), String> {
+    let client = LeaseClient::new(admin.clone(), NAMESPACE);
+    for lease in leases {
+        client
+            .ensure_lease(lease, LEASE_SECONDS as i64)
+            .await
+            .map_err(|e| format!("creating lease {lease}: {e}"))?;
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {
+                "name": worker::configmap_name(lease),
+                "labels": {"palisade.dev/fenced-by": lease},
+                "annotations": {"palisade.dev/fencing-token": "0"},
+            },
+        }))
+        .unwrap();
+        match configmaps.create(&PostParams::default(), &cm).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(format!("creating the fenced ConfigMap of {lease}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// The API server loads a new admission policy asynchronously: wait until a stale
+/// write to a probe object is refused.
+async fn wait_policy_active(configmaps: &Api<ConfigMap>) -> Result<(), String> {
+    let probe: ConfigMap = serde_json::from_value(json!({
+        "metadata": {
+            "name": "policy-probe",
+            "labels": {"palisade.dev/fenced-by": "probe"},
+            "annotations": {"palisade.dev/fencing-token": "5"},
+        },
+    }))
+    .unwrap();
+    match configmaps.create(&PostParams::default(), &probe).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(format!("creating the policy probe: {e}")),
+    }
+    let stale = json!({"metadata": {"annotations": {"palisade.dev/fencing-token": "1"}}});
+    for _ in 0..300 {
+        match configmaps
+            .patch(
+                "policy-probe",
+                &PatchParams::default(),
+                &Patch::Merge(&stale),
+            )
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 403 => return Ok(()),
+            Err(e) => return Err(format!("probing the fencing policy: {e}")),
+            Ok(_) => {
+                // Accepted: not enforced yet. Put the token back up and try again.
+                let up = json!({"metadata": {"annotations": {"palisade.dev/fencing-token": "5"}}});
+                let _ = configmaps
+                    .patch("policy-probe", &PatchParams::default(), &Patch::Merge(&up))
+                    .await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    Err("the object-fencing policy was not enforced within 30s".into())
+}
+
+/// The admin kubeconfig (`admin_text`) with the API server's address replaced by a
+/// proxy's (on `port`), written to `path`.
+pub fn kubeconfig_via(admin_text: &str, port: u16, path: PathBuf) -> PathBuf {
+    let text = admin_text.replace(
+        &format!("https://127.0.0.1:{APISERVER_PORT}"),
+        &format!("https://127.0.0.1:{port}"),
+    );
+    std::fs::write(&path, text).expect("writing a kubeconfig");
+    path
+}

@@ -1,0 +1,145 @@
+//! After the run: reads the recorded history and the stores' commit orders, has the
+//! checker (history.rs) judge them, prints the verdict, and fails a run that found a
+//! violation or proved nothing.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::cluster::LEASE_SECONDS;
+use crate::dbstores;
+use crate::history::{self, Expectations, JournalWrite, Verdict};
+use crate::processes::{ELECTION_LEASE, ELECTION_RETRY};
+
+/// After the faults stop, each Lease must be granted again within its duration plus
+/// this: the controller's and workers' watches that were cut reconnect with the backoff
+/// of `palisade::watch` (0.2 s doubling to 2 s, plus jitter), and a holder killed just
+/// before the end is only expired after its duration (10 s for all that, as before
+/// leader election); and the replicas may have to elect a leader first, when the last
+/// fault killed the leader or both replicas: a standby takes over once the dead
+/// leader's record has stood unrenewed for the election's lease duration, at its next
+/// try at the latest (the election's own promise, DESIGN.md "Leader election").
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(10)
+    .saturating_add(ELECTION_LEASE)
+    .saturating_add(ELECTION_RETRY);
+
+/// Judges the run whose history is in `out` (the file fence's store in `store`, the
+/// database stores' on `servers`). True: it passed.
+pub async fn judge(
+    out: &Path,
+    store: &Path,
+    servers: &dbstores::Servers,
+    leases: &[String],
+    started: Instant,
+    seed: u64,
+) -> bool {
+    let events = match history::read_dir(out) {
+        Ok(events) => events,
+        Err(e) => {
+            eprintln!("chaos: reading the history: {e}");
+            return false;
+        }
+    };
+    let journal = match read_journal(store) {
+        Ok(journal) => journal,
+        Err(e) => {
+            eprintln!("chaos: reading the file fence's journal: {e}");
+            return false;
+        }
+    };
+    let db_journals = match servers.journals(leases).await {
+        Ok(journals) => journals,
+        Err(e) => {
+            eprintln!("chaos: reading the database stores' commit order: {e}");
+            return false;
+        }
+    };
+    let verdict = history::check_with_stores(
+        &events,
+        &journal,
+        &db_journals,
+        &Expectations {
+            leases: leases.to_vec(),
+            liveness_ns: (Duration::from_secs(LEASE_SECONDS) + LIVENESS_BOUND).as_nanos() as u64,
+            holder_deadline_ns: (Duration::from_secs(LEASE_SECONDS) * 2 / 3).as_nanos() as u64,
+        },
+    );
+    for v in &verdict.violations {
+        println!("chaos: VIOLATION: {v}");
+    }
+    println!(
+        "chaos: accepted writes {:?}, stale rejected {:?}, unknown outcomes {}, \
+         recovery after healing (ms) {:?}, {} history events, {:.0} s in all",
+        verdict.accepted,
+        verdict.stale_rejected,
+        verdict.unknown_outcomes,
+        verdict.recovery_ms,
+        events.len(),
+        started.elapsed().as_secs_f64()
+    );
+    println!("{}", verdict.summary());
+    if !verdict.violations.is_empty() {
+        println!("chaos: FAILED; history kept in {}", out.display());
+        return false;
+    }
+    if !proves_something(&verdict, out) {
+        return false;
+    }
+    println!("chaos: ok (seed {seed}, history in {})", out.display());
+    true
+}
+
+/// A run without violations that never exercised a store's fencing (or a lossy
+/// store's failing closed) proves nothing about it: false, and says which.
+fn proves_something(verdict: &Verdict, out: &Path) -> bool {
+    for store in dbstores::STORES {
+        if verdict.stale_rejected.get(store).copied().unwrap_or(0) == 0 {
+            println!(
+                "chaos: FAILED: the {store} store rejected no stale write, so this run proves \
+                 nothing about it (history in {})",
+                out.display()
+            );
+            return false;
+        }
+    }
+    for lossy in dbstores::LOSSY {
+        let lost = verdict.faults.get(lossy.fault.name()).copied().unwrap_or(0);
+        let refused = verdict
+            .no_mark_refused
+            .get(lossy.store)
+            .copied()
+            .unwrap_or(0);
+        if lost == 0 || refused == 0 {
+            println!(
+                "chaos: FAILED: the {} store lost its marks {lost} times and refused {refused} \
+                 writes for it, so this run proves nothing about failing closed (history in {})",
+                lossy.store,
+                out.display()
+            );
+            return false;
+        }
+    }
+    if verdict.stale_rejected_total() == 0 {
+        println!(
+            "chaos: FAILED: no stale write was attempted, so this run proves nothing \
+             (history in {})",
+            out.display()
+        );
+        return false;
+    }
+    true
+}
+
+fn read_journal(store: &Path) -> Result<Vec<JournalWrite>, String> {
+    let fence = palisade::fence::Fence::new(
+        palisade::fence::FileStore::open(store).map_err(|e| e.to_string())?,
+    );
+    fence
+        .journal()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|entry| {
+            serde_json::from_str::<JournalWrite>(&entry.payload)
+                .map_err(|e| format!("journal payload {:?}: {e}", entry.payload))
+        })
+        .collect()
+}
