@@ -31,8 +31,7 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{Error, Result};
-use crate::error::ApiErrorKind;
+use crate::api_error::ApiErrorKind;
 use crate::kube_client::within;
 
 /// How long one attempt (a read and a write of the record) may take. It bounds a
@@ -69,6 +68,35 @@ impl Default for ElectionTimings {
 }
 
 /// Timings that cannot work: named, with the values given.
+/// Why a leader stopped leading.
+#[derive(Debug, thiserror::Error)]
+pub enum ElectionError {
+    /// The write of the election lease failed (classified once by [`ApiErrorKind`]).
+    #[error("write the election lease: {source}")]
+    Api {
+        kind: ApiErrorKind,
+        #[source]
+        source: kube::Error,
+    },
+    /// Another replica holds the election lease now.
+    #[error("another replica took the election lease")]
+    Lost,
+    /// The election lease could not be renewed within the renew deadline.
+    #[error("could not renew the election lease within {0:?}")]
+    RenewDeadline(Duration),
+}
+
+impl ElectionError {
+    /// The log label: one of a fixed set of short words.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ElectionError::Api { kind, .. } => kind.label(),
+            ElectionError::Lost => "election_lost",
+            ElectionError::RenewDeadline(_) => "renew_deadline",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TimingsError {
     #[error(
@@ -95,7 +123,7 @@ pub enum TimingsError {
 }
 
 impl ElectionTimings {
-    pub fn validate(self) -> std::result::Result<Self, TimingsError> {
+    pub fn validate(self) -> Result<Self, TimingsError> {
         let ElectionTimings {
             lease_duration,
             renew_deadline,
@@ -176,7 +204,7 @@ impl Elector {
     }
 
     /// Renews until shutdown (Ok) or until the lease cannot be renewed within the renew deadline (Err).
-    pub async fn hold(&mut self, shutdown: &CancellationToken) -> Result<()> {
+    pub async fn hold(&mut self, shutdown: &CancellationToken) -> Result<(), ElectionError> {
         let timings = self.config.timings;
         // Counted from the start of the attempt that acquired or renewed: see the module doc.
         let mut last_renewed = self.last_attempt_started.unwrap_or_else(Instant::now);
@@ -188,11 +216,11 @@ impl Elector {
             let started = Instant::now();
             match self.attempt().await {
                 Ok(true) => last_renewed = started,
-                Ok(false) => return Err(Error::ElectionLost),
+                Ok(false) => return Err(ElectionError::Lost),
                 Err(e) => {
                     tracing::warn!(error = %e, reason = e.label(), "leader election: renewal failed");
                     if last_renewed.elapsed() > timings.renew_deadline {
-                        return Err(Error::RenewDeadline(timings.renew_deadline));
+                        return Err(ElectionError::RenewDeadline(timings.renew_deadline));
                     }
                 }
             }
@@ -236,14 +264,17 @@ impl Elector {
     }
 
     /// One attempt, given up (as a failed attempt) after [`ATTEMPT_DEADLINE`].
-    async fn attempt(&mut self) -> Result<bool> {
+    async fn attempt(&mut self) -> Result<bool, ElectionError> {
         self.last_attempt_started = Some(Instant::now());
         within(ATTEMPT_DEADLINE, self.try_acquire_or_renew())
             .await
-            .map_err(|e| Error::api("write the election lease", e))
+            .map_err(|source| ElectionError::Api {
+                kind: ApiErrorKind::of(&source),
+                source,
+            })
     }
 
-    async fn try_acquire_or_renew(&mut self) -> std::result::Result<bool, kube::Error> {
+    async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
         // A leader renews the record it wrote last without reading it first: half the
         // requests of read-then-write. A conflict means someone else wrote it since,
         // and the read below decides.
@@ -330,6 +361,26 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn election_failures_have_their_own_labels() {
+        assert_eq!(ElectionError::Lost.label(), "election_lost");
+        let e = ElectionError::RenewDeadline(Duration::from_secs(10));
+        assert_eq!(e.label(), "renew_deadline");
+        assert_eq!(
+            e.to_string(),
+            "could not renew the election lease within 10s"
+        );
+        let api = ElectionError::Api {
+            kind: ApiErrorKind::Conflict,
+            source: crate::api_error::refusal(409, "test"),
+        };
+        assert_eq!(api.label(), "conflict");
+        assert!(
+            api.to_string().starts_with("write the election lease: "),
+            "{api}"
+        );
+    }
 
     fn timings(lease_ms: u64, renew_ms: u64, retry_ms: u64) -> ElectionTimings {
         ElectionTimings {

@@ -40,8 +40,9 @@ impl Ending {
     }
 }
 
+/// The claim a decision grants the Lease to, with its token.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grant {
+pub struct NewHolder {
     pub claim: String,
     pub identity: String,
     pub token: i64,
@@ -88,7 +89,7 @@ pub enum Check {
 pub struct Decision {
     /// The new Lease status, when it differs from the observed one.
     pub lease_status: Option<LeaseStatus>,
-    pub granted: Option<Grant>,
+    pub granted: Option<NewHolder>,
     pub ended: Option<Ended>,
     pub claim_updates: Vec<ClaimUpdate>,
     /// What the writer confirms before writing anything (each at most once).
@@ -278,7 +279,7 @@ fn hand_over<'w>(
         lease.metadata.generation,
         wall,
     );
-    decision.granted = Some(Grant {
+    decision.granted = Some(NewHolder {
         claim: next.claim.name.clone(),
         identity: next.claim.holder_identity.clone(),
         token: token.token,

@@ -15,7 +15,7 @@
 //! the kernel's TCP timeout, about 15 minutes. The controller's client
 //! ([`controller_default`]) gives up on a connection that delivers nothing for
 //! [`READ_TIMEOUT`] (counted from when the request was written); its watches ask the
-//! API server to end them after [`WATCH_TIMEOUT_SECS`], before that timeout can fire
+//! API server to end them after [`CONTROLLER_WATCH_TIMEOUT_SECS`], before that timeout can fire
 //! on a healthy but quiet watch, so a dead watch is noticed within
 //! [`READ_TIMEOUT`] too. [`within`] puts a deadline on a whole call, for the
 //! configurations where we do not build the connector ourselves.
@@ -74,10 +74,10 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// The server-side timeout of the controller's watches (`timeoutSeconds`): shorter
 /// than [`READ_TIMEOUT`], so a quiet healthy watch ends and is resumed (from its last
 /// resourceVersion, no relist) before the read timeout would take it for dead.
-pub const WATCH_TIMEOUT_SECS: u32 = 4;
+pub const CONTROLLER_WATCH_TIMEOUT_SECS: u32 = 4;
 
 /// The deadline of one controller API call, connection set-up and retries included.
-pub const CALL_DEADLINE: Duration = Duration::from_secs(10);
+pub const CONTROLLER_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The controller's client: [`client`] with [`READ_TIMEOUT`] on every connection.
 pub async fn controller_default() -> Result<Client, kube::Error> {

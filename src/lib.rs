@@ -8,7 +8,7 @@
 //!
 //! | feature | what it adds | heavy dependencies |
 //! | --- | --- | --- |
-//! | `client` | [`api`], [`client`], [`kube_client`], [`error`]: the CRD types and the client library | kube, tokio |
+//! | `client` | [`api`], [`client`], [`kube_client`], [`api_error`]: the CRD types and the client library | kube, tokio |
 //! | `fence` | [`fence`]: the fencing rule, [`fence::FileStore`] and [`fence::MemoryStore`] | none |
 //! | `postgres` | [`fence::postgres`] (implies `fence`) | tokio-postgres |
 //! | `redis` | [`fence::redis`] (implies `fence`) | redis |
@@ -58,6 +58,8 @@
 pub mod agent;
 #[cfg(feature = "client")]
 pub mod api;
+#[cfg(feature = "client")]
+pub mod api_error;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
@@ -70,8 +72,6 @@ pub mod controller;
 #[cfg(feature = "controller")]
 #[doc(hidden)]
 pub mod election;
-#[cfg(feature = "client")]
-pub mod error;
 #[cfg(feature = "controller")]
 #[doc(hidden)]
 pub mod events;

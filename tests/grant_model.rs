@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
-use palisade::controller::{self, ControllerConfig, Input, Loop, Outcome, Store};
+use palisade::controller::{self, ApiServer, ControllerConfig, Input, Loop, Outcome};
 use palisade::events::Publisher;
 use palisade::grant::{ClaimUpdate, Ending, decide};
 use palisade::index::{Index, LeaseKey, POD_GRACE};
@@ -429,10 +429,13 @@ impl World {
 struct Model(Arc<Mutex<World>>, usize);
 
 fn refusal(call: &'static str, code: u16) -> controller::Error {
-    controller::Error::api(call, palisade::error::refusal(code, "refused by the model"))
+    controller::Error::api(
+        call,
+        palisade::api_error::refusal(code, "refused by the model"),
+    )
 }
 
-impl Store for Model {
+impl ApiServer for Model {
     async fn get_lease(&self, _key: &LeaseKey) -> controller::Result<Option<Lease>> {
         Ok(self.0.lock().unwrap().lease.clone())
     }

@@ -36,8 +36,8 @@ use self::metrics::AgentMetrics;
 use self::session::{GrantKey, Session, Slot, hold};
 use self::token_files::TokenFiles;
 use self::wire::{AcquireRequest, ApiError, SessionRequest};
+use crate::api_error::ApiErrorKind;
 use crate::client::{Error as ClientError, LeaseClient, default_identity};
-use crate::error::ApiErrorKind;
 use crate::telemetry::{self, Readiness};
 
 /// The socket's default path: in an `emptyDir` mounted at `/run/palisade` in every

@@ -65,8 +65,8 @@ use tokio_util::task::TaskTracker;
 use crate::api::{
     ClaimPhase, Lease, LeaseClaim, LeaseClaimSpec, LeaseSpec, MAX_LEASE_DURATION_SECONDS, PodRef,
 };
+use crate::api_error::ApiErrorKind;
 use crate::conditions::lost;
-use crate::error::ApiErrorKind;
 
 /// Field manager of the writes made by this library.
 pub const CLIENT_MANAGER: &str = "palisade-client";
@@ -90,7 +90,7 @@ pub const GRANT_WATCH_TIMEOUT_SECS: u32 = 5;
 /// The server-side timeout of every other watch: a holder's (its renewals, each under
 /// [`CALL_TIMEOUT`] and judged on the claim they return, notice an ended grant without
 /// them) and a waiter's watch of its own claim (which only ends the wait early).
-pub const WATCH_TIMEOUT_SECS: u32 = 60;
+pub const QUIET_WATCH_TIMEOUT_SECS: u32 = 60;
 
 /// How long a claim's deletion is retried (each attempt bounded by [`CALL_TIMEOUT`]).
 const DELETE_LIMIT: Duration = Duration::from_secs(10);
@@ -311,7 +311,7 @@ impl LeaseClient {
         let identity = options.identity.clone().unwrap_or_else(default_identity);
         let claim = new_claim(lease, &identity, options.pod.resolve());
         let timer = BootTimer::new().map_err(Error::Clock)?;
-        let created = within(deadline, self.create_claim(claim))
+        let created = until_deadline(deadline, self.create_claim(claim))
             .await
             .ok_or_else(timed_out)??;
         let guard = ClaimGuard {
@@ -324,8 +324,9 @@ impl LeaseClient {
 
         // Watch both before deciding anything: the first event of each is the current state.
         let mut lease_events = watch_one(self.leases.clone(), lease, GRANT_WATCH_TIMEOUT_SECS);
-        let mut claim_events = watch_one(self.claims.clone(), &guard.name, WATCH_TIMEOUT_SECS);
-        let waited = within(
+        let mut claim_events =
+            watch_one(self.claims.clone(), &guard.name, QUIET_WATCH_TIMEOUT_SECS);
+        let waited = until_deadline(
             deadline,
             wait_for_grant(lease, &guard, &mut lease_events, &mut claim_events),
         )
@@ -347,7 +348,7 @@ impl LeaseClient {
         // The holder's Lease watch on the slower period: its first event is the Lease
         // now, so nothing since the grant is missed.
         drop(lease_events);
-        let lease_events = watch_one(self.leases.clone(), lease, WATCH_TIMEOUT_SECS);
+        let lease_events = watch_one(self.leases.clone(), lease, QUIET_WATCH_TIMEOUT_SECS);
 
         let (lost_tx, lost_rx) = watch::channel(None);
         let stop = CancellationToken::new();
@@ -748,7 +749,7 @@ fn name_slug(identity: &str) -> String {
     slug.trim_end_matches('-').to_string()
 }
 
-async fn within<T>(deadline: Option<Instant>, fut: impl Future<Output = T>) -> Option<T> {
+async fn until_deadline<T>(deadline: Option<Instant>, fut: impl Future<Output = T>) -> Option<T> {
     match deadline {
         Some(deadline) => timeout_at(deadline, fut).await.ok(),
         None => Some(fut.await),
@@ -1203,7 +1204,7 @@ mod tests {
 
     #[test]
     fn a_renewal_gives_up_only_when_the_claim_is_gone() {
-        let refused = |code: u16| RenewalError::Api(crate::error::refusal(code, "refused"));
+        let refused = |code: u16| RenewalError::Api(crate::api_error::refusal(code, "refused"));
         for code in [404, 409, 422] {
             assert!(!refused(code).is_retried(), "{code}");
         }

@@ -1,4 +1,4 @@
-//! The API calls the writer makes, behind a small trait: [`KubeStore`] makes them on
+//! The API calls the writer makes, behind a small trait: [`KubeApiServer`] makes them on
 //! the API server; tests answer them from a model server with the same
 //! compare-and-swap rules (`tests/grant_model.rs`).
 
@@ -12,10 +12,10 @@ use super::error::{Error, Result};
 use crate::api::{CONTROLLER_MANAGER, Lease, LeaseClaim};
 use crate::grant::ClaimUpdate;
 use crate::index::LeaseKey;
-use crate::kube_client::{CALL_DEADLINE, within};
+use crate::kube_client::{CONTROLLER_CALL_TIMEOUT, within};
 
 /// Reads are quorum reads (served from etcd, not a cache); writes are conditional.
-pub trait Store: Clone + Send + Sync + 'static {
+pub trait ApiServer: Clone + Send + Sync + 'static {
     fn get_lease(&self, key: &LeaseKey) -> impl Future<Output = Result<Option<Lease>>> + Send;
 
     fn get_claim(
@@ -47,36 +47,36 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<LeaseClaim>> + Send;
 }
 
-/// The API server, each call under [`CALL_DEADLINE`].
+/// The API server, each call under [`CONTROLLER_CALL_TIMEOUT`].
 #[derive(Clone)]
-pub struct KubeStore {
+pub struct KubeApiServer {
     client: Client,
 }
 
-impl KubeStore {
+impl KubeApiServer {
     pub fn new(client: Client) -> Self {
         Self { client }
     }
 }
 
-impl Store for KubeStore {
+impl ApiServer for KubeApiServer {
     async fn get_lease(&self, key: &LeaseKey) -> Result<Option<Lease>> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), &key.namespace);
-        within(CALL_DEADLINE, api.get_opt(&key.name))
+        within(CONTROLLER_CALL_TIMEOUT, api.get_opt(&key.name))
             .await
             .map_err(|e| Error::api("get Lease", e))
     }
 
     async fn get_claim(&self, namespace: &str, name: &str) -> Result<Option<LeaseClaim>> {
         let api: Api<LeaseClaim> = Api::namespaced(self.client.clone(), namespace);
-        within(CALL_DEADLINE, api.get_opt(name))
+        within(CONTROLLER_CALL_TIMEOUT, api.get_opt(name))
             .await
             .map_err(|e| Error::api("get LeaseClaim", e))
     }
 
     async fn get_pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        within(CALL_DEADLINE, api.get_opt(name))
+        within(CONTROLLER_CALL_TIMEOUT, api.get_opt(name))
             .await
             .map_err(|e| Error::api("get Pod", e))
     }
@@ -88,7 +88,7 @@ impl Store for KubeStore {
             ..Default::default()
         };
         within(
-            CALL_DEADLINE,
+            CONTROLLER_CALL_TIMEOUT,
             api.replace_status(&key.name, &params, desired),
         )
         .await
@@ -115,7 +115,7 @@ impl Store for KubeStore {
         let patch: json_patch::Patch =
             serde_json::from_value(patch).expect("a well-formed JSON patch");
         within(
-            CALL_DEADLINE,
+            CONTROLLER_CALL_TIMEOUT,
             api.patch_status(
                 &update.name,
                 &PatchParams::default(),

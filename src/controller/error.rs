@@ -1,9 +1,8 @@
-//! The controller side's one error type: a failed API call (classified once by
-//! [`ApiErrorKind`]) or a lost election, each with a low-cardinality [`Error::label`].
+//! The controller's error type: a failed API call, classified once by
+//! [`ApiErrorKind`], with a low-cardinality [`Error::label`]. (The election has its
+//! own, `election::ElectionError`.)
 
-use std::time::Duration;
-
-use crate::error::ApiErrorKind;
+use crate::api_error::ApiErrorKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -15,12 +14,6 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// Another replica holds the election lease now.
-    #[error("another replica took the election lease")]
-    ElectionLost,
-    /// The election lease could not be renewed within the renew deadline.
-    #[error("could not renew the election lease within {0:?}")]
-    RenewDeadline(Duration),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -39,7 +32,6 @@ impl Error {
     pub fn kind(&self) -> Option<ApiErrorKind> {
         match self {
             Error::Api { kind, .. } => Some(*kind),
-            _ => None,
         }
     }
 
@@ -52,8 +44,6 @@ impl Error {
     pub fn label(&self) -> &'static str {
         match self {
             Error::Api { kind, .. } => kind.label(),
-            Error::ElectionLost => "election_lost",
-            Error::RenewDeadline(_) => "renew_deadline",
         }
     }
 }
@@ -63,7 +53,7 @@ mod tests {
     use super::*;
 
     fn status(code: u16) -> kube::Error {
-        crate::error::refusal(code, "test")
+        crate::api_error::refusal(code, "test")
     }
 
     #[test]
@@ -75,17 +65,5 @@ mod tests {
         assert_eq!(e.label(), "conflict");
         assert!(e.to_string().starts_with("replace Lease status: "), "{e}");
         assert_eq!(Error::api("get Pod", status(503)).label(), "transient");
-    }
-
-    #[test]
-    fn election_failures_have_their_own_labels() {
-        assert_eq!(Error::ElectionLost.label(), "election_lost");
-        assert_eq!(Error::ElectionLost.kind(), None);
-        let e = Error::RenewDeadline(Duration::from_secs(10));
-        assert_eq!(e.label(), "renew_deadline");
-        assert_eq!(
-            e.to_string(),
-            "could not renew the election lease within 10s"
-        );
     }
 }

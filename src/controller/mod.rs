@@ -15,21 +15,21 @@
 //! waits or is written (DESIGN.md, "Storms").
 //!
 //! The parts: [`WorkQueue`] (which Leases to decide, and when), [`Index::handle`]
-//! (every watch event, relists included), [`Store`] (the API calls a write pass
-//! makes, with [`KubeStore`] the API server), a write pass with its named [`Retry`]
+//! (every watch event, relists included), [`ApiServer`] (the API calls a write pass
+//! makes, with [`KubeApiServer`] the API server), a write pass with its named [`Retry`]
 //! policies, and [`Error`]. [`Loop`] joins them; [`run`] feeds it from the watches,
 //! and tests drive it directly (`tests/grant_model.rs`).
 
+mod api_server;
 mod error;
 mod queue;
-mod store;
-mod writer;
+mod write_pass;
 
+pub use api_server::{ApiServer, KubeApiServer};
 pub use error::{Error, Result};
 pub use queue::WorkQueue;
-pub use store::{KubeStore, Store};
-use writer::Writer;
-pub use writer::{Outcome, Pass, Retry};
+use write_pass::WritePass;
+pub use write_pass::{Outcome, Pass, Retry};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,7 +52,7 @@ use crate::conditions;
 use crate::events::{self, Publisher};
 use crate::grant;
 use crate::index::{Index, LeaseKey};
-use crate::kube_client::WATCH_TIMEOUT_SECS;
+use crate::kube_client::CONTROLLER_WATCH_TIMEOUT_SECS;
 use crate::telemetry::{Metrics, Readiness};
 
 #[derive(Debug, Clone)]
@@ -101,7 +101,7 @@ pub async fn run(
     };
     // Short server-side timeouts, so the read timeout of the controller's client
     // (`crate::kube_client`) notices a dead watch connection within seconds.
-    let wc = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+    let wc = watcher::Config::default().timeout(CONTROLLER_WATCH_TIMEOUT_SECS);
     // Objects are slimmed as they arrive, before the index holds on to them: it
     // keeps only what decisions need (see `crate::watch`).
     let inputs = futures::stream::select_all(vec![
@@ -130,7 +130,7 @@ pub async fn run(
         metrics.clone(),
         events_wait,
     );
-    let mut state = Loop::new(KubeStore::new(client), config, metrics, events);
+    let mut state = Loop::new(KubeApiServer::new(client), config, metrics, events);
     let mut writes = FuturesUnordered::new();
     let mut was_leading = false;
 
@@ -179,7 +179,7 @@ pub async fn run(
 /// and starts write passes; [`run`] (or a test) runs them and hands their outcomes
 /// back to [`Loop::finish`]. Every step takes the controller's clock reading.
 pub struct Loop<S> {
-    store: S,
+    api: S,
     config: ControllerConfig,
     metrics: Arc<Metrics>,
     events: Publisher,
@@ -190,15 +190,10 @@ pub struct Loop<S> {
     mirror_passes: usize,
 }
 
-impl<S: Store> Loop<S> {
-    pub fn new(
-        store: S,
-        config: ControllerConfig,
-        metrics: Arc<Metrics>,
-        events: Publisher,
-    ) -> Self {
+impl<S: ApiServer> Loop<S> {
+    pub fn new(api: S, config: ControllerConfig, metrics: Arc<Metrics>, events: Publisher) -> Self {
         Loop {
-            store,
+            api,
             config,
             metrics,
             events,
@@ -370,8 +365,8 @@ impl<S: Store> Loop<S> {
                 }
             };
             self.begin(key.clone(), pass);
-            let writer = Writer {
-                store: self.store.clone(),
+            let writer = WritePass {
+                api: self.api.clone(),
                 metrics: self.metrics.clone(),
                 events: self.events.clone(),
             };
@@ -544,12 +539,18 @@ mod tests {
         };
         let metrics = Arc::new(Metrics::default());
         let events = Publisher::spawn(offline_client(), "test", metrics.clone());
-        let mut state = Loop::new(KubeStore::new(offline_client()), config, metrics, events);
+        let mut state = Loop::new(
+            KubeApiServer::new(offline_client()),
+            config,
+            metrics,
+            events,
+        );
         let key = LeaseKey::new("ns", "db");
         let now = Instant::now();
         let old = lease("uid-old", 10, None);
-        let uid =
-            |state: &Loop<KubeStore>| state.index.lease(&key).and_then(|l| l.metadata.uid.clone());
+        let uid = |state: &Loop<KubeApiServer>| {
+            state.index.lease(&key).and_then(|l| l.metadata.uid.clone())
+        };
 
         // A write computed for the old Lease is in flight when the watch reports it
         // deleted and re-created; then the write's outcome arrives.
@@ -625,10 +626,10 @@ mod retry_tests {
     }
 
     fn refused(code: u16) -> Error {
-        Error::api("test", crate::error::refusal(code, "test"))
+        Error::api("test", crate::api_error::refusal(code, "test"))
     }
 
-    impl Store for Refusing {
+    impl ApiServer for Refusing {
         async fn get_lease(&self, _: &LeaseKey) -> Result<Option<Lease>> {
             Ok(Some(self.lease.clone()))
         }
@@ -728,7 +729,7 @@ mod mirror_tests {
     #[derive(Clone)]
     struct Accepting;
 
-    impl Store for Accepting {
+    impl ApiServer for Accepting {
         async fn get_lease(&self, _: &LeaseKey) -> Result<Option<Lease>> {
             Ok(None)
         }

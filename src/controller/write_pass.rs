@@ -9,11 +9,11 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+use super::api_server::ApiServer;
 use super::error::Result;
-use super::store::Store;
 use crate::api::{Lease, LeaseClaim};
+use crate::api_error::ApiErrorKind::{Conflict, Invalid, NotFound};
 use crate::conditions;
-use crate::error::ApiErrorKind::{Conflict, Invalid, NotFound};
 use crate::events::{self, Publisher};
 use crate::grant::{Check, ClaimUpdate, Decision, Ending};
 use crate::index::LeaseKey;
@@ -88,13 +88,13 @@ const CLAIM_WRITE_CONCURRENCY: usize = 4;
 
 /// One pass's writes for one Lease, in DESIGN's order: confirm, the holder's claim,
 /// the Lease; the other claims' mirrors in a pass of their own ([`Pass::Mirrors`]).
-pub(super) struct Writer<S> {
-    pub(super) store: S,
+pub(super) struct WritePass<S> {
+    pub(super) api: S,
     pub(super) metrics: Arc<Metrics>,
     pub(super) events: Publisher,
 }
 
-impl<S: Store> Writer<S> {
+impl<S: ApiServer> WritePass<S> {
     pub(super) async fn write(
         self,
         key: LeaseKey,
@@ -142,13 +142,13 @@ impl<S: Store> Writer<S> {
             .cloned()
             .partition(|u| u.condition_on.is_some());
         for update in &first {
-            match self.store.patch_claim_status(&key.namespace, update).await {
+            match self.api.patch_claim_status(&key.namespace, update).await {
                 Ok(written) => outcome.claims.push(written),
                 // Deleted meanwhile: the grant ends all the same (released).
                 Err(e) if e.is(&[NotFound]) => {}
                 Err(e) if e.is(&[Conflict, Invalid]) => {
                     tracing::info!(lease = %key, claim = %update.name, "the holder's claim changed since the decision (a renewal?); deciding again");
-                    match self.store.get_claim(&key.namespace, &update.name).await {
+                    match self.api.get_claim(&key.namespace, &update.name).await {
                         Ok(Some(fresh)) if fresh.uid().as_deref() == Some(update.uid.as_str()) => {
                             outcome.fresh_claims.push(fresh);
                         }
@@ -178,7 +178,7 @@ impl<S: Store> Writer<S> {
             desired.status = Some(status.clone());
             // PUT /status carries metadata.resourceVersion: the API server refuses it
             // with 409 if the Lease changed since we decided (DESIGN rule 2).
-            match self.store.replace_lease_status(&key, &desired).await {
+            match self.api.replace_lease_status(&key, &desired).await {
                 Ok(written) => {
                     wrote_lease = true;
                     outcome.lease = Some(written.clone());
@@ -216,10 +216,10 @@ impl<S: Store> Writer<S> {
         }
         let mut results = futures::stream::iter(rest)
             .map(|update| {
-                let store = self.store.clone();
+                let api = self.api.clone();
                 let namespace = key.namespace.clone();
                 async move {
-                    let result = store.patch_claim_status(&namespace, &update).await;
+                    let result = api.patch_claim_status(&namespace, &update).await;
                     (update.name, result)
                 }
             })
@@ -312,7 +312,7 @@ impl<S: Store> Writer<S> {
         for check in checks {
             match check {
                 Check::ClaimGone { name, uid } => {
-                    if let Some(claim) = self.store.get_claim(&key.namespace, name).await?
+                    if let Some(claim) = self.api.get_claim(&key.namespace, name).await?
                         && claim.uid().as_deref() == Some(uid.as_str())
                         && claim.metadata.deletion_timestamp.is_none()
                     {
@@ -321,7 +321,7 @@ impl<S: Store> Writer<S> {
                     }
                 }
                 Check::PodGone { name, uid } => {
-                    if let Some(pod) = self.store.get_pod(&key.namespace, name).await?
+                    if let Some(pod) = self.api.get_pod(&key.namespace, name).await?
                         && pod.metadata.deletion_timestamp.is_none()
                         && uid
                             .as_ref()
@@ -337,14 +337,14 @@ impl<S: Store> Writer<S> {
                     }
                 }
                 Check::LeaseGone => {
-                    if self.store.get_lease(key).await?.is_some() {
+                    if self.api.get_lease(key).await?.is_some() {
                         // The index missed it: wait for the Lease watch to deliver it.
                         confirmed = false;
                     }
                 }
                 Check::LeaseUnchanged => {
                     let current_rv = lease.and_then(|l| l.resource_version());
-                    match self.store.get_lease(key).await? {
+                    match self.api.get_lease(key).await? {
                         Some(fresh) if fresh.resource_version() == current_rv => {}
                         Some(fresh) => {
                             outcome.lease = Some(fresh);
@@ -365,7 +365,7 @@ impl<S: Store> Writer<S> {
 
     /// After a failed write: read the Lease again and decide once more.
     async fn reread(&self, mut outcome: Outcome, retry: Retry) -> Outcome {
-        match self.store.get_lease(&outcome.key).await {
+        match self.api.get_lease(&outcome.key).await {
             Ok(Some(fresh)) => outcome.lease = Some(fresh),
             Ok(None) => outcome.lease_gone = true,
             Err(e) => {
