@@ -1,6 +1,6 @@
 //! Every condition type, reason and message palisade writes or reports, in one place.
 //!
-//! The grant decision ([`crate::grant`]) writes them into `Lease.status.conditions`
+//! The grant decision ([`crate::controller::grant`]) writes them into `Lease.status.conditions`
 //! and `LeaseClaim.status.conditions`; the controller repeats them in Events and logs;
 //! the client library words why a grant was lost ([`crate::client::LostReason`]) next
 //! to what the controller wrote. A *type* or *reason* is a CamelCase word that users
@@ -37,7 +37,7 @@ pub mod reasons {
     pub const LEASE_NOT_FOUND: &str = "LeaseNotFound";
 
     // How a grant ends: the claim's `Granted` reason, the Event's reason and the log's
-    // `reason` field (see [`crate::grant::Ending`]).
+    // `reason` field (see [`crate::controller::grant::Ending`]).
     /// The holder deleted its claim.
     pub const RELEASED: &str = "Released";
     /// No renewal observed within the lease duration.
@@ -120,7 +120,7 @@ pub mod messages {
     }
 
     // Why a claim's pod counts as gone (reason `Revoked` for the holder, `PodGone` for
-    // a pending claim); see [`crate::index::PodProblem`].
+    // a pending claim); see [`crate::controller::index::PodProblem`].
     pub fn pod_not_seen(pod: &str) -> String {
         format!("pod {pod} has not been seen yet")
     }

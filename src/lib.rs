@@ -12,8 +12,8 @@
 //! | `fence` | [`fence`]: the fencing rule, [`fence::FileStore`] and [`fence::MemoryStore`] | none |
 //! | `postgres` | [`fence::postgres`] (implies `fence`) | tokio-postgres |
 //! | `redis` | [`fence::redis`] (implies `fence`) | redis |
-//! | `controller` | [`controller`] and [`telemetry`]: the lease controller (implies `client`) | axum, prometheus-client |
-//! | `agent` | [`agent`]: `palisade agent`, the per-pod sidecar's local HTTP API (implies `client`) | axum, prometheus-client |
+//! | `controller` | [`controller`] (with its [`controller::metrics`]) and [`admin`]: the lease controller (implies `client`) | axum, prometheus-client |
+//! | `agent` | [`agent`] and [`admin`]: `palisade agent`, the per-pod sidecar's local HTTP API (implies `client`) | axum, prometheus-client |
 //! | `cli` | the `palisade` binary (implies `client`, `fence`, `controller`, `agent`) | clap, tracing-subscriber |
 //!
 //! `default` is the full build: `cli`, `postgres` and `redis`. A program that takes
@@ -49,11 +49,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules not listed here (`cli`, `election`, `events`, `grant`, `index`, `watch`) are
-//! public for the tests and the benchmarks only; they are not part of the API.
+//! Modules not listed here (`cli`, `watch_backoff`, and the controller's `election`,
+//! `events`, `grant`, `index` and `slim`) are public for the tests and the benchmarks
+//! only; they are not part of the API.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(any(feature = "controller", feature = "agent"))]
+pub mod admin;
 #[cfg(feature = "agent")]
 pub mod agent;
 #[cfg(feature = "client")]
@@ -69,25 +72,11 @@ pub mod client;
 pub mod conditions;
 #[cfg(feature = "controller")]
 pub mod controller;
-#[cfg(feature = "controller")]
-#[doc(hidden)]
-pub mod election;
-#[cfg(feature = "controller")]
-#[doc(hidden)]
-pub mod events;
 #[cfg(feature = "fence")]
 pub mod fence;
-#[cfg(feature = "controller")]
-#[doc(hidden)]
-pub mod grant;
-#[cfg(feature = "controller")]
-#[doc(hidden)]
-pub mod index;
 #[cfg(feature = "client")]
 pub mod kube_client;
-#[cfg(any(feature = "controller", feature = "agent"))]
-pub mod telemetry;
 pub mod token;
 #[cfg(feature = "client")]
 #[doc(hidden)]
-pub mod watch;
+pub mod watch_backoff;

@@ -532,8 +532,8 @@ async fn a_renewing_holder_keeps_the_lease_while_the_controllers_claim_watch_is_
             concurrency: 4,
             instance: "stalled-claim-watch".into(),
         },
-        Arc::new(palisade::telemetry::Metrics::default()),
-        palisade::telemetry::Readiness::default(),
+        Arc::new(palisade::controller::metrics::Metrics::default()),
+        palisade::admin::Readiness::default(),
         leading,
         shutdown.clone(),
     ));
@@ -667,7 +667,7 @@ async fn a_leader_cut_off_silently_steps_down_on_time() {
     // it leading), past the 750 ms renew deadline: nowhere near the minutes of a TCP
     // timeout; slack for a loaded machine.
     assert!(
-        stepped_down < palisade::election::ATTEMPT_DEADLINE + Duration::from_secs(3),
+        stepped_down < palisade::controller::election::ATTEMPT_DEADLINE + Duration::from_secs(3),
         "{stepped_down:?}"
     );
     // Connections back: the record is still ours (or free), so it leads again.
@@ -956,7 +956,7 @@ async fn a_standby_whose_attempts_fail_at_once_retries_once_per_retry_period() {
     use k8s_openapi::api::coordination::v1::Lease as ElectionRecord;
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    use palisade::election::{ElectionConfig, ElectionTimings, Elector};
+    use palisade::controller::election::{ElectionConfig, ElectionTimings, Elector};
 
     let ns = TestNamespace::new("election-refused").await;
     let pp = PostParams::default();

@@ -384,7 +384,7 @@ async fn rbac_allows_exactly_the_needed_verbs() {
     let (p, c, ev) = ("palisade.dev", "coordination.k8s.io", "events.k8s.io");
 
     let controller: Vec<Check> = vec![
-        // allowed: what src/controller/ and src/election.rs call
+        // allowed: what src/controller/ (election.rs included) calls
         ("list", p, "leases", "", all, "", true),
         ("watch", p, "leases", "", all, "", true),
         ("get", p, "leases", "", elsewhere, "x", true),

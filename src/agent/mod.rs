@@ -36,9 +36,9 @@ use self::metrics::AgentMetrics;
 use self::session::{GrantKey, Session, Slot, hold};
 use self::token_files::TokenFiles;
 use self::wire::{AcquireRequest, ApiError, SessionRequest};
+use crate::admin::{self, Readiness};
 use crate::api_error::ApiErrorKind;
 use crate::client::{Error as ClientError, LeaseClient, default_identity};
-use crate::telemetry::{self, Readiness};
 
 /// The socket's default path: in an `emptyDir` mounted at `/run/palisade` in every
 /// container of the pod.
@@ -294,10 +294,10 @@ pub async fn run(
     let ready = Readiness::default();
     let metrics_text = {
         let metrics = agent.metrics.clone();
-        Arc::new(move || telemetry::encode(&metrics.registry))
+        Arc::new(move || admin::encode(&metrics.registry))
     };
     let admin_stop = CancellationToken::new();
-    let admin = tokio::spawn(telemetry::serve_admin(
+    let admin = tokio::spawn(admin::serve_admin(
         config.admin_addr,
         metrics_text,
         ready.clone(),

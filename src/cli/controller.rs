@@ -13,9 +13,10 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Threads, block_on, default_identity, init_logging, parse_duration, parse_lease_duration,
 };
+use crate::admin::{self, Readiness};
+use crate::controller::election::{ElectionConfig, ElectionTimings, Elector};
+use crate::controller::metrics::Metrics;
 use crate::controller::{self, ControllerConfig};
-use crate::election::{ElectionConfig, ElectionTimings, Elector};
-use crate::telemetry::{self, Metrics, Readiness};
 
 #[derive(Args, Debug)]
 pub struct ControllerArgs {
@@ -98,7 +99,7 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
         let metrics = metrics.clone();
         Arc::new(move || metrics.encode())
     };
-    let admin = tokio::spawn(telemetry::serve_admin(
+    let admin = tokio::spawn(admin::serve_admin(
         args.admin_addr,
         metrics_text,
         ready.clone(),

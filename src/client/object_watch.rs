@@ -49,7 +49,7 @@ where
         timeout_secs,
         resource_version: None,
         stream: None,
-        backoff: crate::watch::backoff(),
+        backoff: crate::watch_backoff::backoff(),
     };
     futures::stream::unfold(state, |mut state| async move {
         let item = state.next().await;

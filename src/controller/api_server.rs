@@ -9,9 +9,9 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use super::error::{Error, Result};
+use super::grant::ClaimUpdate;
+use super::index::LeaseKey;
 use crate::api::{CONTROLLER_MANAGER, Lease, LeaseClaim};
-use crate::grant::ClaimUpdate;
-use crate::index::LeaseKey;
 use crate::kube_client::{CONTROLLER_CALL_TIMEOUT, within};
 
 /// Reads are quorum reads (served from etcd, not a cache); writes are conditional.

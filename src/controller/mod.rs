@@ -21,12 +21,26 @@
 //! and tests drive it directly (`tests/grant_model.rs`).
 
 mod api_server;
+#[doc(hidden)]
+pub mod election;
 mod error;
+#[doc(hidden)]
+pub mod events;
+#[doc(hidden)]
+pub mod grant;
+#[doc(hidden)]
+pub mod index;
+pub mod metrics;
 mod queue;
+#[doc(hidden)]
+pub mod slim;
 mod write_pass;
 
 pub use api_server::{ApiServer, KubeApiServer};
 pub use error::{Error, Result};
+use events::Publisher;
+use index::{Index, LeaseKey};
+use metrics::Metrics;
 pub use queue::WorkQueue;
 use write_pass::WritePass;
 pub use write_pass::{Outcome, Pass, Retry};
@@ -47,13 +61,11 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Readiness;
 use crate::api::{Lease, LeaseClaim};
 use crate::conditions;
-use crate::events::{self, Publisher};
-use crate::grant;
-use crate::index::{Index, LeaseKey};
 use crate::kube_client::CONTROLLER_WATCH_TIMEOUT_SECS;
-use crate::telemetry::{Metrics, Readiness};
+use crate::watch_backoff::backoff;
 
 #[derive(Debug, Clone)]
 pub struct ControllerConfig {
@@ -103,21 +115,21 @@ pub async fn run(
     // (`crate::kube_client`) notices a dead watch connection within seconds.
     let wc = watcher::Config::default().timeout(CONTROLLER_WATCH_TIMEOUT_SECS);
     // Objects are slimmed as they arrive, before the index holds on to them: it
-    // keeps only what decisions need (see `crate::watch`).
+    // keeps only what decisions need (see `slim`).
     let inputs = futures::stream::select_all(vec![
         watcher::watcher(leases, wc.clone())
-            .modify(crate::watch::slim_guarded::<Lease>)
-            .backoff(crate::watch::backoff())
+            .modify(slim::slim_guarded::<Lease>)
+            .backoff(backoff())
             .map(Input::Lease)
             .boxed(),
         watcher::watcher(claims, wc.clone())
-            .modify(crate::watch::slim_guarded::<LeaseClaim>)
-            .backoff(crate::watch::backoff())
+            .modify(slim::slim_guarded::<LeaseClaim>)
+            .backoff(backoff())
             .map(Input::Claim)
             .boxed(),
         watcher::watcher(pods, wc)
-            .modify(crate::watch::slim_pod)
-            .backoff(crate::watch::backoff())
+            .modify(slim::slim_pod)
+            .backoff(backoff())
             .map(Input::Pod)
             .boxed(),
     ]);
@@ -436,7 +448,7 @@ impl<S: ApiServer> Loop<S> {
             }
         }
         for mut pod in outcome.fresh_pods {
-            crate::watch::slim_pod(&mut pod);
+            slim::slim_pod(&mut pod);
             let namespace = pod.namespace().unwrap_or_default();
             if self.index.pod_uid(&namespace, &pod.name_any()) == pod.uid().as_deref() {
                 refreshed |= !self.index.apply_pod(&pod).is_empty();
@@ -614,9 +626,9 @@ mod retry_tests {
     use prometheus_client::metrics::counter::Counter;
     use prometheus_client::metrics::family::Family;
 
+    use super::grant::ClaimUpdate;
+    use super::metrics::WriteLabels;
     use super::*;
-    use crate::grant::ClaimUpdate;
-    use crate::telemetry::WriteLabels;
 
     /// Answers reads with its Lease and every Lease write with `refusal`.
     #[derive(Clone)]
@@ -722,8 +734,8 @@ mod retry_tests {
 /// grants went before), and never take more than half the write slots.
 #[cfg(test)]
 mod mirror_tests {
+    use super::grant::ClaimUpdate;
     use super::*;
-    use crate::grant::ClaimUpdate;
 
     /// Accepts every write, as written.
     #[derive(Clone)]

@@ -11,13 +11,13 @@ use kube::ResourceExt;
 
 use super::api_server::ApiServer;
 use super::error::Result;
+use super::events::{self, Publisher};
+use super::grant::{Check, ClaimUpdate, Decision, Ending};
+use super::index::LeaseKey;
+use super::metrics::{Metrics, WriteLabels};
 use crate::api::{Lease, LeaseClaim};
 use crate::api_error::ApiErrorKind::{Conflict, Invalid, NotFound};
 use crate::conditions;
-use crate::events::{self, Publisher};
-use crate::grant::{Check, ClaimUpdate, Decision, Ending};
-use crate::index::LeaseKey;
-use crate::telemetry::{Metrics, WriteLabels};
 
 /// The named retry policies: when a Lease is decided again after a pass that left it
 /// unsettled.

@@ -12,7 +12,7 @@ use crate::processes::{ELECTION_LEASE, ELECTION_RETRY};
 
 /// After the faults stop, each Lease must be granted again within its duration plus
 /// this: the controller's and workers' watches that were cut reconnect with the backoff
-/// of `palisade::watch` (0.2 s doubling to 2 s, plus jitter), and a holder killed just
+/// of `palisade::watch_backoff` (0.2 s doubling to 2 s, plus jitter), and a holder killed just
 /// before the end is only expired after its duration (10 s for all that, as before
 /// leader election); and the replicas may have to elect a leader first, when the last
 /// fault killed the leader or both replicas: a standby takes over once the dead

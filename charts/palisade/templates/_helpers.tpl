@@ -97,7 +97,7 @@ the check when the schema is skipped).
 {{- end -}}
 
 {{/*
-The election timings as the controller requires them (src/election.rs): leaseDuration whole
+The election timings as the controller requires them (src/controller/election.rs): leaseDuration whole
 seconds from 1s to 24h, leaseDuration > renewDeadline > retryPeriod > 0. A leader whose
 renewal fails stops granting once renewDeadline has passed since its last success; that should
 come before a standby may take over (leaseDuration), and leave room for more than one try

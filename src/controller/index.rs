@@ -434,7 +434,7 @@ impl Index {
         };
         // Write responses arrive here unslimmed, and the watch event of the same
         // version is then skipped above: slim whatever is kept.
-        crate::watch::slim(&mut lease);
+        super::slim::slim(&mut lease);
         entry.lease = Some(Arc::new(lease));
         self.counts.replace(before, Counts::of(entry));
         Some(key)

@@ -28,8 +28,8 @@ use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
 use tokio::sync::{mpsc, watch};
 
+use super::metrics::Metrics;
 use crate::api::CONTROLLER_MANAGER;
-use crate::telemetry::Metrics;
 
 /// Events waiting to be created; beyond this they are dropped and counted.
 pub const QUEUE: usize = 1024;

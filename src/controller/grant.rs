@@ -11,9 +11,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time}
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::index::{ClaimView, LeaseView, PodProblem};
 use crate::api::{ClaimPhase, Holder, Lease, LeaseClaimStatus, LeasePhase, LeaseStatus};
 use crate::conditions::{messages, reasons, types};
-use crate::index::{ClaimView, LeaseView, PodProblem};
 use crate::token::{MAX_TOKEN, TokensExhausted, next_token};
 
 /// How many waiting claims `status.waiting` lists.

@@ -1,21 +1,13 @@
-//! Prometheus metrics and the health endpoints (`/healthz`, `/readyz`, `/metrics`).
+//! The controller's Prometheus metrics ([`crate::admin`] serves them at `/metrics`).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
+
+use crate::admin;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
@@ -158,79 +150,6 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn encode(&self) -> String {
-        encode(&self.registry)
+        admin::encode(&self.registry)
     }
-}
-
-/// The OpenMetrics text of a registry.
-pub fn encode(registry: &Registry) -> String {
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, registry)
-        .expect("writing to a String cannot fail");
-    out
-}
-
-/// Readiness: true once the watches delivered their initial state, false again during shutdown.
-#[derive(Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
-
-impl Readiness {
-    pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::SeqCst);
-    }
-    pub fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// What `/metrics` serves: the text exposition of a process's registry.
-pub type MetricsText = Arc<dyn Fn() -> String + Send + Sync>;
-
-#[derive(Clone)]
-struct AdminState {
-    metrics: MetricsText,
-    ready: Readiness,
-}
-
-/// Serves `/healthz` (the process answers), `/readyz` and `/metrics` until `shutdown`
-/// (the controller's and the agent's admin server).
-pub async fn serve_admin(
-    addr: SocketAddr,
-    metrics: MetricsText,
-    ready: Readiness,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(AdminState { metrics, ready });
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    // The bound address: with port 0 the kernel chose the port.
-    let addr = listener.local_addr()?;
-    tracing::info!(%addr, "admin server listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-}
-
-async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.ready.get() {
-        (StatusCode::OK, "ready")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: caches not synced, or shutting down",
-        )
-    }
-}
-
-async fn metrics_text(State(state): State<AdminState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        (state.metrics)(),
-    )
 }
