@@ -1,6 +1,6 @@
 //! Every condition type, reason and message palisade writes or reports, in one place.
 //!
-//! The grant decision ([`crate::controller::grant`]) writes them into `Lease.status.conditions`
+//! The grant decision (`controller::grant`) writes them into `Lease.status.conditions`
 //! and `LeaseClaim.status.conditions`; the controller repeats them in Events and logs;
 //! the client library words why a grant was lost ([`crate::client::LostReason`]) next
 //! to what the controller wrote. A *type* or *reason* is a CamelCase word that users

@@ -49,9 +49,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Modules not listed here (`cli`, `watch_backoff`, and the controller's `election`,
-//! `events`, `grant`, `index` and `slim`) are public for the tests and the benchmarks
-//! only; they are not part of the API.
+//! `cli` (for the binary and the tests) and the controller's `election` (for the tests)
+//! are public for those only; they are not part of the API.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -74,9 +73,10 @@ pub mod conditions;
 pub mod controller;
 #[cfg(feature = "fence")]
 pub mod fence;
+#[cfg(all(test, feature = "client"))]
+mod fixtures;
 #[cfg(feature = "client")]
 pub mod kube_client;
 pub mod token;
 #[cfg(feature = "client")]
-#[doc(hidden)]
-pub mod watch_backoff;
+mod watch_backoff;

@@ -184,26 +184,19 @@ fn table(rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Holder, LeaseClaimSpec, LeaseClaimStatus, LeaseSpec, LeaseStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use k8s_openapi::jiff::Timestamp;
+    use crate::fixtures::{ClaimBuilder, LeaseBuilder};
 
     #[test]
     fn leases_are_listed_with_holder_token_phase_and_waiting() {
-        let mut held = Lease::new("billing", LeaseSpec::default());
-        held.status = Some(LeaseStatus {
-            phase: Some(LeasePhase::Held),
-            holder: Some(Holder {
-                claim: "billing-w0-abcde".into(),
-                claim_uid: "u".into(),
-                identity: "worker-0".into(),
-                lease_duration_seconds: Some(15),
-            }),
-            fencing_token: Some(1839),
-            waiting_count: Some(2),
-            ..Default::default()
-        });
-        let fresh = Lease::new("new", LeaseSpec::default());
+        let held = LeaseBuilder::new("billing")
+            .no_namespace()
+            .phase(LeasePhase::Held)
+            .holder("billing-w0-abcde", "u", "worker-0")
+            .granted_with(15)
+            .token(1839)
+            .waiting_count(2)
+            .build();
+        let fresh = LeaseBuilder::new("new").no_namespace().build();
         assert_eq!(
             lease_table(&[held, fresh]),
             "NAME      HOLDER     TOKEN    PHASE    WAITING\n\
@@ -215,22 +208,12 @@ mod tests {
     #[test]
     fn the_queue_is_in_creation_order_and_skips_claims_that_are_not_waiting() {
         let claim = |name: &str, second: i64, phase: Option<ClaimPhase>| {
-            let mut c = LeaseClaim::new(
-                name,
-                LeaseClaimSpec {
-                    lease_name: "l".into(),
-                    holder_identity: format!("id-{name}"),
-                    ..Default::default()
-                },
-            );
-            c.metadata.creation_timestamp = Some(Time(
-                Timestamp::from_second(1_700_000_000 + second).unwrap(),
-            ));
-            c.status = phase.map(|p| LeaseClaimStatus {
-                phase: Some(p),
-                ..Default::default()
-            });
-            c
+            ClaimBuilder::new(name, "l")
+                .no_namespace()
+                .holder_identity(&format!("id-{name}"))
+                .created(second)
+                .phase(phase)
+                .build()
         };
         let claims = [
             claim("zz", 1, Some(ClaimPhase::Pending)),

@@ -163,19 +163,17 @@ async fn wait_for_grant(
 mod tests {
     use super::*;
     use crate::api::LeaseClaimSpec;
+    use crate::fixtures::LeaseBuilder;
 
     #[test]
     fn a_grant_is_held_for_no_longer_than_the_duration_it_was_made_with() {
         let held = |spec: i64, recorded: Option<i64>| {
-            let mut lease: Lease = serde_json::from_value(serde_json::json!({
-                "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-                "metadata": {"name": "l"}, "spec": {"leaseDurationSeconds": spec},
-                "status": {"holder": {"claim": "c", "claimUID": "u", "identity": "i"}}
-            }))
-            .unwrap();
-            if let Some(h) = lease.status.as_mut().and_then(|s| s.holder.as_mut()) {
-                h.lease_duration_seconds = recorded;
-            }
+            let lease = LeaseBuilder::new("l")
+                .no_namespace()
+                .duration(spec)
+                .holder("c", "u", "i")
+                .granted_with(recorded)
+                .build();
             lease_duration(&lease)
         };
         // Raised from 3 s to 600 s before this process saw the grant: 3 s.
@@ -191,13 +189,11 @@ mod tests {
     #[test]
     fn a_grant_is_held_only_while_the_lease_publishes_its_claim_with_its_token() {
         let lease = |uid: &str, token: i64| -> Lease {
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-                "metadata": {"name": "l"}, "spec": {"leaseDurationSeconds": 15},
-                "status": {"fencingToken": token,
-                           "holder": {"claim": "c", "claimUID": uid, "identity": "i"}}
-            }))
-            .unwrap()
+            LeaseBuilder::new("l")
+                .no_namespace()
+                .token(token)
+                .holder("c", uid, "i")
+                .build()
         };
         assert!(holds_grant(&lease("u", 7), "u", 7));
         assert!(!holds_grant(&lease("u", 9), "u", 7), "another token");

@@ -53,6 +53,7 @@ pub struct Publisher {
 
 impl Publisher {
     /// Starts the background task that creates the queued Events.
+    #[cfg(test)]
     pub fn spawn(client: Client, instance: &str, metrics: Arc<Metrics>) -> Self {
         Self::spawn_behind(client, instance, metrics, watch::channel(false).1)
     }
@@ -91,6 +92,7 @@ impl Publisher {
 
     /// A publisher whose Events wait in the returned receiver instead of going to an
     /// API server (for tests that drive the controller without one).
+    #[cfg(test)]
     pub fn detached(instance: &str, metrics: Arc<Metrics>) -> (Self, mpsc::Receiver<Event>) {
         let (queue, rx) = mpsc::channel::<Event>(QUEUE);
         let publisher = Self {

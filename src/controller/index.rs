@@ -353,6 +353,7 @@ impl Index {
     }
 
     /// The counts recomputed from every entry; tests check the running ones against it.
+    #[cfg(test)]
     pub fn counts_by_walking(&self) -> Counts {
         self.leases.values().fold(Counts::default(), |mut sum, e| {
             sum.replace(Counts::default(), Counts::of(e));
@@ -731,32 +732,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lease(name: &str, uid: &str, rv: u64) -> Lease {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv.to_string()},
-            "spec": {"leaseDurationSeconds": 15},
-        }))
-        .unwrap()
-    }
-
-    fn claim(name: &str, lease: &str, pod: &str) -> LeaseClaim {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
-            "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"), "resourceVersion": "1"},
-            "spec": {"leaseName": lease, "holderIdentity": name, "pod": {"name": pod}},
-        }))
-        .unwrap()
-    }
-
-    fn pod(name: &str) -> Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "ns", "uid": format!("p-{name}")},
-            "status": {"phase": "Running"},
-        }))
-        .unwrap()
-    }
+    use crate::fixtures::{ClaimBuilder, LeaseBuilder, PodBuilder};
 
     fn sorted(mut keys: Vec<LeaseKey>) -> Vec<LeaseKey> {
         keys.sort();
@@ -772,8 +748,11 @@ mod tests {
         let now = Instant::now();
         let key = LeaseKey::new("ns", "a");
         let mut index = Index::default();
-        let mut written = lease("a", "La", 1);
-        written.metadata.managed_fields = Some(vec![Default::default()]);
+        let written = LeaseBuilder::new("a")
+            .uid("La")
+            .resource_version(1)
+            .managed_fields(vec![Default::default()])
+            .build();
         index.apply_lease(written, now);
         assert_eq!(index.lease(&key).unwrap().metadata.managed_fields, None);
     }
@@ -782,8 +761,9 @@ mod tests {
     fn the_index_is_synced_once_every_kind_has_listed() {
         let now = Instant::now();
         let mut index = Index::default();
+        let lease = LeaseBuilder::new("a").uid("La").resource_version(1).build();
         index.handle(Event::<Lease>::Init, now);
-        index.handle(Event::InitApply(lease("a", "La", 1)), now);
+        index.handle(Event::InitApply(lease), now);
         index.handle(Event::<Lease>::InitDone, now);
         index.handle(Event::<LeaseClaim>::Init, now);
         index.handle(Event::<LeaseClaim>::InitDone, now);
@@ -798,21 +778,32 @@ mod tests {
         let now = Instant::now();
         let a = LeaseKey::new("ns", "a");
         let b = LeaseKey::new("ns", "b");
+        let lease_a = LeaseBuilder::new("a").uid("La").resource_version(1).build();
+        let lease_b = LeaseBuilder::new("b").uid("Lb").resource_version(2).build();
+        let c1 = ClaimBuilder::new("c1", "a")
+            .uid("u-c1")
+            .resource_version(1)
+            .pod("p1")
+            .build();
+        let c2 = ClaimBuilder::new("c2", "b")
+            .uid("u-c2")
+            .resource_version(1)
+            .pod("p2")
+            .build();
+        let p1 = PodBuilder::new("p1").uid("p-p1").phase("Running").build();
+        let p2 = PodBuilder::new("p2").uid("p-p2").phase("Running").build();
         let mut index = Index::default();
-        index.handle(Event::Apply(lease("a", "La", 1)), now);
-        index.handle(Event::Apply(lease("b", "Lb", 2)), now);
-        assert_eq!(
-            index.handle(Event::Apply(claim("c1", "a", "p1")), now),
-            vec![a.clone()]
-        );
-        index.handle(Event::Apply(claim("c2", "b", "p2")), now);
-        assert_eq!(index.handle(Event::Apply(pod("p1")), now), vec![a.clone()]);
-        index.handle(Event::Apply(pod("p2")), now);
+        index.handle(Event::Apply(lease_a.clone()), now);
+        index.handle(Event::Apply(lease_b), now);
+        assert_eq!(index.handle(Event::Apply(c1), now), vec![a.clone()]);
+        index.handle(Event::Apply(c2.clone()), now);
+        assert_eq!(index.handle(Event::Apply(p1), now), vec![a.clone()]);
+        index.handle(Event::Apply(p2), now);
 
         // Leases relisted without "b" (deleted while the watch was down): "b" keeps its claim.
         index.handle(Event::<Lease>::Init, now);
         assert_eq!(
-            index.handle(Event::InitApply(lease("a", "La", 1)), now),
+            index.handle(Event::InitApply(lease_a.clone()), now),
             Vec::<LeaseKey>::new(),
             "an unchanged object changes no decision"
         );
@@ -823,7 +814,7 @@ mod tests {
 
         // Claims relisted without "c1".
         index.handle(Event::<LeaseClaim>::Init, now);
-        index.handle(Event::InitApply(claim("c2", "b", "p2")), now);
+        index.handle(Event::InitApply(c2), now);
         assert_eq!(
             index.handle(Event::<LeaseClaim>::InitDone, now),
             vec![a.clone()]
@@ -837,7 +828,7 @@ mod tests {
         assert_eq!(index.pod_uid("ns", "p2"), None);
 
         // A delete goes through the same entry point.
-        let gone = lease("a", "La", 1);
+        let gone = lease_a;
         assert_eq!(index.handle(Event::Delete(gone), now), vec![a]);
         assert_eq!(index.lease_count(), 0);
         assert_eq!(index.counts_by_walking(), Counts::default());

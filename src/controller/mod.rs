@@ -1,5 +1,5 @@
-//! The lease controller: watches feed the [`Index`]; dirty Leases are decided
-//! by [`grant::decide`] and written, one Lease status write per decision,
+//! The lease controller: watches feed the `Index`; dirty Leases are decided
+//! by `grant::decide` and written, one Lease status write per decision,
 //! conditioned on the resourceVersion it was computed from (DESIGN rule 2).
 //!
 //! One task owns the index and the work queue, so no locks; the API writes run
@@ -14,36 +14,36 @@
 //! afresh, on at most half the write slots; Events are held back while a decision
 //! waits or is written (DESIGN.md, "Storms").
 //!
-//! The parts: [`WorkQueue`] (which Leases to decide, and when), [`Index::handle`]
-//! (every watch event, relists included), [`ApiServer`] (the API calls a write pass
+//! The parts: [`WorkQueue`] (which Leases to decide, and when), `Index::handle`
+//! (every watch event, relists included), `ApiServer` (the API calls a write pass
 //! makes, with [`KubeApiServer`] the API server), a write pass with its named [`Retry`]
-//! policies, and [`Error`]. [`Loop`] joins them; [`run`] feeds it from the watches,
-//! and tests drive it directly (`tests/grant_model.rs`).
+//! policies, and [`Error`]. `Loop` joins them; [`run`] feeds it from the watches,
+//! and tests drive it directly (`model_tests.rs`).
 
 mod api_server;
 #[doc(hidden)]
 pub mod election;
 mod error;
-#[doc(hidden)]
-pub mod events;
-#[doc(hidden)]
-pub mod grant;
-#[doc(hidden)]
-pub mod index;
+mod events;
+mod grant;
+mod index;
 pub mod metrics;
+#[cfg(test)]
+mod model_tests;
 mod queue;
-#[doc(hidden)]
-pub mod slim;
+mod slim;
 mod write_pass;
 
-pub use api_server::{ApiServer, KubeApiServer};
+pub(crate) use api_server::ApiServer;
+pub use api_server::KubeApiServer;
 pub use error::{Error, Result};
 use events::Publisher;
 use index::{Index, LeaseKey};
 use metrics::Metrics;
 pub use queue::WorkQueue;
+pub(crate) use write_pass::Outcome;
 use write_pass::WritePass;
-pub use write_pass::{Outcome, Pass, Retry};
+pub use write_pass::{Pass, Retry};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -80,7 +80,7 @@ pub struct ControllerConfig {
 /// One item of the three watch streams.
 // Each input is moved once from the watch stream into the index; boxing buys nothing.
 #[allow(clippy::large_enum_variant)]
-pub enum Input {
+pub(crate) enum Input {
     Lease(Result<Event<DeserializeGuard<Lease>>, watcher::Error>),
     Claim(Result<Event<DeserializeGuard<LeaseClaim>>, watcher::Error>),
     Pod(Result<Event<Pod>, watcher::Error>),
@@ -190,7 +190,7 @@ pub async fn run(
 /// One controller's state: the index, the work queue and how to write. It decides
 /// and starts write passes; [`run`] (or a test) runs them and hands their outcomes
 /// back to [`Loop::finish`]. Every step takes the controller's clock reading.
-pub struct Loop<S> {
+pub(crate) struct Loop<S> {
     api: S,
     config: ControllerConfig,
     metrics: Arc<Metrics>,
@@ -226,6 +226,7 @@ impl<S: ApiServer> Loop<S> {
         self.index.is_synced()
     }
 
+    #[cfg(test)]
     pub fn index(&self) -> &Index {
         &self.index
     }
@@ -236,7 +237,8 @@ impl<S: ApiServer> Loop<S> {
     }
 
     /// Waits for the next timer (an expiry, a pod recheck, a retry) and queues its
-    /// Lease; None at once when no timer is set.
+    /// Lease; None at once when no timer is set. ([`run`] polls its queue directly.)
+    #[cfg(test)]
     pub async fn expired(&mut self) -> Option<LeaseKey> {
         self.queue.expired().await
     }
@@ -499,6 +501,8 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::LeasePhase;
+    use crate::fixtures::LeaseBuilder;
 
     /// A client for tests that never reach the API server (its calls fail at once).
     fn offline_client() -> Client {
@@ -506,21 +510,6 @@ mod tests {
             Err::<http::Response<kube::client::Body>, tower::BoxError>("offline".into())
         });
         Client::new(service, "default")
-    }
-
-    fn lease(uid: &str, rv: u64, holder: Option<&str>) -> Lease {
-        let mut status = serde_json::json!({"phase": "Free", "fencingToken": rv});
-        if let Some(h) = holder {
-            status = serde_json::json!({"phase": "Held", "fencingToken": rv,
-                "holder": {"claim": h, "claimUID": h, "identity": h}});
-        }
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-            "metadata": {"name": "db", "namespace": "ns", "uid": uid, "resourceVersion": rv.to_string()},
-            "spec": {"leaseDurationSeconds": 15},
-            "status": status,
-        }))
-        .unwrap()
     }
 
     fn outcome(lease_uid: &str, lease: Option<Lease>, lease_gone: bool) -> Outcome {
@@ -559,7 +548,12 @@ mod tests {
         );
         let key = LeaseKey::new("ns", "db");
         let now = Instant::now();
-        let old = lease("uid-old", 10, None);
+        let old = LeaseBuilder::new("db")
+            .uid("uid-old")
+            .resource_version(10)
+            .phase(LeasePhase::Free)
+            .token(10)
+            .build();
         let uid = |state: &Loop<KubeApiServer>| {
             state.index.lease(&key).and_then(|l| l.metadata.uid.clone())
         };
@@ -568,12 +562,22 @@ mod tests {
         // deleted and re-created; then the write's outcome arrives.
         state.index.apply_lease(old.clone(), now);
         state.index.delete_lease(&old);
-        state.index.apply_lease(lease("uid-new", 20, None), now);
+        let new = LeaseBuilder::new("db")
+            .uid("uid-new")
+            .resource_version(20)
+            .phase(LeasePhase::Free)
+            .token(20)
+            .build();
+        state.index.apply_lease(new, now);
         state.begin(key.clone(), Pass::Decision);
-        state.finish(
-            outcome("uid-old", Some(lease("uid-old", 11, Some("a"))), false),
-            now,
-        );
+        let old_written = LeaseBuilder::new("db")
+            .uid("uid-old")
+            .resource_version(11)
+            .phase(LeasePhase::Held)
+            .token(11)
+            .holder("a", "a", "a")
+            .build();
+        state.finish(outcome("uid-old", Some(old_written), false), now);
         assert_eq!(uid(&state).as_deref(), Some("uid-new"), "overwritten");
         assert!(
             state
@@ -597,10 +601,14 @@ mod tests {
 
         // The outcome of a write to the object the index holds still applies.
         state.begin(key.clone(), Pass::Decision);
-        state.finish(
-            outcome("uid-new", Some(lease("uid-new", 21, Some("b"))), false),
-            now,
-        );
+        let new_written = LeaseBuilder::new("db")
+            .uid("uid-new")
+            .resource_version(21)
+            .phase(LeasePhase::Held)
+            .token(21)
+            .holder("b", "b", "b")
+            .build();
+        state.finish(outcome("uid-new", Some(new_written), false), now);
         assert_eq!(
             state
                 .index
@@ -629,6 +637,7 @@ mod retry_tests {
     use super::grant::ClaimUpdate;
     use super::metrics::WriteLabels;
     use super::*;
+    use crate::fixtures::{ClaimBuilder, LeaseBuilder};
 
     /// Answers reads with its Lease and every Lease write with `refusal`.
     #[derive(Clone)]
@@ -665,18 +674,11 @@ mod retry_tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_lease_write_is_retried_at_once_after_a_conflict_and_later_after_an_error() {
-        let lease: Lease = serde_json::from_value(serde_json::json!({
-            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-            "metadata": {"name": "db", "namespace": "ns", "uid": "L", "resourceVersion": "5"},
-            "spec": {"leaseDurationSeconds": 15},
-        }))
-        .unwrap();
-        let claim: LeaseClaim = serde_json::from_value(serde_json::json!({
-            "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
-            "metadata": {"name": "a", "namespace": "ns", "uid": "u1", "resourceVersion": "6"},
-            "spec": {"leaseName": "db", "holderIdentity": "a"},
-        }))
-        .unwrap();
+        let lease = LeaseBuilder::new("db").uid("L").resource_version(5).build();
+        let claim = ClaimBuilder::new("a", "db")
+            .uid("u1")
+            .resource_version(6)
+            .build();
         let refusal = Arc::new(Mutex::new(503));
         let store = Refusing {
             lease: lease.clone(),
@@ -736,6 +738,8 @@ mod retry_tests {
 mod mirror_tests {
     use super::grant::ClaimUpdate;
     use super::*;
+    use crate::api::LeasePhase;
+    use crate::fixtures::{ClaimBuilder, LeaseBuilder};
 
     /// Accepts every write, as written.
     #[derive(Clone)]
@@ -758,30 +762,15 @@ mod mirror_tests {
             Ok(written)
         }
         async fn patch_claim_status(&self, ns: &str, update: &ClaimUpdate) -> Result<LeaseClaim> {
-            let mut claim = claim(ns, &update.name, "l");
-            claim.metadata.uid = Some(update.uid.clone());
+            let mut claim = ClaimBuilder::new(&update.name, "l")
+                .namespace(ns)
+                .uid(&update.uid)
+                .resource_version(1)
+                .created_at(&format!("2026-01-01T00:00:{:02}Z", update.name.len()))
+                .build();
             claim.status = Some(update.status.clone());
             Ok(claim)
         }
-    }
-
-    fn lease(name: &str, rv: u64) -> Lease {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-            "metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": rv.to_string()},
-            "spec": {"leaseDurationSeconds": 15},
-        }))
-        .unwrap()
-    }
-
-    fn claim(ns: &str, name: &str, lease: &str) -> LeaseClaim {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
-            "metadata": {"name": name, "namespace": ns, "uid": format!("u-{name}"), "resourceVersion": "1",
-                "creationTimestamp": format!("2026-01-01T00:00:{:02}Z", name.len())},
-            "spec": {"leaseName": lease, "holderIdentity": name},
-        }))
-        .unwrap()
     }
 
     fn state(concurrency: usize) -> Loop<Accepting> {
@@ -800,9 +789,17 @@ mod mirror_tests {
         let mut state = state(4);
         let now = Instant::now();
         // "a" gets the Lease; two waiters queue behind it.
-        state.index.apply_lease(lease("a", 10), now);
+        state.index.apply_lease(
+            LeaseBuilder::new("a").uid("a").resource_version(10).build(),
+            now,
+        );
         for name in ["h", "w1", "w2"] {
-            state.index.apply_claim(claim("ns", name, "a"), now);
+            let claim = ClaimBuilder::new(name, "a")
+                .uid(&format!("u-{name}"))
+                .resource_version(1)
+                .created_at(&format!("2026-01-01T00:00:{:02}Z", name.len()))
+                .build();
+            state.index.apply_claim(claim, now);
         }
         let a = LeaseKey::new("ns", "a");
         state.mark_dirty(a.clone(), now);
@@ -811,8 +808,18 @@ mod mirror_tests {
         assert!(grant.claims.is_empty(), "the grant pass wrote no mirror");
 
         // Before its outcome is back, another Lease needs a grant.
-        state.index.apply_lease(lease("b", 20), now);
-        state.index.apply_claim(claim("ns", "x", "b"), now);
+        state.index.apply_lease(
+            LeaseBuilder::new("b").uid("b").resource_version(20).build(),
+            now,
+        );
+        state.index.apply_claim(
+            ClaimBuilder::new("x", "b")
+                .uid("u-x")
+                .resource_version(1)
+                .created_at("2026-01-01T00:00:01Z")
+                .build(),
+            now,
+        );
         let b = LeaseKey::new("ns", "b");
         state.mark_dirty(b.clone(), now);
         state.finish(grant, now);
@@ -866,13 +873,21 @@ mod mirror_tests {
         let now = Instant::now();
         for i in 0..5 {
             let name = format!("l{i}");
-            state.index.apply_lease(lease(&name, 10 + i), now);
-            state
-                .index
-                .apply_claim(claim("ns", &format!("h{i}"), &name), now);
-            state
-                .index
-                .apply_claim(claim("ns", &format!("w{i}"), &name), now);
+            state.index.apply_lease(
+                LeaseBuilder::new(&name)
+                    .uid(&name)
+                    .resource_version(10 + i)
+                    .build(),
+                now,
+            );
+            for claim in [format!("h{i}"), format!("w{i}")] {
+                let claim = ClaimBuilder::new(&claim, &name)
+                    .uid(&format!("u-{claim}"))
+                    .resource_version(1)
+                    .created_at(&format!("2026-01-01T00:00:{:02}Z", claim.len()))
+                    .build();
+                state.index.apply_claim(claim, now);
+            }
             state.mark_dirty(LeaseKey::new("ns", name.as_str()), now);
         }
         let mut grants = Vec::new();
@@ -890,8 +905,21 @@ mod mirror_tests {
         assert_eq!(mirrors.len(), 2, "2 of 4 slots");
         assert!(!state.has_urgent_work());
         // A grant that comes up now is not held back by the mirrors in flight.
-        state.index.apply_lease(lease("late", 99), now);
-        state.index.apply_claim(claim("ns", "z", "late"), now);
+        state.index.apply_lease(
+            LeaseBuilder::new("late")
+                .uid("late")
+                .resource_version(99)
+                .build(),
+            now,
+        );
+        state.index.apply_claim(
+            ClaimBuilder::new("z", "late")
+                .uid("u-z")
+                .resource_version(1)
+                .created_at("2026-01-01T00:00:01Z")
+                .build(),
+            now,
+        );
         state.mark_dirty(LeaseKey::new("ns", "late"), now);
         assert!(state.has_urgent_work());
         let late = state.next_write(now).unwrap().await;
@@ -909,16 +937,24 @@ mod mirror_tests {
     async fn taking_leadership_again_and_again_does_not_postpone_an_expiry() {
         let mut state = state(1);
         let seen = Instant::now();
-        let mut held = lease("a", 10);
-        held.status = Some(
-            serde_json::from_value(serde_json::json!({
-                "phase": "Held", "fencingToken": 11, "grants": 1,
-                "holder": {"claim": "h", "claimUID": "u-h", "identity": "h", "leaseDurationSeconds": 15}
-            }))
-            .unwrap(),
-        );
+        let held = LeaseBuilder::new("a")
+            .uid("a")
+            .resource_version(10)
+            .phase(LeasePhase::Held)
+            .token(11)
+            .grants(1)
+            .holder("h", "u-h", "h")
+            .granted_with(15)
+            .build();
         state.index.apply_lease(held, seen);
-        state.index.apply_claim(claim("ns", "h", "a"), seen);
+        state.index.apply_claim(
+            ClaimBuilder::new("h", "a")
+                .uid("u-h")
+                .resource_version(1)
+                .created_at("2026-01-01T00:00:01Z")
+                .build(),
+            seen,
+        );
         let key = LeaseKey::new("ns", "a");
         let deadline =
             |state: &Loop<Accepting>, now| state.index.view(&key, now).unwrap().holder_deadline;

@@ -58,20 +58,23 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, Time};
     use k8s_openapi::jiff::Timestamp;
 
-    use crate::api::Lease;
+    use crate::fixtures::LeaseBuilder;
 
     #[test]
     fn slimming_keeps_what_decisions_read() {
-        let mut lease: Lease = serde_json::from_value(serde_json::json!({
-            "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-            "metadata": {"name": "db", "namespace": "ns", "uid": "u", "resourceVersion": "7",
-                "labels": {"team": "a"},
-                "annotations": {"keep": "me", "kubectl.kubernetes.io/last-applied-configuration": "{}"},
-                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
-            "spec": {"leaseDurationSeconds": 15},
-            "status": {"fencingToken": 3}
-        }))
-        .unwrap();
+        let mut lease = LeaseBuilder::new("db")
+            .uid("u")
+            .resource_version(7)
+            .label("team", "a")
+            .annotation("keep", "me")
+            .annotation("kubectl.kubernetes.io/last-applied-configuration", "{}")
+            .managed_fields(vec![ManagedFieldsEntry {
+                manager: Some("kubectl".into()),
+                operation: Some("Apply".into()),
+                ..Default::default()
+            }])
+            .token(3)
+            .build();
         let before = lease.clone();
         slim(&mut lease);
         assert_eq!(lease.metadata.managed_fields, None);

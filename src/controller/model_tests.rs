@@ -8,61 +8,24 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
-use palisade::admin::Readiness;
-use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
-use palisade::controller::events::Publisher;
-use palisade::controller::grant::{ClaimUpdate, Ending, decide};
-use palisade::controller::index::{Index, LeaseKey, POD_GRACE};
-use palisade::controller::metrics::Metrics;
-use palisade::controller::{self, ApiServer, ControllerConfig, Input, Loop, Outcome};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::json;
 
-const NS: &str = "ns";
+use crate::admin::Readiness;
+use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
+use crate::controller::events::Publisher;
+use crate::controller::grant::{ClaimUpdate, Ending, decide};
+use crate::controller::index::{Index, LeaseKey, POD_GRACE};
+use crate::controller::metrics::Metrics;
+use crate::controller::{self, ApiServer, ControllerConfig, Input, Loop, Outcome};
+use crate::fixtures::{ClaimBuilder, LeaseBuilder, NS, PodBuilder};
+
 const NAME: &str = "lock";
-
-fn lease(uid: &str, rv: u64, duration: i64, status: Option<serde_json::Value>) -> Lease {
-    let mut l: Lease = serde_json::from_value(json!({
-        "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
-        "metadata": {"name": NAME, "namespace": NS, "uid": uid, "resourceVersion": rv.to_string(), "generation": 1},
-        "spec": {"leaseDurationSeconds": duration}
-    }))
-    .unwrap();
-    if let Some(s) = status {
-        l.status = Some(serde_json::from_value(s).unwrap());
-    }
-    l
-}
-
-fn claim(name: &str, uid: &str, created_secs: i64, pod: Option<&str>) -> LeaseClaim {
-    let mut spec = json!({"leaseName": NAME, "holderIdentity": name});
-    if let Some(p) = pod {
-        spec["pod"] = json!({"name": p});
-    }
-    let mut c: LeaseClaim = serde_json::from_value(json!({
-        "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
-        "metadata": {"name": name, "namespace": NS, "uid": uid, "resourceVersion": "1"},
-        "spec": spec
-    }))
-    .unwrap();
-    c.metadata.creation_timestamp = Some(Time(
-        Timestamp::from_second(1_700_000_000 + created_secs).unwrap(),
-    ));
-    c
-}
-
-fn pod(name: &str, uid: &str, phase: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS, "uid": uid},
-        "status": {"phase": phase}
-    }))
-    .unwrap()
-}
 
 fn key() -> LeaseKey {
     LeaseKey::new(NS, NAME)
@@ -72,10 +35,32 @@ fn key() -> LeaseKey {
 fn first_waiter_in_fifo_order_is_granted_with_a_token_above_the_resource_version() {
     let now = Instant::now();
     let mut index = Index::default();
-    index.apply_lease(lease("L", 100, 15, None), now);
+    index.apply_lease(
+        LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(100)
+            .generation(1)
+            .duration(15)
+            .build(),
+        now,
+    );
     // Created later but named earlier: creation time decides.
-    index.apply_claim(claim("a-late", "u1", 5, None), now);
-    index.apply_claim(claim("z-early", "u2", 1, None), now);
+    index.apply_claim(
+        ClaimBuilder::new("a-late", NAME)
+            .uid("u1")
+            .resource_version(1)
+            .created(5)
+            .build(),
+        now,
+    );
+    index.apply_claim(
+        ClaimBuilder::new("z-early", NAME)
+            .uid("u2")
+            .resource_version(1)
+            .created(1)
+            .build(),
+        now,
+    );
     let k = key();
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     let status = d.lease_status.unwrap();
@@ -99,13 +84,30 @@ fn first_waiter_in_fifo_order_is_granted_with_a_token_above_the_resource_version
 fn a_renewal_changes_nothing_but_the_deadline() {
     let now = Instant::now();
     let mut index = Index::default();
-    index.apply_lease(lease("L", 10, 2, None), now);
-    let mut c = claim("a", "u1", 0, None);
+    index.apply_lease(
+        LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(10)
+            .generation(1)
+            .duration(2)
+            .build(),
+        now,
+    );
+    let mut c = ClaimBuilder::new("a", NAME)
+        .uid("u1")
+        .resource_version(1)
+        .created(0)
+        .build();
     index.apply_claim(c.clone(), now);
     let k = key();
     // Settle: grant, and apply what the controller wrote.
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
-    let mut written = lease("L", 11, 2, None);
+    let mut written = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(11)
+        .generation(1)
+        .duration(2)
+        .build();
     written.status = d.lease_status;
     index.apply_lease(written, now);
     c.status = Some(d.claim_updates[0].status.clone());
@@ -140,10 +142,33 @@ fn a_renewal_changes_nothing_but_the_deadline() {
 fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_write() {
     let now = Instant::now();
     let mut index = Index::default();
-    let held = json!({"phase": "Held", "holder": {"claim": "a", "claimUID": "u1", "identity": "a"}, "fencingToken": 50, "grants": 3});
-    index.apply_lease(lease("L", 60, 2, Some(held)), now);
-    index.apply_claim(claim("a", "u1", 0, None), now);
-    index.apply_claim(claim("b", "u2", 1, None), now);
+    let held = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(60)
+        .generation(1)
+        .duration(2)
+        .phase(LeasePhase::Held)
+        .holder("a", "u1", "a")
+        .token(50)
+        .grants(3)
+        .build();
+    index.apply_lease(held, now);
+    index.apply_claim(
+        ClaimBuilder::new("a", NAME)
+            .uid("u1")
+            .resource_version(1)
+            .created(0)
+            .build(),
+        now,
+    );
+    index.apply_claim(
+        ClaimBuilder::new("b", NAME)
+            .uid("u2")
+            .resource_version(1)
+            .created(1)
+            .build(),
+        now,
+    );
     let k = key();
     let d = decide(
         &index.view(&k, now).unwrap(),
@@ -164,11 +189,27 @@ fn a_terminal_or_deleted_pod_revokes_its_claim() {
     for (pod_state, reason) in [(Some("Succeeded"), "Succeeded"), (None, "deleted")] {
         let now = Instant::now();
         let mut index = Index::default();
-        let held = json!({"phase": "Held", "holder": {"claim": "a", "claimUID": "u1", "identity": "a"}, "fencingToken": 5});
-        index.apply_lease(lease("L", 9, 600, Some(held)), now);
-        index.apply_claim(claim("a", "u1", 0, Some("pod-a")), now);
+        let held = LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(9)
+            .generation(1)
+            .duration(600)
+            .phase(LeasePhase::Held)
+            .holder("a", "u1", "a")
+            .token(5)
+            .build();
+        index.apply_lease(held, now);
+        index.apply_claim(
+            ClaimBuilder::new("a", NAME)
+                .uid("u1")
+                .resource_version(1)
+                .created(0)
+                .pod("pod-a")
+                .build(),
+            now,
+        );
         if let Some(phase) = pod_state {
-            index.apply_pod(&pod("pod-a", "p1", phase));
+            index.apply_pod(&PodBuilder::new("pod-a").uid("p1").phase(phase).build());
         }
         let k = key();
         let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
@@ -185,8 +226,24 @@ fn a_claim_whose_pod_is_not_seen_yet_waits_instead_of_being_revoked() {
     // The claim and pod watches are separate streams: the claim may arrive first.
     let now = Instant::now();
     let mut index = Index::default();
-    index.apply_lease(lease("L", 10, 15, None), now);
-    index.apply_claim(claim("a", "u1", 0, Some("pod-a")), now);
+    index.apply_lease(
+        LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(10)
+            .generation(1)
+            .duration(15)
+            .build(),
+        now,
+    );
+    index.apply_claim(
+        ClaimBuilder::new("a", NAME)
+            .uid("u1")
+            .resource_version(1)
+            .created(0)
+            .pod("pod-a")
+            .build(),
+        now,
+    );
     let k = key();
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     assert!(d.granted.is_none(), "not granted before its pod is seen");
@@ -203,15 +260,31 @@ fn a_claim_whose_pod_is_not_seen_yet_waits_instead_of_being_revoked() {
     );
 
     // The pod arrives: granted.
-    index.apply_pod(&pod("pod-a", "p1", "Running"));
+    index.apply_pod(&PodBuilder::new("pod-a").uid("p1").phase("Running").build());
     let later = now + Duration::from_millis(50);
     let d = decide(&index.view(&k, later).unwrap(), later, Timestamp::now());
     assert_eq!(d.granted.unwrap().claim, "a");
 
     // A pod that never shows up counts as gone after the grace period.
     let mut index = Index::default();
-    index.apply_lease(lease("L", 10, 15, None), now);
-    index.apply_claim(claim("b", "u2", 0, Some("pod-b")), now);
+    index.apply_lease(
+        LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(10)
+            .generation(1)
+            .duration(15)
+            .build(),
+        now,
+    );
+    index.apply_claim(
+        ClaimBuilder::new("b", NAME)
+            .uid("u2")
+            .resource_version(1)
+            .created(0)
+            .pod("pod-b")
+            .build(),
+        now,
+    );
     let after = now + POD_GRACE;
     let d = decide(&index.view(&k, after).unwrap(), after, Timestamp::now());
     assert!(d.granted.is_none());
@@ -222,7 +295,14 @@ fn a_claim_whose_pod_is_not_seen_yet_waits_instead_of_being_revoked() {
 fn claims_of_a_missing_lease_wait_with_lease_not_found() {
     let now = Instant::now();
     let mut index = Index::default();
-    index.apply_claim(claim("a", "u1", 0, None), now);
+    index.apply_claim(
+        ClaimBuilder::new("a", NAME)
+            .uid("u1")
+            .resource_version(1)
+            .created(0)
+            .build(),
+        now,
+    );
     let k = key();
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     assert!(d.lease_status.is_none());
@@ -240,15 +320,28 @@ fn claims_of_a_missing_lease_wait_with_lease_not_found() {
 fn a_stale_delete_event_does_not_remove_a_recreated_lease() {
     let now = Instant::now();
     let mut index = Index::default();
-    let old = lease("old", 5, 15, None);
-    index.apply_lease(lease("new", 9, 15, None), now);
+    let old = LeaseBuilder::new(NAME)
+        .uid("old")
+        .resource_version(5)
+        .generation(1)
+        .duration(15)
+        .build();
+    index.apply_lease(
+        LeaseBuilder::new(NAME)
+            .uid("new")
+            .resource_version(9)
+            .generation(1)
+            .duration(15)
+            .build(),
+        now,
+    );
     assert!(index.delete_lease(&old).is_none());
     assert!(index.lease(&key()).is_some());
 }
 
 // ---- model checking: two real controller loops, stale views, CAS writes --------------
 //
-// Each controller is a real `palisade::controller::Loop`: its index is fed watch events
+// Each controller is a real `controller::Loop`: its index is fed watch events
 // (relists included) through the same entry point as in production, and its write
 // passes (confirmation reads, the holder's conditional claim write, the Lease write,
 // the claim mirrors, the re-read after a conflict) run against a model API server with
@@ -329,7 +422,7 @@ struct World {
 /// waiting (further ahead as its position falls), granted, then final. One
 /// controller's writes to a claim never move it back: a deferred mirror written late
 /// would (a `Pending` over the `Granted`, or a place in the queue it has left).
-fn mirror_rank(status: &palisade::api::LeaseClaimStatus) -> (u8, i64) {
+fn mirror_rank(status: &crate::api::LeaseClaimStatus) -> (u8, i64) {
     match status.phase {
         Some(ClaimPhase::Granted) => (1, 0),
         Some(phase) if phase.is_final() => (2, 0),
@@ -432,7 +525,7 @@ struct Model(Arc<Mutex<World>>, usize);
 fn refusal(call: &'static str, code: u16) -> controller::Error {
     controller::Error::api(
         call,
-        palisade::api_error::refusal(code, "refused by the model"),
+        crate::api_error::refusal(code, "refused by the model"),
     )
 }
 
@@ -664,7 +757,14 @@ async fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
     {
         let mut world = model.0.lock().unwrap();
         let rv = world.bump();
-        world.lease = Some(lease("L0", rv, 2, None));
+        world.lease = Some(
+            LeaseBuilder::new(NAME)
+                .uid("L0")
+                .resource_version(rv)
+                .generation(1)
+                .duration(2)
+                .build(),
+        );
     }
     let mut controllers = [
         Controller::new(&model),
@@ -750,17 +850,19 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
             let name = format!("c{i:03}");
             let pod_name = with_pod.then(|| format!("p{i:03}"));
             if let Some(p) = &pod_name {
-                let pd = pod(p, &format!("pu{i}"), "Running");
+                let pd = PodBuilder::new(p)
+                    .uid(&format!("pu{i}"))
+                    .phase("Running")
+                    .build();
                 world.pods.insert(p.clone(), pd.clone());
                 world.broadcast(Change::Pod(pd, false));
             }
-            let mut c = claim(
-                &name,
-                &format!("u{i}"),
-                (now - start).as_secs() as i64,
-                pod_name.as_deref(),
-            );
-            c.metadata.resource_version = Some(world.bump().to_string());
+            let c = ClaimBuilder::new(&name, NAME)
+                .uid(&format!("u{i}"))
+                .resource_version(world.bump())
+                .created((now - start).as_secs() as i64)
+                .pod(pod_name.as_deref())
+                .build();
             world.claims.insert(name, c.clone());
             world.broadcast(Change::Claim(c, false));
         }
@@ -799,7 +901,12 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
             world.lease_generation += 1;
             let old = world.lease.take();
             let rv = world.bump();
-            let new = lease(&format!("L{}", world.lease_generation), rv, 2, None);
+            let new = LeaseBuilder::new(NAME)
+                .uid(&format!("L{}", world.lease_generation))
+                .resource_version(rv)
+                .generation(1)
+                .duration(2)
+                .build();
             world.lease = Some(new.clone());
             world.broadcast(Change::Lease(old, Some(new)));
         }
@@ -825,9 +932,24 @@ fn a_token_at_the_maximum_is_refused_with_a_condition_instead_of_repeated() {
     for last in [999_999_999_999_999_999_i64, i64::MAX - 1, i64::MAX] {
         let now = Instant::now();
         let mut index = Index::default();
-        let free = json!({"phase": "Free", "fencingToken": last, "grants": 3});
-        index.apply_lease(lease("L", 60, 15, Some(free)), now);
-        index.apply_claim(claim("a", "u1", 0, None), now);
+        let free = LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(60)
+            .generation(1)
+            .duration(15)
+            .phase(LeasePhase::Free)
+            .token(last)
+            .grants(3)
+            .build();
+        index.apply_lease(free, now);
+        index.apply_claim(
+            ClaimBuilder::new("a", NAME)
+                .uid("u1")
+                .resource_version(1)
+                .created(0)
+                .build(),
+            now,
+        );
         let k = key();
         let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
         assert_eq!(d.granted, None, "last token {last}: {d:?}");
@@ -857,14 +979,38 @@ fn a_token_at_the_maximum_is_refused_with_a_condition_instead_of_repeated() {
 fn a_lowered_lease_duration_does_not_cut_short_a_grant_in_progress() {
     let now = Instant::now();
     let mut index = Index::default();
-    index.apply_lease(lease("L", 10, 600, None), now);
-    let mut a = claim("a", "u1", 0, None);
+    index.apply_lease(
+        LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(10)
+            .generation(1)
+            .duration(600)
+            .build(),
+        now,
+    );
+    let mut a = ClaimBuilder::new("a", NAME)
+        .uid("u1")
+        .resource_version(1)
+        .created(0)
+        .build();
     index.apply_claim(a.clone(), now);
-    index.apply_claim(claim("b", "u2", 1, None), now);
+    index.apply_claim(
+        ClaimBuilder::new("b", NAME)
+            .uid("u2")
+            .resource_version(1)
+            .created(1)
+            .build(),
+        now,
+    );
     let k = key();
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     let status = d.lease_status.clone().unwrap();
-    let mut written = lease("L", 11, 600, None);
+    let mut written = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(11)
+        .generation(1)
+        .duration(600)
+        .build();
     written.status = Some(status.clone());
     index.apply_lease(written.clone(), now);
     a.status = Some(
@@ -878,7 +1024,12 @@ fn a_lowered_lease_duration_does_not_cut_short_a_grant_in_progress() {
     index.apply_claim(a, now);
 
     // The duration is lowered while "a" holds the lease.
-    let mut edited = lease("L", 12, 3, None);
+    let mut edited = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(12)
+        .generation(1)
+        .duration(3)
+        .build();
     edited.status = Some(status.clone());
     index.apply_lease(edited.clone(), now);
     let view = index.view(&k, now).unwrap();
@@ -918,11 +1069,34 @@ fn after_a_restart_a_holder_gets_at_least_the_duration_it_was_granted_with() {
     // Spec lowered to 3 s after the grant; a new controller starts and lists it.
     let restarted = Instant::now();
     let mut index = Index::default();
-    let held = json!({"phase": "Held", "fencingToken": 50, "grants": 3,
-        "holder": {"claim": "a", "claimUID": "u1", "identity": "a", "leaseDurationSeconds": 600}});
-    index.apply_lease(lease("L", 60, 3, Some(held)), restarted);
-    index.apply_claim(claim("a", "u1", 0, None), restarted);
-    index.apply_claim(claim("b", "u2", 1, None), restarted);
+    let held = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(60)
+        .generation(1)
+        .duration(3)
+        .phase(LeasePhase::Held)
+        .token(50)
+        .grants(3)
+        .holder("a", "u1", "a")
+        .granted_with(600)
+        .build();
+    index.apply_lease(held, restarted);
+    index.apply_claim(
+        ClaimBuilder::new("a", NAME)
+            .uid("u1")
+            .resource_version(1)
+            .created(0)
+            .build(),
+        restarted,
+    );
+    index.apply_claim(
+        ClaimBuilder::new("b", NAME)
+            .uid("u2")
+            .resource_version(1)
+            .created(1)
+            .build(),
+        restarted,
+    );
     let k = key();
     let view = index.view(&k, restarted).unwrap();
     assert_eq!(
@@ -942,14 +1116,26 @@ fn a_raised_duration_applies_to_the_holder_and_an_unrecorded_grant_uses_the_spec
     let now = Instant::now();
     let k = key();
     for (recorded, spec, expected) in [(Some(3), 600, 600), (None, 7, 7), (Some(20), 20, 20)] {
-        let mut holder = json!({"claim": "a", "claimUID": "u1", "identity": "a"});
-        if let Some(r) = recorded {
-            holder["leaseDurationSeconds"] = json!(r);
-        }
-        let held = json!({"phase": "Held", "fencingToken": 50, "holder": holder});
+        let held = LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(60)
+            .generation(1)
+            .duration(spec)
+            .phase(LeasePhase::Held)
+            .token(50)
+            .holder("a", "u1", "a")
+            .granted_with(recorded)
+            .build();
         let mut index = Index::default();
-        index.apply_lease(lease("L", 60, spec, Some(held)), now);
-        index.apply_claim(claim("a", "u1", 0, None), now);
+        index.apply_lease(held, now);
+        index.apply_claim(
+            ClaimBuilder::new("a", NAME)
+                .uid("u1")
+                .resource_version(1)
+                .created(0)
+                .build(),
+            now,
+        );
         assert_eq!(
             index.view(&k, now).unwrap().holder_deadline,
             Some(now + Duration::from_secs(expected)),
@@ -968,13 +1154,35 @@ fn a_deleted_leases_holder_is_revoked_even_before_its_granted_mirror() {
     for delete_event_first in [true, false] {
         let now = Instant::now();
         let mut index = Index::default();
-        let held = json!({"phase": "Held", "fencingToken": 50, "grants": 1,
-            "holder": {"claim": "a", "claimUID": "u1", "identity": "a", "leaseDurationSeconds": 15}});
-        let old = lease("L-old", 60, 15, Some(held));
+        let old = LeaseBuilder::new(NAME)
+            .uid("L-old")
+            .resource_version(60)
+            .generation(1)
+            .duration(15)
+            .phase(LeasePhase::Held)
+            .token(50)
+            .grants(1)
+            .holder("a", "u1", "a")
+            .granted_with(15)
+            .build();
         index.apply_lease(old.clone(), now);
         // The holder's claim still shows no phase: its mirror was never written.
-        index.apply_claim(claim("a", "u1", 0, None), now);
-        index.apply_claim(claim("b", "u2", 1, None), now);
+        index.apply_claim(
+            ClaimBuilder::new("a", NAME)
+                .uid("u1")
+                .resource_version(1)
+                .created(0)
+                .build(),
+            now,
+        );
+        index.apply_claim(
+            ClaimBuilder::new("b", NAME)
+                .uid("u2")
+                .resource_version(1)
+                .created(1)
+                .build(),
+            now,
+        );
         let case = if delete_event_first {
             "deleted, then re-created"
         } else {
@@ -990,7 +1198,15 @@ fn a_deleted_leases_holder_is_revoked_even_before_its_granted_mirror() {
                 "{case}: the deleted Lease's holder: {d:?}"
             );
         }
-        index.apply_lease(lease("L-new", 70, 15, None), now);
+        index.apply_lease(
+            LeaseBuilder::new(NAME)
+                .uid("L-new")
+                .resource_version(70)
+                .generation(1)
+                .duration(15)
+                .build(),
+            now,
+        );
         let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
         assert_eq!(
             d.granted.as_ref().map(|g| g.claim.as_str()),
