@@ -91,12 +91,37 @@ impl PodProblem {
     }
 }
 
+/// What the controller keeps of a Pod: exactly what decides whether it is gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct PodEntry {
+pub(crate) struct PodEntry {
     uid: String,
     /// `Succeeded`/`Failed`, or None while it may still run.
     terminal_phase: Option<String>,
     deleting: bool,
+}
+
+impl PodEntry {
+    pub(crate) fn of(pod: &Pod) -> Self {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        PodEntry {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            terminal_phase: phase.filter(|p| p == "Succeeded" || p == "Failed"),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+
+    /// "Pod gone" for a pod that exists (DESIGN "Pod gone"): why it no longer backs
+    /// a claim that names it (with `uid`, when the claim gave one), or None. The
+    /// index's view and the write pass's quorum check both ask this.
+    pub(crate) fn problem(&self, uid: Option<&str>) -> Option<PodProblem> {
+        if self.deleting {
+            Some(PodProblem::Gone)
+        } else if uid.is_some_and(|uid| uid != self.uid) {
+            Some(PodProblem::Replaced)
+        } else {
+            self.terminal_phase.clone().map(PodProblem::Terminal)
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -566,12 +591,7 @@ impl Index {
 
     pub fn apply_pod(&mut self, pod: &Pod) -> Vec<LeaseKey> {
         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
-        let new = PodEntry {
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
-            terminal_phase: phase.filter(|p| p == "Succeeded" || p == "Failed"),
-            deleting: pod.metadata.deletion_timestamp.is_some(),
-        };
+        let new = PodEntry::of(pod);
         if self.pods.get(&key) == Some(&new) {
             return Vec::new();
         }
@@ -696,11 +716,7 @@ impl Index {
         {
             None if now < claim.first_seen + POD_GRACE => Some(PodProblem::NotSeenYet),
             None => Some(PodProblem::Gone),
-            Some(p) if p.deleting => Some(PodProblem::Gone),
-            Some(p) if pod_ref.uid.as_ref().is_some_and(|uid| *uid != p.uid) => {
-                Some(PodProblem::Replaced)
-            }
-            Some(p) => p.terminal_phase.clone().map(PodProblem::Terminal),
+            Some(p) => p.problem(pod_ref.uid.as_deref()),
         }
     }
 
@@ -738,6 +754,32 @@ mod tests {
         keys.sort();
         keys.dedup();
         keys
+    }
+
+    #[test]
+    fn a_pod_is_gone_when_deleting_replaced_or_terminal_and_only_then() {
+        let running = PodBuilder::new("p").uid("u1").phase("Running").build();
+        assert_eq!(PodEntry::of(&running).problem(Some("u1")), None);
+        assert_eq!(PodEntry::of(&running).problem(None), None);
+        assert_eq!(
+            PodEntry::of(&running).problem(Some("u0")),
+            Some(PodProblem::Replaced)
+        );
+        for phase in ["Succeeded", "Failed"] {
+            let done = PodBuilder::new("p").uid("u1").phase(phase).build();
+            assert_eq!(
+                PodEntry::of(&done).problem(Some("u1")),
+                Some(PodProblem::Terminal(phase.into()))
+            );
+        }
+        let mut deleting = running.clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+        );
+        assert_eq!(
+            PodEntry::of(&deleting).problem(Some("u1")),
+            Some(PodProblem::Gone)
+        );
     }
 
     #[test]

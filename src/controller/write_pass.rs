@@ -13,7 +13,7 @@ use super::api_server::ApiServer;
 use super::error::Result;
 use super::events::{self, Publisher};
 use super::grant::{Check, ClaimUpdate, Decision, Ending};
-use super::index::LeaseKey;
+use super::index::{LeaseKey, PodEntry};
 use super::metrics::{Metrics, WriteLabels};
 use crate::api::{Lease, LeaseClaim};
 use crate::api_error::ApiErrorKind::{Conflict, Invalid, NotFound};
@@ -322,15 +322,7 @@ impl<S: ApiServer> WritePass<S> {
                 }
                 Check::PodGone { name, uid } => {
                     if let Some(pod) = self.api.get_pod(&key.namespace, name).await?
-                        && pod.metadata.deletion_timestamp.is_none()
-                        && uid
-                            .as_ref()
-                            .is_none_or(|uid| pod.uid().as_ref() == Some(uid))
-                        && !pod
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.phase.as_deref())
-                            .is_some_and(|p| p == "Succeeded" || p == "Failed")
+                        && PodEntry::of(&pod).problem(uid.as_deref()).is_none()
                     {
                         outcome.fresh_pods.push(pod);
                         confirmed = false;
