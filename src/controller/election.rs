@@ -67,7 +67,6 @@ impl Default for ElectionTimings {
     }
 }
 
-/// Timings that cannot work: named, with the values given.
 /// Why a leader stopped leading.
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
@@ -97,6 +96,7 @@ impl ElectionError {
     }
 }
 
+/// Timings that cannot work: named, with the values given.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TimingsError {
     #[error(
