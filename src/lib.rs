@@ -53,6 +53,8 @@
 //! are public for those only; they are not part of the API.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// A function longer than a screen (80 lines, clippy.toml) hides its steps: split it.
+#![warn(clippy::too_many_lines)]
 
 #[cfg(any(feature = "controller", feature = "agent"))]
 pub mod admin;

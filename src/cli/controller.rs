@@ -122,42 +122,19 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
     ));
 
     // Set on shutdown while leading: released once in-flight writes have finished.
-    let mut release = None;
-    if args.leader_elect {
-        let mut elector = Elector::new(
-            client,
-            ElectionConfig {
-                namespace: args.election_namespace.clone(),
-                name: args.election_name.clone(),
-                identity: identity.clone(),
-                timings,
-            },
-        );
-        loop {
-            tracing::info!(%identity, "waiting for leadership");
-            if !elector.acquire(&shutdown).await {
-                break; // shutdown
-            }
-            tracing::info!(%identity, "became leader");
-            metrics.is_leader.set(1);
-            let _ = leading_tx.send(true);
-            let held = elector.hold(&shutdown).await;
-            let _ = leading_tx.send(false);
-            metrics.is_leader.set(0);
-            match held {
-                Ok(()) => {
-                    release = Some(elector);
-                    break;
-                }
-                // Stop granting at once (another replica may be granting already) and
-                // stand by with warm caches: cheaper than a restart when a loaded API
-                // server delays renewals (DESIGN.md, "Leader election").
-                Err(lost) => tracing::error!(%lost, "lost leadership; standing by"),
-            }
-        }
+    let release = if args.leader_elect {
+        let config = ElectionConfig {
+            namespace: args.election_namespace.clone(),
+            name: args.election_name.clone(),
+            identity: identity.clone(),
+            timings,
+        };
+        let elector = Elector::new(client, config);
+        lead(elector, &identity, &metrics, &leading_tx, &shutdown).await
     } else {
         metrics.is_leader.set(1);
-    }
+        None
+    };
     let _ = controller.await;
     if let Some(mut elector) = release {
         // In-flight writes have finished: a standby may take over at once.
@@ -169,6 +146,37 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Takes part in the election until shutdown: grants while leading, stands by
+/// otherwise. Returns the elector when shutdown came while leading, so the election
+/// Lease can be released once in-flight writes have finished.
+async fn lead(
+    mut elector: Elector,
+    identity: &str,
+    metrics: &Metrics,
+    leading: &watch::Sender<bool>,
+    shutdown: &CancellationToken,
+) -> Option<Elector> {
+    loop {
+        tracing::info!(%identity, "waiting for leadership");
+        if !elector.acquire(shutdown).await {
+            return None; // shutdown
+        }
+        tracing::info!(%identity, "became leader");
+        metrics.is_leader.set(1);
+        let _ = leading.send(true);
+        let held = elector.hold(shutdown).await;
+        let _ = leading.send(false);
+        metrics.is_leader.set(0);
+        match held {
+            Ok(()) => return Some(elector),
+            // Stop granting at once (another replica may be granting already) and
+            // stand by with warm caches: cheaper than a restart when a loaded API
+            // server delays renewals (DESIGN.md, "Leader election").
+            Err(lost) => tracing::error!(%lost, "lost leadership; standing by"),
+        }
+    }
 }
 
 /// SIGTERM or Ctrl-C: stop granting, finish in-flight writes, release the election lease.

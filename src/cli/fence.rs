@@ -306,12 +306,25 @@ async fn postgres(args: &FenceArgs, url: &str, lease_key: Option<&str>) -> Resul
             .map_err(refusal)?;
         return Ok(admitted_line(&args.key, admitted));
     };
-    // The default key `<namespace>/<lease>`: its first mark commits only if the bare
-    // lease name has none.
+    admit_under_lease_key(&mut client, args, token, lease_key, refusal).await
+}
+
+/// The default key `<namespace>/<lease>`: its first mark commits only if the bare
+/// lease name has none.
+#[cfg(feature = "postgres")]
+async fn admit_under_lease_key(
+    client: &mut tokio_postgres::Client,
+    args: &FenceArgs,
+    token: u64,
+    lease_key: &str,
+    refusal: impl Fn(crate::fence::postgres::Error) -> Refusal,
+) -> Result<String, Refusal> {
+    use crate::fence::postgres::{self, Error};
+    let database = |e| refusal(Error::Database(e));
     let mut tx = client.transaction().await.map_err(database)?;
     let admitted = postgres::admit(&tx, &args.key, token)
         .await
-        .map_err(refusal)?;
+        .map_err(&refusal)?;
     if admitted.previous.is_none() {
         // Read through the function (a writer may not read the table): token 0 is
         // admitted on a key with no mark, refused on one above 0, and the savepoint

@@ -3,15 +3,17 @@
 //! fencing token to pass to the resource it protects.
 
 mod supervise;
+mod watchdog;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use self::supervise::{
-    Child, ChildState, Group, JobSignal, JobSignals, Signals, Terminal, exit_code,
-    ignore_terminal_output, spawn, stop, stop_self,
+    Child, ChildState, JobSignal, JobSignals, Signals, Terminal, exit_code, ignore_terminal_output,
+    spawn, stop, stop_self,
 };
+use self::watchdog::Group;
 use super::{
     Threads, block_on, default_identity, init_logging, parse_duration, parse_lease_duration,
     show_duration,

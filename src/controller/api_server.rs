@@ -1,6 +1,6 @@
 //! The API calls the writer makes, behind a small trait: [`KubeApiServer`] makes them on
 //! the API server; tests answer them from a model server with the same
-//! compare-and-swap rules (`model_tests.rs`).
+//! compare-and-swap rules (`model_tests`).
 
 use std::future::Future;
 

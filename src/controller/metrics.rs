@@ -4,8 +4,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 use crate::admin;
 
@@ -44,108 +44,79 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("palisade");
-        let grants = Counter::default();
-        let releases = Counter::default();
-        let expirations = Counter::default();
-        let revocations = Counter::default();
-        let write_conflicts = Family::<WriteLabels, Counter>::default();
-        let write_errors = Family::<WriteLabels, Counter>::default();
-        // 0.5 ms .. ~16 s
-        let handover_latency = Histogram::new(
-            prometheus_client::metrics::histogram::exponential_buckets(0.0005, 2.0, 16),
-        );
-        let leases_held = Gauge::default();
-        let leases = Gauge::default();
-        let is_leader = Gauge::default();
-        let invalid_objects = Counter::default();
-        let events_dropped = Counter::default();
-        let events_failed = Counter::default();
-        let mirrors_deferred = Gauge::default();
-        registry.register(
-            "grants",
-            "Grants made (each with a new fencing token)",
-            grants.clone(),
-        );
-        registry.register(
-            "releases",
-            "Grants ended because the holder deleted its claim",
-            releases.clone(),
-        );
-        registry.register(
-            "expirations",
-            "Grants ended because no renewal was observed in time",
-            expirations.clone(),
-        );
-        registry.register(
-            "revocations",
-            "Grants ended because the holder's pod is gone or terminal",
-            revocations.clone(),
-        );
-        registry.register(
-            "write_conflicts",
-            "Status writes refused because the object changed since it was read (resourceVersion precondition)",
-            write_conflicts.clone(),
-        );
-        registry.register(
-            "write_errors",
-            "Status writes that failed for another reason",
-            write_errors.clone(),
-        );
-        registry.register_with_unit(
-            "handover_latency",
-            "Time from the event that ended a grant to the write that granted the next claim",
-            prometheus_client::registry::Unit::Seconds,
-            handover_latency.clone(),
-        );
-        registry.register(
-            "leases_held",
-            "Leases that currently have a holder",
-            leases_held.clone(),
-        );
-        registry.register("leases", "Leases known to the controller", leases.clone());
-        registry.register(
-            "is_leader",
-            "1 while this replica is the active controller",
-            is_leader.clone(),
-        );
-        registry.register(
-            "invalid_objects",
-            "Watched objects that could not be read and were skipped",
-            invalid_objects.clone(),
-        );
-        registry.register(
-            "events_dropped",
-            "Kubernetes Events dropped because the publish queue was full",
-            events_dropped.clone(),
-        );
-        registry.register(
-            "events_failed",
-            "Kubernetes Events whose create failed",
-            events_failed.clone(),
-        );
-        registry.register(
-            "claim_mirrors_deferred",
-            "Leases whose claims' status mirrors wait until no grant, expiry or revocation is pending",
-            mirrors_deferred.clone(),
-        );
+        let r = &mut registry;
         Self {
+            grants: register(r, "grants", "Grants made (each with a new fencing token)"),
+            releases: register(
+                r,
+                "releases",
+                "Grants ended because the holder deleted its claim",
+            ),
+            expirations: register(
+                r,
+                "expirations",
+                "Grants ended because no renewal was observed in time",
+            ),
+            revocations: register(
+                r,
+                "revocations",
+                "Grants ended because the holder's pod is gone or terminal",
+            ),
+            write_conflicts: register(
+                r,
+                "write_conflicts",
+                "Status writes refused because the object changed since it was read (resourceVersion precondition)",
+            ),
+            write_errors: register(
+                r,
+                "write_errors",
+                "Status writes that failed for another reason",
+            ),
+            handover_latency: {
+                // 0.5 ms .. ~16 s
+                let buckets = exponential_buckets(0.0005, 2.0, 16);
+                let histogram = Histogram::new(buckets);
+                r.register_with_unit(
+                    "handover_latency",
+                    "Time from the event that ended a grant to the write that granted the next claim",
+                    Unit::Seconds,
+                    histogram.clone(),
+                );
+                histogram
+            },
+            leases_held: register(r, "leases_held", "Leases that currently have a holder"),
+            leases: register(r, "leases", "Leases known to the controller"),
+            is_leader: register(
+                r,
+                "is_leader",
+                "1 while this replica is the active controller",
+            ),
+            invalid_objects: register(
+                r,
+                "invalid_objects",
+                "Watched objects that could not be read and were skipped",
+            ),
+            events_dropped: register(
+                r,
+                "events_dropped",
+                "Kubernetes Events dropped because the publish queue was full",
+            ),
+            events_failed: register(r, "events_failed", "Kubernetes Events whose create failed"),
+            mirrors_deferred: register(
+                r,
+                "claim_mirrors_deferred",
+                "Leases whose claims' status mirrors wait until no grant, expiry or revocation is pending",
+            ),
             registry,
-            grants,
-            releases,
-            expirations,
-            revocations,
-            write_conflicts,
-            write_errors,
-            handover_latency,
-            leases_held,
-            leases,
-            is_leader,
-            invalid_objects,
-            events_dropped,
-            events_failed,
-            mirrors_deferred,
         }
     }
+}
+
+/// A new metric, registered under `name`.
+fn register<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
+    let metric = M::default();
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 impl Metrics {

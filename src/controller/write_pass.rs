@@ -6,70 +6,50 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::api_server::ApiServer;
 use super::error::Result;
 use super::events::{self, Publisher};
 use super::grant::{Check, ClaimUpdate, Decision, Ending};
-use super::index::{LeaseKey, PodEntry};
+use super::index::{Learned, LeaseKey, PodEntry};
 use super::metrics::{Metrics, WriteLabels};
-use crate::api::{Lease, LeaseClaim};
+use crate::api::{Lease, LeaseStatus};
 use crate::api_error::ApiErrorKind::{Conflict, Invalid, NotFound};
 use crate::conditions;
 
-/// The named retry policies: when a Lease is decided again after a pass that left it
-/// unsettled.
+/// When a Lease is decided again after a pass: the one answer a pass gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retry {
+pub enum Next {
+    /// At the Lease's next deadline (an expiry, a pod recheck), if it has one: the
+    /// pass did what the decision asked.
+    AtDeadline,
     /// At once: the pass read (or wrote) what the next decision needs, e.g. the Lease
     /// after a conflict.
     Now,
-    /// After [`Retry::AFTER_ERROR`]: a call failed (no answer, a 5xx, a refusal we did
+    /// After [`Next::AFTER_ERROR`]: a call failed (no answer, a 5xx, a refusal we did
     /// not expect).
     AfterError,
-    /// After [`Retry::AFTER_REFUTED`]: a quorum read refuted an ending but showed an
-    /// object the index does not hold, so only the watches can correct the index.
-    AfterRefuted,
+    /// A quorum read refuted an ending: at once when what it read corrected the
+    /// index; otherwise only the watches can, so after [`Next::AFTER_REFUTED`].
+    Refuted,
 }
 
-impl Retry {
+impl Next {
     pub const AFTER_ERROR: Duration = Duration::from_millis(500);
     pub const AFTER_REFUTED: Duration = Duration::from_millis(500);
-
-    pub fn delay(self) -> Duration {
-        match self {
-            Retry::Now => Duration::ZERO,
-            Retry::AfterError => Self::AFTER_ERROR,
-            Retry::AfterRefuted => Self::AFTER_REFUTED,
-        }
-    }
 }
 
 /// What one write pass reports back to the loop.
 pub struct Outcome {
     pub(super) key: LeaseKey,
-    /// The UID of the Lease object the decision was computed for: the outcome
-    /// applies to that object only, never to one re-created under the same name.
-    pub(super) lease_uid: Option<String>,
-    /// The Lease as written, or as freshly read after a conflict.
-    pub(super) lease: Option<Lease>,
-    /// The Lease no longer exists (read after a conflict).
-    pub(super) lease_gone: bool,
-    /// Claims as written by this pass.
-    pub(super) claims: Vec<LeaseClaim>,
-    /// Claims and pods as a quorum read showed them when it refuted an ending: applied
-    /// only to the objects (UIDs) the index holds, so a read never resurrects one.
-    pub(super) fresh_claims: Vec<LeaseClaim>,
-    pub(super) fresh_pods: Vec<Pod>,
-    /// A quorum read refuted the decision: nothing was written; decide again.
-    pub(super) refuted: bool,
-    /// When to decide again; None: at the Lease's next deadline (expiry, pod recheck).
-    pub(super) retry_after: Option<Retry>,
-    pub(super) handed_over: bool,
     /// Which kind of pass this was.
     pub(super) pass: Pass,
+    /// What the pass wrote or read, for the index ([`super::index::Index::apply_outcome`]).
+    pub(super) learned: Learned,
+    pub(super) next: Next,
+    /// The Lease status was written (a grant, a handover or a free).
+    pub(super) wrote_lease: bool,
     /// The decision had claim mirrors this pass did not write ([`Pass::Decision`]).
     pub(super) mirrors_due: bool,
 }
@@ -86,172 +66,205 @@ pub enum Pass {
 /// Claim status writes in flight at once for one pass.
 const CLAIM_WRITE_CONCURRENCY: usize = 4;
 
-/// One pass's writes for one Lease, in DESIGN's order: confirm, the holder's claim,
-/// the Lease; the other claims' mirrors in a pass of their own ([`Pass::Mirrors`]).
+/// One pass's writes for one Lease: it runs the steps of a [`Decision`] in their
+/// order, one short function each, and holds no rules of its own.
 pub(super) struct WritePass<S> {
     pub(super) api: S,
+    pub(super) key: LeaseKey,
     pub(super) metrics: Arc<Metrics>,
     pub(super) events: Publisher,
 }
 
+/// A step either lets the pass go on, or ends it with when to decide again.
+type Step = std::result::Result<(), Next>;
+
 impl<S: ApiServer> WritePass<S> {
     pub(super) async fn write(
         self,
-        key: LeaseKey,
         lease: Option<Lease>,
         decision: Decision,
         dirty_since: Instant,
         pass: Pass,
     ) -> Outcome {
         let mut outcome = Outcome {
-            key: key.clone(),
-            lease_uid: lease.as_ref().and_then(|l| l.metadata.uid.clone()),
-            lease: None,
-            lease_gone: false,
-            claims: Vec::new(),
-            fresh_claims: Vec::new(),
-            fresh_pods: Vec::new(),
-            refuted: false,
-            retry_after: None,
-            handed_over: false,
+            key: self.key.clone(),
             pass,
+            learned: Learned {
+                lease_uid: lease.as_ref().and_then(|l| l.metadata.uid.clone()),
+                ..Learned::default()
+            },
+            next: Next::AtDeadline,
+            wrote_lease: false,
             mirrors_due: false,
         };
-        // 1. No ending on a stale view: confirm what it relies on with quorum reads.
-        match self
-            .confirm(&key, lease.as_ref(), &decision.checks, &mut outcome)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::info!(lease = %key, checks = ?decision.checks, "a fresh read refuted the decision; deciding again");
-                outcome.refuted = true;
-                return outcome;
-            }
-            Err(e) => {
-                tracing::warn!(lease = %key, error = %e, reason = e.label(), "confirming a decision failed");
-                outcome.retry_after = Some(Retry::AfterError);
-                return outcome;
-            }
+        let steps = self.run(lease.as_ref(), &decision, dirty_since, &mut outcome);
+        if let Err(next) = steps.await {
+            outcome.next = next;
         }
-        // 2. The holder's claim, when its grant ends: before the Lease, conditioned on
-        // its resourceVersion, so a renewal that landed since keeps the grant.
-        let (first, rest): (Vec<ClaimUpdate>, Vec<ClaimUpdate>) = decision
-            .claim_updates
-            .iter()
-            .cloned()
-            .partition(|u| u.condition_on.is_some());
-        for update in &first {
-            match self.api.patch_claim_status(&key.namespace, update).await {
-                Ok(written) => outcome.claims.push(written),
-                // Deleted meanwhile: the grant ends all the same (released).
-                Err(e) if e.is(&[NotFound]) => {}
-                Err(e) if e.is(&[Conflict, Invalid]) => {
-                    tracing::info!(lease = %key, claim = %update.name, "the holder's claim changed since the decision (a renewal?); deciding again");
-                    match self.api.get_claim(&key.namespace, &update.name).await {
-                        Ok(Some(fresh)) if fresh.uid().as_deref() == Some(update.uid.as_str()) => {
-                            outcome.fresh_claims.push(fresh);
-                        }
-                        // Gone, or re-created under another UID: the grant ends all the same.
-                        Ok(_) => continue,
-                        Err(e) => {
-                            tracing::warn!(lease = %key, error = %e, reason = e.label(), "re-reading a claim failed")
-                        }
-                    }
-                    outcome.refuted = true;
-                    return outcome;
-                }
-                Err(e) => {
-                    self.metrics
-                        .write_errors
-                        .get_or_create(&WriteLabels { kind: "claim" })
-                        .inc();
-                    tracing::warn!(lease = %key, claim = %update.name, error = %e, reason = e.label(), "claim status write failed");
-                    outcome.retry_after = Some(Retry::AfterError);
-                    return outcome;
-                }
-            }
-        }
-        let mut wrote_lease = false;
-        if let (Some(status), Some(current)) = (&decision.lease_status, &lease) {
-            let mut desired = current.clone();
-            desired.status = Some(status.clone());
-            // PUT /status carries metadata.resourceVersion: the API server refuses it
-            // with 409 if the Lease changed since we decided (DESIGN rule 2).
-            match self.api.replace_lease_status(&key, &desired).await {
-                Ok(written) => {
-                    wrote_lease = true;
-                    outcome.lease = Some(written.clone());
-                    self.record_lease_write(&key, &written, &decision, dirty_since);
-                }
-                Err(e) => {
-                    let changed = e.is(&[Conflict, NotFound]);
-                    if changed {
-                        self.metrics
-                            .write_conflicts
-                            .get_or_create(&WriteLabels { kind: "lease" })
-                            .inc();
-                        tracing::debug!(lease = %key, "lease changed since read; re-reading");
-                    } else {
-                        self.metrics
-                            .write_errors
-                            .get_or_create(&WriteLabels { kind: "lease" })
-                            .inc();
-                        tracing::warn!(lease = %key, error = %e, reason = e.label(), "lease status write failed");
-                    }
-                    let retry = if changed {
-                        Retry::Now
-                    } else {
-                        Retry::AfterError
-                    };
-                    return self.reread(outcome, retry).await;
-                }
-            }
-        }
-        // 3. The claims' mirrors, a few at a time (different claims, so their order is free).
-        if pass == Pass::Decision {
-            outcome.mirrors_due = !rest.is_empty();
-            outcome.handed_over = wrote_lease;
-            return outcome;
-        }
-        let mut results = futures::stream::iter(rest)
-            .map(|update| {
-                let api = self.api.clone();
-                let namespace = key.namespace.clone();
-                async move {
-                    let result = api.patch_claim_status(&namespace, &update).await;
-                    (update.name, result)
-                }
-            })
-            .buffer_unordered(CLAIM_WRITE_CONCURRENCY);
-        while let Some((name, result)) = results.next().await {
-            match result {
-                // Keep the index at least as new as our own writes, so the next
-                // decision does not work from the mirror as it was before them.
-                Ok(written) => outcome.claims.push(written),
-                // Deleted, or re-created (the UID test failed): its own watch event re-decides.
-                Err(e) if e.is(&[NotFound, Conflict, Invalid]) => {}
-                Err(e) => {
-                    self.metrics
-                        .write_errors
-                        .get_or_create(&WriteLabels { kind: "claim" })
-                        .inc();
-                    tracing::warn!(lease = %key, claim = %name, error = %e, reason = e.label(), "claim status write failed");
-                    outcome.retry_after = Some(Retry::AfterError);
-                }
-            }
-        }
-        outcome.handed_over = wrote_lease;
         outcome
     }
 
-    fn record_lease_write(
+    async fn run(
         &self,
-        key: &LeaseKey,
-        written: &Lease,
+        lease: Option<&Lease>,
         decision: &Decision,
         dirty_since: Instant,
-    ) {
+        outcome: &mut Outcome,
+    ) -> Step {
+        self.confirm(lease, &decision.confirm, &mut outcome.learned)
+            .await?;
+        if outcome.pass == Pass::Mirrors {
+            return self
+                .write_mirrors(&decision.mirrors, &mut outcome.learned)
+                .await;
+        }
+        if let Some(mark) = &decision.end_holder {
+            self.end_holder(mark, &mut outcome.learned).await?;
+        }
+        if let (Some(status), Some(current)) = (&decision.lease_status, lease) {
+            let written = self
+                .write_lease(current, status, &mut outcome.learned)
+                .await?;
+            self.record_lease_write(&written, decision, dirty_since);
+            outcome.learned.lease = Some(written);
+            outcome.wrote_lease = true;
+        }
+        outcome.mirrors_due = !decision.mirrors.is_empty();
+        Ok(())
+    }
+
+    /// Step 1. No ending on a stale view: confirms each check with a quorum read (a
+    /// GET without a resourceVersion is served from etcd, not from a cache), and
+    /// keeps what a refuting read showed.
+    async fn confirm(
+        &self,
+        lease: Option<&Lease>,
+        checks: &[Check],
+        learned: &mut Learned,
+    ) -> Step {
+        let mut refuted = None;
+        for check in checks {
+            match self.confirm_one(lease, check, learned).await {
+                Ok(true) => {}
+                // The Lease moved on: the read has it, so decide again at once.
+                Ok(false) if *check == Check::LeaseUnchanged => refuted = Some(Next::Now),
+                Ok(false) => refuted = refuted.or(Some(Next::Refuted)),
+                Err(e) => {
+                    tracing::warn!(lease = %self.key, error = %e, reason = e.label(), "confirming a decision failed");
+                    return Err(Next::AfterError);
+                }
+            }
+        }
+        match refuted {
+            None => Ok(()),
+            Some(next) => {
+                tracing::info!(lease = %self.key, ?checks, "a fresh read refuted the decision; deciding again");
+                Err(next)
+            }
+        }
+    }
+
+    /// Step 2. The ended holder's claim, before the Lease and conditioned on its
+    /// resourceVersion, so a renewal that landed since keeps the grant.
+    async fn end_holder(&self, mark: &ClaimUpdate, learned: &mut Learned) -> Step {
+        let namespace = &self.key.namespace;
+        match self.api.patch_claim_status(namespace, mark).await {
+            Ok(written) => learned.written_claims.push(written),
+            // Deleted meanwhile: the grant ends all the same (released).
+            Err(e) if e.is(&[NotFound]) => {}
+            Err(e) if e.is(&[Conflict, Invalid]) => {
+                tracing::info!(lease = %self.key, claim = %mark.name, "the holder's claim changed since the decision (a renewal?); deciding again");
+                match self.api.get_claim(namespace, &mark.name).await {
+                    Ok(Some(fresh)) if fresh.uid().as_deref() == Some(mark.uid.as_str()) => {
+                        learned.read_claims.push(fresh);
+                    }
+                    // Gone, or re-created under another UID: the grant ends all the same.
+                    Ok(_) => return Ok(()),
+                    Err(e) => {
+                        tracing::warn!(lease = %self.key, error = %e, reason = e.label(), "re-reading a claim failed")
+                    }
+                }
+                return Err(Next::Refuted);
+            }
+            Err(e) => {
+                self.count_error("claim");
+                tracing::warn!(lease = %self.key, claim = %mark.name, error = %e, reason = e.label(), "claim status write failed");
+                return Err(Next::AfterError);
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 3. The Lease status, by compare-and-swap: PUT /status carries
+    /// metadata.resourceVersion, and the API server refuses it with 409 if the Lease
+    /// changed since we decided (DESIGN rule 2). On failure, reads the Lease again.
+    async fn write_lease(
+        &self,
+        current: &Lease,
+        status: &LeaseStatus,
+        learned: &mut Learned,
+    ) -> std::result::Result<Lease, Next> {
+        let mut desired = current.clone();
+        desired.status = Some(status.clone());
+        let e = match self.api.replace_lease_status(&self.key, &desired).await {
+            Ok(written) => return Ok(written),
+            Err(e) => e,
+        };
+        let changed = e.is(&[Conflict, NotFound]);
+        if changed {
+            self.metrics
+                .write_conflicts
+                .get_or_create(&WriteLabels { kind: "lease" })
+                .inc();
+            tracing::debug!(lease = %self.key, "lease changed since read; re-reading");
+        } else {
+            self.count_error("lease");
+            tracing::warn!(lease = %self.key, error = %e, reason = e.label(), "lease status write failed");
+        }
+        let next = if changed { Next::Now } else { Next::AfterError };
+        Err(self.reread(learned, next).await)
+    }
+
+    /// Step 4 (a pass of its own). The claims' mirrors, a few at a time (different
+    /// claims, so their order is free).
+    async fn write_mirrors(&self, mirrors: &[ClaimUpdate], learned: &mut Learned) -> Step {
+        // Owned, not borrowed: the pass is a boxed future, and a stream of borrowing
+        // futures inside one trips the compiler's higher-ranked lifetime check.
+        let mut results = futures::stream::iter(mirrors.to_vec())
+            .map(|update| {
+                let (api, namespace) = (self.api.clone(), self.key.namespace.clone());
+                async move {
+                    let result = api.patch_claim_status(&namespace, &update).await;
+                    (update, result)
+                }
+            })
+            .buffer_unordered(CLAIM_WRITE_CONCURRENCY);
+        let mut step = Ok(());
+        while let Some((update, result)) = results.next().await {
+            match result {
+                // Keep the index at least as new as our own writes, so the next
+                // decision does not work from the mirror as it was before them.
+                Ok(written) => learned.written_claims.push(written),
+                // Deleted, or re-created (the UID test failed): its own watch event re-decides.
+                Err(e) if e.is(&[NotFound, Conflict, Invalid]) => {}
+                Err(e) => {
+                    self.count_error("claim");
+                    tracing::warn!(lease = %self.key, claim = %update.name, error = %e, reason = e.label(), "claim status write failed");
+                    step = Err(Next::AfterError);
+                }
+            }
+        }
+        step
+    }
+
+    fn count_error(&self, kind: &'static str) {
+        self.metrics
+            .write_errors
+            .get_or_create(&WriteLabels { kind })
+            .inc();
+    }
+
+    fn record_lease_write(&self, written: &Lease, decision: &Decision, dirty_since: Instant) {
         if let Some(ended) = &decision.ended {
             let (counter, kind) = match ended.how {
                 Ending::Released => (&self.metrics.releases, events::Kind::Normal),
@@ -264,13 +277,13 @@ impl<S: ApiServer> WritePass<S> {
                 Ending::Expired => conditions::messages::NO_RENEWAL.to_string(),
                 Ending::Revoked(why) => why.clone(),
             };
-            tracing::info!(lease = %key, claim = %ended.claim, token = ?ended.token, reason = ended.how.reason(), %why, "grant ended");
+            tracing::info!(lease = %self.key, claim = %ended.claim, token = ?ended.token, reason = ended.how.reason(), %why, "grant ended");
             self.events.publish_on(
                 written,
                 kind,
                 ended.how.reason(),
                 conditions::messages::ended_event(
-                    &key.name,
+                    &self.key.name,
                     &ended.identity,
                     ended.token.unwrap_or_default(),
                     &why,
@@ -284,7 +297,7 @@ impl<S: ApiServer> WritePass<S> {
                     .handover_latency
                     .observe(dirty_since.elapsed().as_secs_f64());
             }
-            tracing::info!(lease = %key, claim = %granted.claim, holder = %granted.identity, token = granted.token, "granted");
+            tracing::info!(lease = %self.key, claim = %granted.claim, holder = %granted.identity, token = granted.token, "granted");
             self.events.publish_on(
                 written,
                 events::Kind::Normal,
@@ -298,75 +311,62 @@ impl<S: ApiServer> WritePass<S> {
         }
     }
 
-    /// Confirms each check with a quorum read (a GET without a resourceVersion is
-    /// served from etcd, not from a cache). Ok(false): one was refuted; what the read
-    /// showed is in `outcome`.
-    async fn confirm(
+    /// One check: Ok(false) when the read refutes it.
+    async fn confirm_one(
         &self,
-        key: &LeaseKey,
         lease: Option<&Lease>,
-        checks: &[Check],
-        outcome: &mut Outcome,
+        check: &Check,
+        learned: &mut Learned,
     ) -> Result<bool> {
-        let mut confirmed = true;
-        for check in checks {
-            match check {
-                Check::ClaimGone { name, uid } => {
-                    if let Some(claim) = self.api.get_claim(&key.namespace, name).await?
-                        && claim.uid().as_deref() == Some(uid.as_str())
-                        && claim.metadata.deletion_timestamp.is_none()
-                    {
-                        outcome.fresh_claims.push(claim);
-                        confirmed = false;
-                    }
+        let (key, namespace) = (&self.key, &*self.key.namespace);
+        match check {
+            Check::ClaimGone { name, uid } => {
+                if let Some(claim) = self.api.get_claim(namespace, name).await?
+                    && claim.uid().as_deref() == Some(uid.as_str())
+                    && claim.metadata.deletion_timestamp.is_none()
+                {
+                    learned.read_claims.push(claim);
+                    return Ok(false);
                 }
-                Check::PodGone { name, uid } => {
-                    if let Some(pod) = self.api.get_pod(&key.namespace, name).await?
-                        && PodEntry::of(&pod).problem(uid.as_deref()).is_none()
-                    {
-                        outcome.fresh_pods.push(pod);
-                        confirmed = false;
-                    }
+            }
+            Check::PodGone { name, uid } => {
+                if let Some(pod) = self.api.get_pod(namespace, name).await?
+                    && PodEntry::of(&pod).problem(uid.as_deref()).is_none()
+                {
+                    learned.read_pods.push(pod);
+                    return Ok(false);
                 }
-                Check::LeaseGone => {
-                    if self.api.get_lease(key).await?.is_some() {
-                        // The index missed it: wait for the Lease watch to deliver it.
-                        confirmed = false;
+            }
+            // The index missed it: wait for the Lease watch to deliver it.
+            Check::LeaseGone => return Ok(self.api.get_lease(key).await?.is_none()),
+            Check::LeaseUnchanged => {
+                let current_rv = lease.and_then(|l| l.resource_version());
+                match self.api.get_lease(key).await? {
+                    Some(fresh) if fresh.resource_version() == current_rv => {}
+                    Some(fresh) => {
+                        learned.lease = Some(fresh);
+                        return Ok(false);
                     }
-                }
-                Check::LeaseUnchanged => {
-                    let current_rv = lease.and_then(|l| l.resource_version());
-                    match self.api.get_lease(key).await? {
-                        Some(fresh) if fresh.resource_version() == current_rv => {}
-                        Some(fresh) => {
-                            outcome.lease = Some(fresh);
-                            outcome.retry_after = Some(Retry::Now);
-                            confirmed = false;
-                        }
-                        None => {
-                            outcome.lease_gone = true;
-                            outcome.retry_after = Some(Retry::Now);
-                            confirmed = false;
-                        }
+                    None => {
+                        learned.lease_gone = true;
+                        return Ok(false);
                     }
                 }
             }
         }
-        Ok(confirmed)
+        Ok(true)
     }
 
-    /// After a failed write: read the Lease again and decide once more.
-    async fn reread(&self, mut outcome: Outcome, retry: Retry) -> Outcome {
-        match self.api.get_lease(&outcome.key).await {
-            Ok(Some(fresh)) => outcome.lease = Some(fresh),
-            Ok(None) => outcome.lease_gone = true,
+    /// After a failed Lease write: reads the Lease again, for the next decision.
+    async fn reread(&self, learned: &mut Learned, next: Next) -> Next {
+        match self.api.get_lease(&self.key).await {
+            Ok(Some(fresh)) => learned.lease = Some(fresh),
+            Ok(None) => learned.lease_gone = true,
             Err(e) => {
-                tracing::warn!(lease = %outcome.key, error = %e, reason = e.label(), "re-reading lease failed");
-                outcome.retry_after = Some(Retry::AfterError);
-                return outcome;
+                tracing::warn!(lease = %self.key, error = %e, reason = e.label(), "re-reading lease failed");
+                return Next::AfterError;
             }
         }
-        outcome.retry_after = Some(retry);
-        outcome
+        next
     }
 }

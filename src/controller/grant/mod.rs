@@ -5,9 +5,11 @@
 //! write (at most one write: grant, handover and free happen together, DESIGN
 //! rule 5), the claim status mirrors to write after it, and the events to publish.
 
+mod claim_status;
+
 use std::time::Instant;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -15,6 +17,9 @@ use super::index::{ClaimView, LeaseView, PodProblem};
 use crate::api::{ClaimPhase, Holder, Lease, LeaseClaimStatus, LeasePhase, LeaseStatus};
 use crate::conditions::{messages, reasons, types};
 use crate::token::{MAX_TOKEN, TokensExhausted, next_token};
+use claim_status::{
+    check_pod_gone, lost, mirror_claims, mirror_waiters, push_mirror, set_condition,
+};
 
 /// How many waiting claims `status.waiting` lists.
 pub const WAITING_LISTED: usize = 10;
@@ -56,7 +61,7 @@ pub struct Ended {
     pub how: Ending,
 }
 
-/// A claim status to write (after the Lease write, if any).
+/// A claim status to write: the ended holder's mark, or a mirror.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimUpdate {
     pub name: String,
@@ -85,22 +90,61 @@ pub enum Check {
     LeaseUnchanged,
 }
 
+/// A decision is a write plan: its steps are its fields, in the order DESIGN
+/// ("Endings are confirmed", rule 2) has them run. The write pass runs them in that
+/// order and decides nothing; [`Decision::work`] says which of them are urgent.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Decision {
-    /// The new Lease status, when it differs from the observed one.
+    /// 1. What a quorum read confirms before anything is written (each at most once).
+    pub confirm: Vec<Check>,
+    /// 2. The ended holder's claim, marked before the Lease and conditioned on its
+    ///    resourceVersion ([`ClaimUpdate::condition_on`]).
+    pub end_holder: Option<ClaimUpdate>,
+    /// 3. The new Lease status (compare-and-swap), when it differs from the observed one.
     pub lease_status: Option<LeaseStatus>,
+    /// 4. Every other claim's status mirror, deferred to a pass of their own.
+    pub mirrors: Vec<ClaimUpdate>,
+    /// What the Lease write does, for its events and metrics.
     pub granted: Option<NewHolder>,
     pub ended: Option<Ended>,
-    pub claim_updates: Vec<ClaimUpdate>,
-    /// What the writer confirms before writing anything (each at most once).
-    pub checks: Vec<Check>,
+}
+
+/// What a decision asks of the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Nothing to write.
+    None,
+    /// Only claim mirrors: they wait until no Lease is dirty (DESIGN "Storms").
+    Mirrors,
+    /// A Lease status or an ended holder's claim: written as soon as a slot is free.
+    Urgent,
 }
 
 impl Decision {
     fn check(&mut self, check: Check) {
-        if !self.checks.contains(&check) {
-            self.checks.push(check);
+        if !self.confirm.contains(&check) {
+            self.confirm.push(check);
         }
+    }
+
+    pub fn work(&self) -> Work {
+        if self.lease_status.is_some() || self.end_holder.is_some() {
+            Work::Urgent
+        } else if !self.mirrors.is_empty() {
+            Work::Mirrors
+        } else {
+            Work::None
+        }
+    }
+
+    /// Every claim write, the holder's mark first.
+    #[cfg(test)]
+    pub fn claim_updates(&self) -> Vec<ClaimUpdate> {
+        self.end_holder
+            .iter()
+            .chain(&self.mirrors)
+            .cloned()
+            .collect()
     }
 }
 
@@ -341,151 +385,6 @@ fn describe_lease(
     );
 }
 
-/// Phase 5a: each waiter's place in the queue.
-fn mirror_waiters(
-    view: &LeaseView<'_>,
-    waiters: &[&ClaimView<'_>],
-    decision: &mut Decision,
-    wall: Timestamp,
-) {
-    for (position, c) in waiters.iter().enumerate() {
-        let mut s = c.claim.status.clone();
-        s.phase = Some(ClaimPhase::Pending);
-        s.position = Some(position as i64 + 1);
-        remove_condition(&mut s.conditions, types::LEASE_NOT_FOUND);
-        set_condition(
-            &mut s.conditions,
-            types::GRANTED,
-            false,
-            reasons::WAITING,
-            &messages::waiting(&view.key.name, position + 1),
-            c.claim.generation,
-            wall,
-        );
-        push_claim_update(decision, c, s, None);
-    }
-}
-
-/// Phase 5b: every other claim that is not final yet: the holder's grant, the end of
-/// the grant that ended (conditioned on the claim's resourceVersion), a grant that a
-/// later one superseded, and a pending claim whose pod is gone.
-fn mirror_claims(
-    view: &LeaseView<'_>,
-    claims: &[&ClaimView<'_>],
-    status: &LeaseStatus,
-    ended_uid: Option<&str>,
-    decision: &mut Decision,
-    wall: Timestamp,
-) {
-    let wrote_lease = decision.lease_status.is_some();
-    let holder_uid = status.holder.as_ref().map(|h| h.claim_uid.as_str());
-    let lease_token = status.fencing_token;
-    for c in claims {
-        let uid = c.claim.uid.as_str();
-        if c.claim.deleting || c.claim.status.phase.is_some_and(ClaimPhase::is_final) {
-            continue;
-        }
-        if Some(uid) == holder_uid {
-            let mut s = c.claim.status.clone();
-            if s.phase != Some(ClaimPhase::Granted) {
-                s.phase = Some(ClaimPhase::Granted);
-                s.fencing_token = lease_token;
-                s.grant_time = status.acquire_time.clone();
-                s.position = None;
-                remove_condition(&mut s.conditions, types::LEASE_NOT_FOUND);
-                set_condition(
-                    &mut s.conditions,
-                    types::GRANTED,
-                    true,
-                    reasons::GRANTED,
-                    &messages::granted(&view.key.name, lease_token.unwrap_or_default()),
-                    c.claim.generation,
-                    wall,
-                );
-                push_claim_update(decision, c, s, None);
-            }
-        } else if Some(uid) == ended_uid {
-            let how = decision
-                .ended
-                .as_ref()
-                .expect("ended_uid implies ended")
-                .how
-                .clone();
-            let (phase, message) = match &how {
-                Ending::Expired => (ClaimPhase::Expired, messages::NO_RENEWAL.to_string()),
-                Ending::Revoked(why) => (ClaimPhase::Revoked, why.clone()),
-                Ending::Released => (ClaimPhase::Released, messages::RELEASED.to_string()),
-            };
-            push_claim_update(
-                decision,
-                c,
-                lost(c, phase, how.reason(), &message, wall),
-                Some(c.claim.resource_version.clone()),
-            );
-        } else if held_a_deleted_lease(view, c) {
-            // The Lease it held was deleted (this one is a new object of the name).
-            push_claim_update(
-                decision,
-                c,
-                lost(
-                    c,
-                    ClaimPhase::Revoked,
-                    reasons::LEASE_DELETED,
-                    messages::LEASE_DELETED,
-                    wall,
-                ),
-                None,
-            );
-        } else if c.claim.status.phase == Some(ClaimPhase::Granted) {
-            // Granted in its mirror, but the Lease names someone else: a later grant superseded it.
-            let message = messages::superseded(&view.key.name, lease_token.unwrap_or_default());
-            if !wrote_lease {
-                decision.check(Check::LeaseUnchanged);
-            }
-            push_claim_update(
-                decision,
-                c,
-                lost(c, ClaimPhase::Revoked, reasons::SUPERSEDED, &message, wall),
-                None,
-            );
-        } else if is_pending(c)
-            && let Some(problem) = &c.pod_problem
-            && *problem != PodProblem::NotSeenYet
-        {
-            let pod = c
-                .claim
-                .pod
-                .as_ref()
-                .map(|p| p.name.as_str())
-                .unwrap_or_default();
-            check_pod_gone(decision, c);
-            push_claim_update(
-                decision,
-                c,
-                lost(
-                    c,
-                    ClaimPhase::Revoked,
-                    reasons::POD_GONE,
-                    &problem.describe(pod),
-                    wall,
-                ),
-                None,
-            );
-        }
-    }
-}
-
-/// A decision that ends a grant because the claim's pod is gone has the writer
-/// confirm it (when the claim names a pod).
-fn check_pod_gone(decision: &mut Decision, c: &ClaimView<'_>) {
-    if let Some(pod) = &c.claim.pod {
-        decision.check(Check::PodGone {
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-        });
-    }
-}
-
 fn decide_without_lease(
     view: &LeaseView<'_>,
     claims: &[&ClaimView<'_>],
@@ -523,7 +422,7 @@ fn decide_without_lease(
                 );
                 s
             };
-        push_claim_update(&mut decision, c, s, None);
+        push_mirror(&mut decision, c, s);
     }
     decision
 }
@@ -534,80 +433,4 @@ fn is_pending(c: &ClaimView<'_>) -> bool {
 
 fn is_waiting(c: &ClaimView<'_>) -> bool {
     is_pending(c) && c.pod_problem.is_none()
-}
-
-fn lost(
-    c: &ClaimView<'_>,
-    phase: ClaimPhase,
-    reason: &str,
-    message: &str,
-    wall: Timestamp,
-) -> LeaseClaimStatus {
-    let mut s = c.claim.status.clone();
-    s.phase = Some(phase);
-    s.position = None;
-    set_condition(
-        &mut s.conditions,
-        types::GRANTED,
-        false,
-        reason,
-        message,
-        c.claim.generation,
-        wall,
-    );
-    s
-}
-
-fn push_claim_update(
-    decision: &mut Decision,
-    c: &ClaimView<'_>,
-    mut status: LeaseClaimStatus,
-    condition_on: Option<String>,
-) {
-    status.observed_generation = c.claim.generation;
-    if status != c.claim.status {
-        decision.claim_updates.push(ClaimUpdate {
-            name: c.claim.name.clone(),
-            uid: c.claim.uid.clone(),
-            status,
-            condition_on,
-        });
-    }
-}
-
-/// Sets a condition, keeping its lastTransitionTime unless its status changed.
-pub fn set_condition(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    wall: Timestamp,
-) {
-    let status = if status { "True" } else { "False" }.to_string();
-    let existing = conditions.iter_mut().find(|c| c.type_ == type_);
-    match existing {
-        Some(c) => {
-            if c.status != status {
-                c.last_transition_time = Time(wall);
-            }
-            c.status = status;
-            c.reason = reason.to_string();
-            c.message = message.to_string();
-            c.observed_generation = generation;
-        }
-        None => conditions.push(Condition {
-            type_: type_.to_string(),
-            status,
-            reason: reason.to_string(),
-            message: message.to_string(),
-            observed_generation: generation,
-            last_transition_time: Time(wall),
-        }),
-    }
-}
-
-fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
-    conditions.retain(|c| c.type_ != type_);
 }

@@ -12,175 +12,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::runtime::watcher::Event;
-use kube::{Resource, ResourceExt};
 
-use crate::api::{Lease, LeaseClaim, LeaseClaimStatus, MAX_LEASE_DURATION_SECONDS, PodRef};
+use crate::api::{Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS};
 use crate::token::resource_version_newer;
 
-/// A Lease by namespace and name; also the unit of work of the controller.
-///
-/// Shared strings: the controller holds a key in its index, queue, timers and
-/// claim map at once, and at 10,000 Leases each copy of two Strings adds up.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseKey {
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
-}
+mod entries;
+#[cfg(test)]
+mod tests;
+mod watched;
 
-impl LeaseKey {
-    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for LeaseKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// What the controller needs of a LeaseClaim.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClaimEntry {
-    pub name: String,
-    pub uid: String,
-    pub created: Option<Timestamp>,
-    pub generation: Option<i64>,
-    pub holder_identity: String,
-    pub pod: Option<PodRef>,
-    pub renew_time: Option<Timestamp>,
-    pub deleting: bool,
-    pub status: LeaseClaimStatus,
-    pub resource_version: String,
-    /// When the index first saw this claim (this UID).
-    pub first_seen: Instant,
-    /// When the controller last observed a change of `spec.renewTime` (or first saw the claim).
-    pub renew_observed_at: Instant,
-}
-
-/// How long a new claim may name a pod that the pod watch has not delivered yet
-/// (the claim and pod watches are separate streams, so a claim can arrive first)
-/// before the pod counts as gone.
-pub const POD_GRACE: Duration = Duration::from_secs(10);
-
-/// Why a claim's pod does not (or not yet) back it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodProblem {
-    /// Not in the pod watch yet, and the claim is younger than [`POD_GRACE`]:
-    /// the claim is neither granted nor revoked until it shows up.
-    NotSeenYet,
-    Gone,
-    Replaced,
-    Terminal(String),
-}
-
-impl PodProblem {
-    pub fn describe(&self, pod: &str) -> String {
-        use crate::conditions::messages;
-        match self {
-            PodProblem::NotSeenYet => messages::pod_not_seen(pod),
-            PodProblem::Gone => messages::pod_deleted(pod),
-            PodProblem::Replaced => messages::pod_replaced(pod),
-            PodProblem::Terminal(phase) => messages::pod_terminal(pod, phase),
-        }
-    }
-}
-
-/// What the controller keeps of a Pod: exactly what decides whether it is gone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PodEntry {
-    uid: String,
-    /// `Succeeded`/`Failed`, or None while it may still run.
-    terminal_phase: Option<String>,
-    deleting: bool,
-}
-
-impl PodEntry {
-    pub(crate) fn of(pod: &Pod) -> Self {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
-        PodEntry {
-            uid: pod.metadata.uid.clone().unwrap_or_default(),
-            terminal_phase: phase.filter(|p| p == "Succeeded" || p == "Failed"),
-            deleting: pod.metadata.deletion_timestamp.is_some(),
-        }
-    }
-
-    /// "Pod gone" for a pod that exists (DESIGN "Pod gone"): why it no longer backs
-    /// a claim that names it (with `uid`, when the claim gave one), or None. The
-    /// index's view and the write pass's quorum check both ask this.
-    pub(crate) fn problem(&self, uid: Option<&str>) -> Option<PodProblem> {
-        if self.deleting {
-            Some(PodProblem::Gone)
-        } else if uid.is_some_and(|uid| uid != self.uid) {
-            Some(PodProblem::Replaced)
-        } else {
-            self.terminal_phase.clone().map(PodProblem::Terminal)
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct LeaseEntry {
-    lease: Option<Arc<Lease>>,
-    /// Most Leases have a few claims: a list of boxes costs 8 bytes a claim where a
-    /// map's node holds room for eleven; the decision sorts them itself. Boxed
-    /// because a Vec's spare capacity (four slots after the first push) would
-    /// otherwise hold 352-byte entries.
-    #[allow(clippy::vec_box)]
-    claims: Vec<Box<ClaimEntry>>,
-    /// The holder's claim UID and when the index first saw it hold the lease.
-    holder_since: Option<(String, Instant)>,
-    /// Claims that held a Lease object of this name that is gone (deleted, or
-    /// replaced by a re-created one): revoked even if their `Granted` mirror never
-    /// landed, and never granted by a later Lease of the name.
-    deleted_holders: Vec<String>,
-}
-
-impl LeaseEntry {
-    fn claim(&self, name: &str) -> Option<&ClaimEntry> {
-        self.claims.iter().find(|c| c.name == name).map(|c| &**c)
-    }
-
-    /// Inserts or replaces the claim of that name.
-    fn put_claim(&mut self, claim: ClaimEntry) {
-        match self.claims.iter_mut().find(|c| c.name == claim.name) {
-            Some(slot) => **slot = claim,
-            None => self.claims.push(Box::new(claim)),
-        }
-    }
-
-    /// The Lease object held goes away; `last` is its final state when the watch
-    /// delivered one (newer than ours, possibly).
-    fn lease_gone(&mut self, last: Option<&Lease>) {
-        let holder = |l: &Lease| Some(l.status.as_ref()?.holder.as_ref()?.claim_uid.clone());
-        let uid = last
-            .and_then(holder)
-            .or_else(|| self.lease.as_deref().and_then(holder));
-        let claims = &self.claims;
-        self.deleted_holders.retain(|u| {
-            claims
-                .iter()
-                .any(|c| c.uid == *u && !c.status.phase.is_some_and(|p| p.is_final()))
-        });
-        if let Some(uid) = uid
-            && !self.deleted_holders.contains(&uid)
-        {
-            self.deleted_holders.push(uid);
-        }
-        self.lease = None;
-        self.holder_since = None;
-    }
-
-    fn take_claim(&mut self, name: &str) -> Option<Box<ClaimEntry>> {
-        let position = self.claims.iter().position(|c| c.name == name)?;
-        Some(self.claims.swap_remove(position))
-    }
-}
+use entries::LeaseEntry;
+pub(crate) use entries::PodEntry;
+pub use entries::{ClaimEntry, Counts, LeaseKey, POD_GRACE, PodProblem};
+use watched::Relist;
+pub use watched::Watched;
 
 /// A claim together with what its pod says about it, as the grant decision sees it.
 #[derive(Debug, Clone)]
@@ -203,6 +50,25 @@ pub struct LeaseView<'a> {
     pub deleted_holders: &'a [String],
 }
 
+/// What a write pass wrote, or read with a quorum read, of one Lease's objects:
+/// besides watch events ([`Index::handle`]), the only way the index changes
+/// ([`Index::apply_outcome`]).
+#[derive(Debug, Default)]
+pub struct Learned {
+    /// The UID of the Lease object the decision was computed for: what the pass
+    /// learned applies to that object only, never to one re-created under its name.
+    pub lease_uid: Option<String>,
+    /// The Lease as written, or as freshly read after a failed write or check.
+    pub lease: Option<Lease>,
+    /// A read found no Lease of this name.
+    pub lease_gone: bool,
+    /// Claims as the pass wrote them.
+    pub written_claims: Vec<LeaseClaim>,
+    /// Claims and pods as a quorum read showed them when it refuted an ending.
+    pub read_claims: Vec<LeaseClaim>,
+    pub read_pods: Vec<Pod>,
+}
+
 #[derive(Debug, Default)]
 pub struct Index {
     leases: HashMap<LeaseKey, LeaseEntry>,
@@ -214,131 +80,6 @@ pub struct Index {
     /// Kept up to date on every change, so the gauges cost nothing per event at 10,000 Leases.
     counts: Counts,
     relist: Relist,
-}
-
-/// What each watch's (re)list has delivered so far. Its objects go into the index as
-/// they come (holding 30,000 of them until the list ends would double the
-/// controller's memory at 10,000 Leases); at its end, whatever it did not list is
-/// forgotten.
-#[derive(Debug, Default)]
-struct Relist {
-    leases: HashSet<LeaseKey>,
-    claims: HashSet<(String, String)>,
-    pods: HashSet<(String, String)>,
-    /// Leases, claims, pods: initial list delivered.
-    synced: [bool; 3],
-}
-
-fn name_of(object: &impl Resource) -> (String, String) {
-    let meta = object.meta();
-    (
-        meta.namespace.clone().unwrap_or_default(),
-        meta.name.clone().unwrap_or_default(),
-    )
-}
-
-/// A kind of object the index is fed by a watch: how one is applied and deleted, and
-/// how a (re)list's objects are remembered and the rest forgotten.
-pub trait Watched: Resource + Sized {
-    /// Its place in the index's record of which watches have synced.
-    #[doc(hidden)]
-    const SLOT: usize;
-    #[doc(hidden)]
-    fn apply_to(self, index: &mut Index, now: Instant) -> Vec<LeaseKey>;
-    #[doc(hidden)]
-    fn delete_from(&self, index: &mut Index) -> Vec<LeaseKey>;
-    /// The relist has delivered this object.
-    #[doc(hidden)]
-    fn list(&self, index: &mut Index);
-    /// The relist is complete: forgets what it did not deliver.
-    #[doc(hidden)]
-    fn retain_listed(index: &mut Index) -> Vec<LeaseKey>;
-    /// A relist starts.
-    #[doc(hidden)]
-    fn clear_listed(index: &mut Index);
-}
-
-impl Watched for Lease {
-    const SLOT: usize = 0;
-    fn apply_to(self, index: &mut Index, now: Instant) -> Vec<LeaseKey> {
-        index.apply_lease(self, now).into_iter().collect()
-    }
-    fn delete_from(&self, index: &mut Index) -> Vec<LeaseKey> {
-        index.delete_lease(self).into_iter().collect()
-    }
-    fn list(&self, index: &mut Index) {
-        let (namespace, name) = name_of(self);
-        index.relist.leases.insert(LeaseKey::new(namespace, name));
-    }
-    fn retain_listed(index: &mut Index) -> Vec<LeaseKey> {
-        let listed = std::mem::take(&mut index.relist.leases);
-        index.retain_leases(&listed)
-    }
-    fn clear_listed(index: &mut Index) {
-        index.relist.leases.clear();
-    }
-}
-
-impl Watched for LeaseClaim {
-    const SLOT: usize = 1;
-    fn apply_to(self, index: &mut Index, now: Instant) -> Vec<LeaseKey> {
-        index.apply_claim(self, now)
-    }
-    fn delete_from(&self, index: &mut Index) -> Vec<LeaseKey> {
-        index.delete_claim(self)
-    }
-    fn list(&self, index: &mut Index) {
-        index.relist.claims.insert(name_of(self));
-    }
-    fn retain_listed(index: &mut Index) -> Vec<LeaseKey> {
-        let listed = std::mem::take(&mut index.relist.claims);
-        index.retain_claims(&listed)
-    }
-    fn clear_listed(index: &mut Index) {
-        index.relist.claims.clear();
-    }
-}
-
-impl Watched for Pod {
-    const SLOT: usize = 2;
-    fn apply_to(self, index: &mut Index, _now: Instant) -> Vec<LeaseKey> {
-        index.apply_pod(&self)
-    }
-    fn delete_from(&self, index: &mut Index) -> Vec<LeaseKey> {
-        index.delete_pod(self)
-    }
-    fn list(&self, index: &mut Index) {
-        index.relist.pods.insert(name_of(self));
-    }
-    fn retain_listed(index: &mut Index) -> Vec<LeaseKey> {
-        let listed = std::mem::take(&mut index.relist.pods);
-        index.retain_pods(&listed)
-    }
-    fn clear_listed(index: &mut Index) {
-        index.relist.pods.clear();
-    }
-}
-
-/// How many entries have a Lease object, and how many of those a holder.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    pub leases: usize,
-    pub held: usize,
-}
-
-impl Counts {
-    fn of(entry: &LeaseEntry) -> Counts {
-        Counts {
-            leases: usize::from(entry.lease.is_some()),
-            held: usize::from(entry.holder_since.is_some()),
-        }
-    }
-
-    /// Replaces one entry's share `before` with `after`.
-    fn replace(&mut self, before: Counts, after: Counts) {
-        self.leases = self.leases + after.leases - before.leases;
-        self.held = self.held + after.held - before.held;
-    }
 }
 
 impl Index {
@@ -672,6 +413,50 @@ impl Index {
         }
     }
 
+    /// Applies what a write pass learned about `key`'s objects; returns whether a
+    /// quorum read changed the index (so deciding again at once can come out
+    /// differently). Only to the objects the index still holds, by UID: a delete
+    /// event that arrived while the pass ran wins (re-adding the object would leave a
+    /// ghost that nothing corrects, and a ghost claim could be granted), and an object
+    /// re-created under the same name is never overwritten or removed.
+    pub fn apply_outcome(&mut self, key: &LeaseKey, learned: Learned, now: Instant) -> bool {
+        let held = self.lease(key).map(|l| l.metadata.uid.clone());
+        if held.is_some() && held == Some(learned.lease_uid) {
+            if let Some(lease) = learned.lease {
+                // Its new version, or (read after a failed write) its successor.
+                self.apply_lease(lease, now);
+            } else if learned.lease_gone
+                && let Some(lease) = self.lease(key).map(|l| (**l).clone())
+            {
+                self.delete_lease(&lease);
+            }
+        }
+        for claim in learned.written_claims {
+            if self.holds_claim(&claim) {
+                self.apply_claim(claim, now);
+            }
+        }
+        let mut refreshed = false;
+        for claim in learned.read_claims {
+            if self.holds_claim(&claim) {
+                refreshed |= !self.apply_claim(claim, now).is_empty();
+            }
+        }
+        for pod in learned.read_pods {
+            let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+            if self.pod_uid(&namespace, &name) == pod.uid().as_deref() {
+                refreshed |= !self.apply_pod(&pod).is_empty();
+            }
+        }
+        refreshed
+    }
+
+    /// The index holds this claim object (its name, with its UID).
+    fn holds_claim(&self, claim: &LeaseClaim) -> bool {
+        let namespace = claim.namespace().unwrap_or_default();
+        self.claim_uid(&namespace, &claim.name_any()) == claim.uid().as_deref()
+    }
+
     /// What the grant decision sees for one Lease name.
     pub fn view<'a>(&'a self, key: &'a LeaseKey, now: Instant) -> Option<LeaseView<'a>> {
         let entry = self.leases.get(key)?;
@@ -742,137 +527,5 @@ impl Index {
             .max(granted_with.unwrap_or(0))
             .clamp(1, MAX_LEASE_DURATION_SECONDS);
         Some(last_seen_alive + Duration::from_secs(seconds as u64))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fixtures::{ClaimBuilder, LeaseBuilder, PodBuilder};
-
-    fn sorted(mut keys: Vec<LeaseKey>) -> Vec<LeaseKey> {
-        keys.sort();
-        keys.dedup();
-        keys
-    }
-
-    #[test]
-    fn a_pod_is_gone_when_deleting_replaced_or_terminal_and_only_then() {
-        let running = PodBuilder::new("p").uid("u1").phase("Running").build();
-        assert_eq!(PodEntry::of(&running).problem(Some("u1")), None);
-        assert_eq!(PodEntry::of(&running).problem(None), None);
-        assert_eq!(
-            PodEntry::of(&running).problem(Some("u0")),
-            Some(PodProblem::Replaced)
-        );
-        for phase in ["Succeeded", "Failed"] {
-            let done = PodBuilder::new("p").uid("u1").phase(phase).build();
-            assert_eq!(
-                PodEntry::of(&done).problem(Some("u1")),
-                Some(PodProblem::Terminal(phase.into()))
-            );
-        }
-        let mut deleting = running.clone();
-        deleting.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
-        );
-        assert_eq!(
-            PodEntry::of(&deleting).problem(Some("u1")),
-            Some(PodProblem::Gone)
-        );
-    }
-
-    #[test]
-    fn a_lease_is_held_slim_whichever_path_delivered_it() {
-        // A write's response carries managedFields; the watch event of the same
-        // resourceVersion (slimmed) is then skipped as unchanged, so the index must
-        // slim what it is given or hold the fat copy for the Lease's lifetime.
-        let now = Instant::now();
-        let key = LeaseKey::new("ns", "a");
-        let mut index = Index::default();
-        let written = LeaseBuilder::new("a")
-            .uid("La")
-            .resource_version(1)
-            .managed_fields(vec![Default::default()])
-            .build();
-        index.apply_lease(written, now);
-        assert_eq!(index.lease(&key).unwrap().metadata.managed_fields, None);
-    }
-
-    #[test]
-    fn the_index_is_synced_once_every_kind_has_listed() {
-        let now = Instant::now();
-        let mut index = Index::default();
-        let lease = LeaseBuilder::new("a").uid("La").resource_version(1).build();
-        index.handle(Event::<Lease>::Init, now);
-        index.handle(Event::InitApply(lease), now);
-        index.handle(Event::<Lease>::InitDone, now);
-        index.handle(Event::<LeaseClaim>::Init, now);
-        index.handle(Event::<LeaseClaim>::InitDone, now);
-        assert!(!index.is_synced(), "pods not listed yet");
-        index.handle(Event::<Pod>::Init, now);
-        index.handle(Event::<Pod>::InitDone, now);
-        assert!(index.is_synced());
-    }
-
-    #[test]
-    fn a_relist_forgets_what_it_did_not_deliver_of_its_own_kind_only() {
-        let now = Instant::now();
-        let a = LeaseKey::new("ns", "a");
-        let b = LeaseKey::new("ns", "b");
-        let lease_a = LeaseBuilder::new("a").uid("La").resource_version(1).build();
-        let lease_b = LeaseBuilder::new("b").uid("Lb").resource_version(2).build();
-        let c1 = ClaimBuilder::new("c1", "a")
-            .uid("u-c1")
-            .resource_version(1)
-            .pod("p1")
-            .build();
-        let c2 = ClaimBuilder::new("c2", "b")
-            .uid("u-c2")
-            .resource_version(1)
-            .pod("p2")
-            .build();
-        let p1 = PodBuilder::new("p1").uid("p-p1").phase("Running").build();
-        let p2 = PodBuilder::new("p2").uid("p-p2").phase("Running").build();
-        let mut index = Index::default();
-        index.handle(Event::Apply(lease_a.clone()), now);
-        index.handle(Event::Apply(lease_b), now);
-        assert_eq!(index.handle(Event::Apply(c1), now), vec![a.clone()]);
-        index.handle(Event::Apply(c2.clone()), now);
-        assert_eq!(index.handle(Event::Apply(p1), now), vec![a.clone()]);
-        index.handle(Event::Apply(p2), now);
-
-        // Leases relisted without "b" (deleted while the watch was down): "b" keeps its claim.
-        index.handle(Event::<Lease>::Init, now);
-        assert_eq!(
-            index.handle(Event::InitApply(lease_a.clone()), now),
-            Vec::<LeaseKey>::new(),
-            "an unchanged object changes no decision"
-        );
-        assert_eq!(index.handle(Event::<Lease>::InitDone, now), vec![b.clone()]);
-        assert!(index.lease(&b).is_none());
-        assert_eq!(index.claim_uid("ns", "c2"), Some("u-c2"));
-        assert_eq!(index.lease_count(), 1);
-
-        // Claims relisted without "c1".
-        index.handle(Event::<LeaseClaim>::Init, now);
-        index.handle(Event::InitApply(c2), now);
-        assert_eq!(
-            index.handle(Event::<LeaseClaim>::InitDone, now),
-            vec![a.clone()]
-        );
-        assert_eq!(index.claim_uid("ns", "c1"), None);
-
-        // Pods relisted without either: only the Lease with a claim naming one is touched.
-        index.handle(Event::<Pod>::Init, now);
-        assert_eq!(sorted(index.handle(Event::<Pod>::InitDone, now)), vec![b]);
-        assert_eq!(index.pod_uid("ns", "p1"), None);
-        assert_eq!(index.pod_uid("ns", "p2"), None);
-
-        // A delete goes through the same entry point.
-        let gone = lease_a;
-        assert_eq!(index.handle(Event::Delete(gone), now), vec![a]);
-        assert_eq!(index.lease_count(), 0);
-        assert_eq!(index.counts_by_walking(), Counts::default());
     }
 }

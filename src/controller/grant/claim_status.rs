@@ -1,0 +1,218 @@
+//! Phase 5 of the grant decision: what each claim's status says (its place in the
+//! queue, its grant, how its grant ended), and the condition helper both the Lease
+//! and the claims' statuses are written with.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use super::{Check, ClaimUpdate, Decision, Ending, held_a_deleted_lease, is_pending};
+use crate::api::{ClaimPhase, LeaseClaimStatus, LeaseStatus};
+use crate::conditions::{messages, reasons, types};
+use crate::controller::index::{ClaimView, LeaseView, PodProblem};
+
+/// Phase 5a: each waiter's place in the queue.
+pub(super) fn mirror_waiters(
+    view: &LeaseView<'_>,
+    waiters: &[&ClaimView<'_>],
+    decision: &mut Decision,
+    wall: Timestamp,
+) {
+    for (position, c) in waiters.iter().enumerate() {
+        let mut s = c.claim.status.clone();
+        s.phase = Some(ClaimPhase::Pending);
+        s.position = Some(position as i64 + 1);
+        remove_condition(&mut s.conditions, types::LEASE_NOT_FOUND);
+        set_condition(
+            &mut s.conditions,
+            types::GRANTED,
+            false,
+            reasons::WAITING,
+            &messages::waiting(&view.key.name, position + 1),
+            c.claim.generation,
+            wall,
+        );
+        push_mirror(decision, c, s);
+    }
+}
+
+/// Phase 5b: every other claim that is not final yet: the holder's grant, the end of
+/// the grant that ended (conditioned on the claim's resourceVersion), a grant that a
+/// later one superseded, and a pending claim whose pod is gone.
+pub(super) fn mirror_claims(
+    view: &LeaseView<'_>,
+    claims: &[&ClaimView<'_>],
+    status: &LeaseStatus,
+    ended_uid: Option<&str>,
+    decision: &mut Decision,
+    wall: Timestamp,
+) {
+    let wrote_lease = decision.lease_status.is_some();
+    let holder_uid = status.holder.as_ref().map(|h| h.claim_uid.as_str());
+    for c in claims {
+        let uid = c.claim.uid.as_str();
+        if c.claim.deleting || c.claim.status.phase.is_some_and(ClaimPhase::is_final) {
+            continue;
+        }
+        if Some(uid) == holder_uid {
+            if c.claim.status.phase != Some(ClaimPhase::Granted) {
+                push_mirror(decision, c, granted(view, c, status, wall));
+            }
+        } else if Some(uid) == ended_uid {
+            let how = &decision
+                .ended
+                .as_ref()
+                .expect("ended_uid implies ended")
+                .how;
+            let mark = ended(c, how, wall);
+            decision.end_holder = claim_update(c, mark, Some(c.claim.resource_version.clone()));
+        } else if held_a_deleted_lease(view, c) {
+            // The Lease it held was deleted (this one is a new object of the name).
+            let why = messages::LEASE_DELETED;
+            let s = lost(c, ClaimPhase::Revoked, reasons::LEASE_DELETED, why, wall);
+            push_mirror(decision, c, s);
+        } else if c.claim.status.phase == Some(ClaimPhase::Granted) {
+            // Granted in its mirror, but the Lease names someone else: a later grant superseded it.
+            let token = status.fencing_token.unwrap_or_default();
+            let why = messages::superseded(&view.key.name, token);
+            if !wrote_lease {
+                decision.check(Check::LeaseUnchanged);
+            }
+            let s = lost(c, ClaimPhase::Revoked, reasons::SUPERSEDED, &why, wall);
+            push_mirror(decision, c, s);
+        } else if is_pending(c)
+            && let Some(problem) = &c.pod_problem
+            && *problem != PodProblem::NotSeenYet
+        {
+            let pod = c.claim.pod.as_ref().map(|p| p.name.as_str());
+            let why = problem.describe(pod.unwrap_or_default());
+            check_pod_gone(decision, c);
+            let s = lost(c, ClaimPhase::Revoked, reasons::POD_GONE, &why, wall);
+            push_mirror(decision, c, s);
+        }
+    }
+}
+
+/// The new holder's mirror: granted, with the Lease's token and grant time.
+fn granted(
+    view: &LeaseView<'_>,
+    c: &ClaimView<'_>,
+    status: &LeaseStatus,
+    wall: Timestamp,
+) -> LeaseClaimStatus {
+    let token = status.fencing_token;
+    let mut s = c.claim.status.clone();
+    s.phase = Some(ClaimPhase::Granted);
+    s.fencing_token = token;
+    s.grant_time = status.acquire_time.clone();
+    s.position = None;
+    remove_condition(&mut s.conditions, types::LEASE_NOT_FOUND);
+    set_condition(
+        &mut s.conditions,
+        types::GRANTED,
+        true,
+        reasons::GRANTED,
+        &messages::granted(&view.key.name, token.unwrap_or_default()),
+        c.claim.generation,
+        wall,
+    );
+    s
+}
+
+/// The ended holder's mark: the phase and message that say how its grant ended.
+fn ended(c: &ClaimView<'_>, how: &Ending, wall: Timestamp) -> LeaseClaimStatus {
+    let (phase, message) = match how {
+        Ending::Expired => (ClaimPhase::Expired, messages::NO_RENEWAL.to_string()),
+        Ending::Revoked(why) => (ClaimPhase::Revoked, why.clone()),
+        Ending::Released => (ClaimPhase::Released, messages::RELEASED.to_string()),
+    };
+    lost(c, phase, how.reason(), &message, wall)
+}
+
+/// A decision that ends a grant because the claim's pod is gone has the writer
+/// confirm it (when the claim names a pod).
+pub(super) fn check_pod_gone(decision: &mut Decision, c: &ClaimView<'_>) {
+    if let Some(pod) = &c.claim.pod {
+        decision.check(Check::PodGone {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+        });
+    }
+}
+
+pub(super) fn lost(
+    c: &ClaimView<'_>,
+    phase: ClaimPhase,
+    reason: &str,
+    message: &str,
+    wall: Timestamp,
+) -> LeaseClaimStatus {
+    let mut s = c.claim.status.clone();
+    s.phase = Some(phase);
+    s.position = None;
+    set_condition(
+        &mut s.conditions,
+        types::GRANTED,
+        false,
+        reason,
+        message,
+        c.claim.generation,
+        wall,
+    );
+    s
+}
+
+/// A mirror to write, when `status` differs from the claim's.
+pub(super) fn push_mirror(decision: &mut Decision, c: &ClaimView<'_>, status: LeaseClaimStatus) {
+    decision.mirrors.extend(claim_update(c, status, None));
+}
+
+fn claim_update(
+    c: &ClaimView<'_>,
+    mut status: LeaseClaimStatus,
+    condition_on: Option<String>,
+) -> Option<ClaimUpdate> {
+    status.observed_generation = c.claim.generation;
+    (status != c.claim.status).then(|| ClaimUpdate {
+        name: c.claim.name.clone(),
+        uid: c.claim.uid.clone(),
+        status,
+        condition_on,
+    })
+}
+
+/// Sets a condition, keeping its lastTransitionTime unless its status changed.
+pub(super) fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    wall: Timestamp,
+) {
+    let status = if status { "True" } else { "False" }.to_string();
+    let existing = conditions.iter_mut().find(|c| c.type_ == type_);
+    match existing {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = Time(wall);
+            }
+            c.status = status;
+            c.reason = reason.to_string();
+            c.message = message.to_string();
+            c.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.to_string(),
+            status,
+            reason: reason.to_string(),
+            message: message.to_string(),
+            observed_generation: generation,
+            last_transition_time: Time(wall),
+        }),
+    }
+}
+
+fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}

@@ -1,0 +1,194 @@
+//! The index's entries: what it keeps of each Lease name, claim and pod.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{Lease, LeaseClaimStatus, PodRef};
+
+/// A Lease by namespace and name; also the unit of work of the controller.
+///
+/// Shared strings: the controller holds a key in its index, queue, timers and
+/// claim map at once, and at 10,000 Leases each copy of two Strings adds up.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseKey {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl LeaseKey {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What the controller needs of a LeaseClaim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimEntry {
+    pub name: String,
+    pub uid: String,
+    pub created: Option<Timestamp>,
+    pub generation: Option<i64>,
+    pub holder_identity: String,
+    pub pod: Option<PodRef>,
+    pub renew_time: Option<Timestamp>,
+    pub deleting: bool,
+    pub status: LeaseClaimStatus,
+    pub resource_version: String,
+    /// When the index first saw this claim (this UID).
+    pub first_seen: Instant,
+    /// When the controller last observed a change of `spec.renewTime` (or first saw the claim).
+    pub renew_observed_at: Instant,
+}
+
+/// How long a new claim may name a pod that the pod watch has not delivered yet
+/// (the claim and pod watches are separate streams, so a claim can arrive first)
+/// before the pod counts as gone.
+pub const POD_GRACE: Duration = Duration::from_secs(10);
+
+/// Why a claim's pod does not (or not yet) back it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodProblem {
+    /// Not in the pod watch yet, and the claim is younger than [`POD_GRACE`]:
+    /// the claim is neither granted nor revoked until it shows up.
+    NotSeenYet,
+    Gone,
+    Replaced,
+    Terminal(String),
+}
+
+impl PodProblem {
+    pub fn describe(&self, pod: &str) -> String {
+        use crate::conditions::messages;
+        match self {
+            PodProblem::NotSeenYet => messages::pod_not_seen(pod),
+            PodProblem::Gone => messages::pod_deleted(pod),
+            PodProblem::Replaced => messages::pod_replaced(pod),
+            PodProblem::Terminal(phase) => messages::pod_terminal(pod, phase),
+        }
+    }
+}
+
+/// What the controller keeps of a Pod: exactly what decides whether it is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PodEntry {
+    pub(super) uid: String,
+    /// `Succeeded`/`Failed`, or None while it may still run.
+    terminal_phase: Option<String>,
+    deleting: bool,
+}
+
+impl PodEntry {
+    pub(crate) fn of(pod: &Pod) -> Self {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        PodEntry {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            terminal_phase: phase.filter(|p| p == "Succeeded" || p == "Failed"),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+
+    /// "Pod gone" for a pod that exists (DESIGN "Pod gone"): why it no longer backs
+    /// a claim that names it (with `uid`, when the claim gave one), or None. The
+    /// index's view and the write pass's quorum check both ask this.
+    pub(crate) fn problem(&self, uid: Option<&str>) -> Option<PodProblem> {
+        if self.deleting {
+            Some(PodProblem::Gone)
+        } else if uid.is_some_and(|uid| uid != self.uid) {
+            Some(PodProblem::Replaced)
+        } else {
+            self.terminal_phase.clone().map(PodProblem::Terminal)
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct LeaseEntry {
+    pub(super) lease: Option<Arc<Lease>>,
+    /// Most Leases have a few claims: a list of boxes costs 8 bytes a claim where a
+    /// map's node holds room for eleven; the decision sorts them itself. Boxed
+    /// because a Vec's spare capacity (four slots after the first push) would
+    /// otherwise hold 352-byte entries.
+    #[allow(clippy::vec_box)]
+    pub(super) claims: Vec<Box<ClaimEntry>>,
+    /// The holder's claim UID and when the index first saw it hold the lease.
+    pub(super) holder_since: Option<(String, Instant)>,
+    /// Claims that held a Lease object of this name that is gone (deleted, or
+    /// replaced by a re-created one): revoked even if their `Granted` mirror never
+    /// landed, and never granted by a later Lease of the name.
+    pub(super) deleted_holders: Vec<String>,
+}
+
+impl LeaseEntry {
+    pub(super) fn claim(&self, name: &str) -> Option<&ClaimEntry> {
+        self.claims.iter().find(|c| c.name == name).map(|c| &**c)
+    }
+
+    /// Inserts or replaces the claim of that name.
+    pub(super) fn put_claim(&mut self, claim: ClaimEntry) {
+        match self.claims.iter_mut().find(|c| c.name == claim.name) {
+            Some(slot) => **slot = claim,
+            None => self.claims.push(Box::new(claim)),
+        }
+    }
+
+    /// The Lease object held goes away; `last` is its final state when the watch
+    /// delivered one (newer than ours, possibly).
+    pub(super) fn lease_gone(&mut self, last: Option<&Lease>) {
+        let holder = |l: &Lease| Some(l.status.as_ref()?.holder.as_ref()?.claim_uid.clone());
+        let uid = last
+            .and_then(holder)
+            .or_else(|| self.lease.as_deref().and_then(holder));
+        let claims = &self.claims;
+        self.deleted_holders.retain(|u| {
+            claims
+                .iter()
+                .any(|c| c.uid == *u && !c.status.phase.is_some_and(|p| p.is_final()))
+        });
+        if let Some(uid) = uid
+            && !self.deleted_holders.contains(&uid)
+        {
+            self.deleted_holders.push(uid);
+        }
+        self.lease = None;
+        self.holder_since = None;
+    }
+
+    pub(super) fn take_claim(&mut self, name: &str) -> Option<Box<ClaimEntry>> {
+        let position = self.claims.iter().position(|c| c.name == name)?;
+        Some(self.claims.swap_remove(position))
+    }
+}
+
+/// How many entries have a Lease object, and how many of those a holder.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub leases: usize,
+    pub held: usize,
+}
+
+impl Counts {
+    pub(super) fn of(entry: &LeaseEntry) -> Counts {
+        Counts {
+            leases: usize::from(entry.lease.is_some()),
+            held: usize::from(entry.holder_since.is_some()),
+        }
+    }
+
+    /// Replaces one entry's share `before` with `after`.
+    pub(super) fn replace(&mut self, before: Counts, after: Counts) {
+        self.leases = self.leases + after.leases - before.leases;
+        self.held = self.held + after.held - before.held;
+    }
+}

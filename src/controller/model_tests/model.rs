@@ -1,0 +1,362 @@
+//! Model checking: two real controller loops, stale views, compare-and-swap writes.
+//!
+//! Each controller is a real `controller::Loop`: its index is fed watch events
+//! (relists included) through the same entry point as in production, and its write
+//! passes (confirmation reads, the holder's conditional claim write, the Lease write,
+//! the claim mirrors, the re-read after a conflict) run against a model API server with
+//! the API server's compare-and-swap rules. Only the delivery of events, the running of
+//! passes and the clock are the test's: events arrive late, outcomes are handed back
+//! late, and both controllers decide on whatever they have.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::core::DeserializeGuard;
+use kube::runtime::watcher::Event;
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+use crate::admin::Readiness;
+use crate::api::Lease;
+use crate::controller::events::Publisher;
+use crate::controller::metrics::Metrics;
+use crate::controller::write_pass::Outcome;
+use crate::controller::{ControllerConfig, Input, Loop};
+use crate::fixtures::{ClaimBuilder, LeaseBuilder, PodBuilder};
+
+use super::server::{Change, Model, World};
+use super::{NAME, key};
+
+#[derive(Debug, Clone)]
+enum Op {
+    AddClaim {
+        with_pod: bool,
+    },
+    DeleteClaim(usize),
+    DeletePod(usize),
+    Renew(usize),
+    AdvanceMs(u64),
+    RecreateLease,
+    /// Someone edits `spec.leaseDurationSeconds` (to 1..=4 s).
+    SetDuration(i64),
+    /// Controller 0 or 1 receives its pending watch events.
+    Sync(usize),
+    /// Controller 0 or 1's watches restart: a relist of everything, pending events lost.
+    Relist(usize),
+    /// Controller 0 or 1 decides the Lease (with whatever view it has) and starts a pass.
+    Decide(usize),
+    /// The passes controller 0 or 1 started report back.
+    Finish(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => any::<bool>().prop_map(|with_pod| Op::AddClaim { with_pod }),
+        2 => (0usize..8).prop_map(Op::DeleteClaim),
+        1 => (0usize..8).prop_map(Op::DeletePod),
+        2 => (0usize..8).prop_map(Op::Renew),
+        2 => (0u64..3000).prop_map(Op::AdvanceMs),
+        1 => Just(Op::RecreateLease),
+        1 => (1i64..=4).prop_map(Op::SetDuration),
+        4 => (0usize..2).prop_map(Op::Sync),
+        1 => (0usize..2).prop_map(Op::Relist),
+        6 => (0usize..2).prop_map(Op::Decide),
+        4 => (0usize..2).prop_map(Op::Finish),
+    ]
+}
+
+fn guarded<K>(object: K) -> DeserializeGuard<K> {
+    DeserializeGuard(Ok(object))
+}
+
+/// One controller: the real loop, and the passes it started that have not reported back.
+struct Controller {
+    model: Model,
+    core: Loop<Model>,
+    ready: Readiness,
+    passes: Vec<Outcome>,
+}
+
+impl Controller {
+    fn new(model: &Model) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        let (events, _) = Publisher::detached("model", metrics.clone());
+        let config = ControllerConfig {
+            namespace: None,
+            concurrency: 1,
+            instance: "model".into(),
+        };
+        Controller {
+            model: model.clone(),
+            core: Loop::new(model.clone(), config, metrics, events),
+            ready: Readiness::default(),
+            passes: Vec::new(),
+        }
+    }
+
+    fn input(&mut self, input: Input, now: Instant) {
+        self.core.handle_input(input, &self.ready, now);
+    }
+
+    fn deliver(&mut self, changes: Vec<Change>, now: Instant) {
+        for c in changes {
+            match c {
+                Change::Lease(old, new) => {
+                    if let Some(old) = old {
+                        self.input(Input::Lease(Ok(Event::Delete(guarded(old)))), now);
+                    }
+                    if let Some(new) = new {
+                        self.input(Input::Lease(Ok(Event::Apply(guarded(new)))), now);
+                    }
+                }
+                Change::Claim(c, true) => {
+                    let uid = c.metadata.uid.clone().unwrap_or_default();
+                    self.model.0.lock().unwrap().seen_deleted[self.model.1].insert(uid);
+                    self.input(Input::Claim(Ok(Event::Delete(guarded(c)))), now)
+                }
+                Change::Claim(c, false) => {
+                    self.input(Input::Claim(Ok(Event::Apply(guarded(c)))), now)
+                }
+                Change::Pod(p, true) => self.input(Input::Pod(Ok(Event::Delete(p))), now),
+                Change::Pod(p, false) => self.input(Input::Pod(Ok(Event::Apply(p))), now),
+            }
+        }
+    }
+
+    /// The watches (re)list: everything as the server has it now.
+    fn relist(&mut self, world: &mut World, now: Instant) {
+        world.seen_deleted[self.model.1] = world.deleted_claims.clone();
+        self.input(Input::Lease(Ok(Event::Init)), now);
+        if let Some(l) = &world.lease {
+            self.input(Input::Lease(Ok(Event::InitApply(guarded(l.clone())))), now);
+        }
+        self.input(Input::Lease(Ok(Event::InitDone)), now);
+        self.input(Input::Claim(Ok(Event::Init)), now);
+        for c in world.claims.values() {
+            self.input(Input::Claim(Ok(Event::InitApply(guarded(c.clone())))), now);
+        }
+        self.input(Input::Claim(Ok(Event::InitDone)), now);
+        self.input(Input::Pod(Ok(Event::Init)), now);
+        for p in world.pods.values() {
+            self.input(Input::Pod(Ok(Event::InitApply(p.clone()))), now);
+        }
+        self.input(Input::Pod(Ok(Event::InitDone)), now);
+    }
+
+    /// What the real loop does between inputs: start a pass for every Lease that is
+    /// ready. The model server answers at once, so a pass runs to its end here; its
+    /// outcome waits until `Finish`.
+    async fn pump(&mut self, now: Instant) {
+        while let Some(pass) = self.core.next_write(now) {
+            self.passes.push(pass.await);
+        }
+    }
+
+    async fn finish(&mut self, now: Instant) {
+        for outcome in std::mem::take(&mut self.passes) {
+            self.core.finish(outcome, now);
+        }
+        self.pump(now).await;
+    }
+
+    /// Timers due by now mark their Leases dirty, as in the real loop.
+    async fn fire_timers(&mut self, now: Instant) {
+        while let Some(Some(_)) = self.core.expired().now_or_never() {}
+        self.pump(now).await;
+    }
+}
+
+fn clock() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tokens_strictly_increase_and_each_belongs_to_one_claim(ops in proptest::collection::vec(op(), 1..120)) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(run_model(ops))?;
+    }
+}
+
+async fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let start = clock();
+    let model = Model(Arc::new(Mutex::new(World::new(start))), 0);
+    {
+        let mut world = model.0.lock().unwrap();
+        let rv = world.bump();
+        world.lease = Some(
+            LeaseBuilder::new(NAME)
+                .uid("L0")
+                .resource_version(rv)
+                .generation(1)
+                .duration(2)
+                .build(),
+        );
+    }
+    let mut controllers = [
+        Controller::new(&model),
+        Controller::new(&Model(model.0.clone(), 1)),
+    ];
+    for c in &mut controllers {
+        c.relist(&mut model.0.lock().unwrap(), start);
+        prop_assert!(c.core.is_synced());
+        c.core.take_leadership(start);
+        c.pump(start).await;
+    }
+
+    for op in ops {
+        let now = clock();
+        match op {
+            Op::AdvanceMs(ms) => {
+                tokio::time::advance(Duration::from_millis(ms)).await;
+                let now = clock();
+                model.0.lock().unwrap().now = now;
+                for c in &mut controllers {
+                    c.fire_timers(now).await;
+                }
+            }
+            Op::Sync(n) => {
+                let changes = std::mem::take(&mut model.0.lock().unwrap().pending[n]);
+                controllers[n].deliver(changes, now);
+                if controllers[n].passes.is_empty() {
+                    converged(&controllers[n], &model)?;
+                }
+                controllers[n].pump(now).await;
+            }
+            Op::Relist(n) => {
+                {
+                    let mut world = model.0.lock().unwrap();
+                    world.pending[n].clear();
+                    controllers[n].relist(&mut world, now);
+                }
+                controllers[n].pump(now).await;
+            }
+            Op::Decide(n) => {
+                controllers[n].core.mark_dirty(key(), now);
+                controllers[n].pump(now).await;
+            }
+            Op::Finish(n) => controllers[n].finish(now).await,
+            op => change_world(&mut model.0.lock().unwrap(), op, start, now),
+        }
+        for c in &controllers {
+            let index = c.core.index();
+            let walked = index.counts_by_walking();
+            prop_assert_eq!(
+                (index.lease_count(), index.held_count()),
+                (walked.leases, walked.held),
+                "running counts drifted"
+            );
+        }
+        let violations = std::mem::take(&mut model.0.lock().unwrap().violations);
+        prop_assert!(violations.is_empty(), "{:?}", violations);
+    }
+    Ok(())
+}
+
+/// With every event delivered and no outcome outstanding, the index holds the
+/// server's Lease: no outcome left a stale or re-created one behind.
+fn converged(controller: &Controller, model: &Model) -> Result<(), TestCaseError> {
+    let version = |l: &Lease| (l.metadata.uid.clone(), l.metadata.resource_version.clone());
+    let seen = controller.core.index().lease(&key()).map(|l| version(l));
+    let truth = model.0.lock().unwrap().lease.as_ref().map(version);
+    prop_assert_eq!(
+        seen,
+        truth,
+        "the index did not converge on the server's Lease"
+    );
+    Ok(())
+}
+
+/// What the users and the kubelet do: create, renew and delete claims, delete pods,
+/// re-create and edit the Lease.
+fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
+    match op {
+        Op::AddClaim { with_pod } => {
+            let i = world.next_claim;
+            world.next_claim += 1;
+            let name = format!("c{i:03}");
+            let pod_name = with_pod.then(|| format!("p{i:03}"));
+            if let Some(p) = &pod_name {
+                let pd = PodBuilder::new(p)
+                    .uid(&format!("pu{i}"))
+                    .phase("Running")
+                    .build();
+                world.pods.insert(p.clone(), pd.clone());
+                world.broadcast(Change::Pod(pd, false));
+            }
+            let c = ClaimBuilder::new(&name, NAME)
+                .uid(&format!("u{i}"))
+                .resource_version(world.bump())
+                .created((now - start).as_secs() as i64)
+                .pod(pod_name.as_deref())
+                .build();
+            world.claims.insert(name, c.clone());
+            world.broadcast(Change::Claim(c, false));
+        }
+        Op::DeleteClaim(i) => {
+            if let Some(name) = world.claims.keys().nth(i).cloned() {
+                let c = world.claims.remove(&name).unwrap();
+                world
+                    .deleted_claims
+                    .insert(c.metadata.uid.clone().unwrap_or_default());
+                world.bump();
+                world.broadcast(Change::Claim(c, true));
+            }
+        }
+        Op::DeletePod(i) => {
+            if let Some(name) = world.pods.keys().nth(i).cloned() {
+                let p = world.pods.remove(&name).unwrap();
+                world.bump();
+                world.broadcast(Change::Pod(p, true));
+            }
+        }
+        Op::Renew(i) => {
+            if let Some(name) = world.claims.keys().nth(i).cloned() {
+                let rv = world.bump();
+                let c = world.claims.get_mut(&name).unwrap();
+                let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
+                c.spec.renew_time = Some(MicroTime(renew_time));
+                c.metadata.resource_version = Some(rv.to_string());
+                let c = c.clone();
+                world.renewals.insert(renew_time, now);
+                world.broadcast(Change::Claim(c, false));
+            }
+        }
+        Op::RecreateLease => {
+            // A claim granted on the old Lease may wait again on the new one.
+            world.mirror_ranks.clear();
+            world.lease_generation += 1;
+            let old = world.lease.take();
+            let rv = world.bump();
+            let new = LeaseBuilder::new(NAME)
+                .uid(&format!("L{}", world.lease_generation))
+                .resource_version(rv)
+                .generation(1)
+                .duration(2)
+                .build();
+            world.lease = Some(new.clone());
+            world.broadcast(Change::Lease(old, Some(new)));
+        }
+        Op::SetDuration(secs) => {
+            let rv = world.bump();
+            if let Some(l) = world.lease.as_mut() {
+                l.spec.lease_duration_seconds = secs;
+                l.metadata.resource_version = Some(rv.to_string());
+                let l = l.clone();
+                world.broadcast(Change::Lease(None, Some(l)));
+            }
+        }
+        Op::AdvanceMs(_) | Op::Sync(_) | Op::Relist(_) | Op::Decide(_) | Op::Finish(_) => {
+            unreachable!("the controllers' steps are not changes of the world")
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! The model API server: one Lease, its claims and pods, with the API server's
+//! compare-and-swap rules, and the violations a controller's writes commit.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{ClaimPhase, Lease, LeaseClaim};
+use crate::controller::api_server::ApiServer;
+use crate::controller::grant::ClaimUpdate;
+use crate::controller::index::LeaseKey;
+use crate::controller::{self};
+
+/// A model API server: one Lease, claims, pods; every write bumps a global resourceVersion.
+pub(super) struct World {
+    pub(super) rv: u64,
+    /// The test's clock, which both controllers read.
+    pub(super) now: Instant,
+    pub(super) lease: Option<Lease>,
+    pub(super) lease_generation: u32,
+    pub(super) claims: BTreeMap<String, LeaseClaim>,
+    pub(super) pods: BTreeMap<String, Pod>,
+    pub(super) next_claim: usize,
+    /// Watch events not yet delivered to each controller.
+    pub(super) pending: [Vec<Change>; 2],
+    /// Every published (token -> claim uid), and tokens in publication order.
+    pub(super) owners: HashMap<i64, String>,
+    pub(super) published: Vec<i64>,
+    /// Claim uid -> when its grant landed and the duration the Lease had then; None
+    /// once granted again on a re-created Lease (its first grant was taken away by the
+    /// Lease's deletion, which a real client stops at).
+    pub(super) grants: HashMap<String, Option<(Instant, u64)>>,
+    /// A renewal (by the `renewTime` it wrote) -> when its holder sent it.
+    pub(super) renewals: HashMap<Timestamp, Instant>,
+    /// What the server saw go wrong (checked after every step).
+    pub(super) violations: Vec<String>,
+    /// Per controller and claim uid: how far along its lifecycle the last status that
+    /// controller wrote was (see [`mirror_rank`]); forgotten when the Lease is re-created.
+    pub(super) mirror_ranks: HashMap<(usize, String), (u8, i64)>,
+    /// Claim uids deleted, and those each controller has been told are deleted.
+    pub(super) deleted_claims: HashSet<String>,
+    pub(super) seen_deleted: [HashSet<String>; 2],
+}
+
+/// Where a claim status stands in the lifecycle the controller moves it along:
+/// waiting (further ahead as its position falls), granted, then final. One
+/// controller's writes to a claim never move it back: a deferred mirror written late
+/// would (a `Pending` over the `Granted`, or a place in the queue it has left).
+fn mirror_rank(status: &crate::api::LeaseClaimStatus) -> (u8, i64) {
+    match status.phase {
+        Some(ClaimPhase::Granted) => (1, 0),
+        Some(phase) if phase.is_final() => (2, 0),
+        _ => (0, -status.position.unwrap_or(0)),
+    }
+}
+
+#[derive(Clone)]
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Change {
+    Lease(Option<Lease>, Option<Lease>),
+    Claim(LeaseClaim, bool),
+    Pod(Pod, bool),
+}
+
+impl World {
+    pub(super) fn new(start: Instant) -> Self {
+        World {
+            rv: 100,
+            now: start,
+            lease: None,
+            lease_generation: 0,
+            claims: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            next_claim: 0,
+            pending: [Vec::new(), Vec::new()],
+            owners: HashMap::new(),
+            published: Vec::new(),
+            grants: HashMap::new(),
+            renewals: HashMap::new(),
+            violations: Vec::new(),
+            mirror_ranks: HashMap::new(),
+            deleted_claims: HashSet::new(),
+            seen_deleted: [HashSet::new(), HashSet::new()],
+        }
+    }
+
+    pub(super) fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+    pub(super) fn broadcast(&mut self, c: Change) {
+        self.pending[0].push(c.clone());
+        self.pending[1].push(c);
+    }
+
+    /// A Lease write that made a grant: its token is new, above every earlier one, and
+    /// no higher than the resourceVersion that publishes it.
+    pub(super) fn check_grant(&mut self, before: &Lease, written: &Lease) {
+        let token = |l: &Lease| l.status.as_ref().and_then(|s| s.fencing_token);
+        let Some(holder) = written.status.as_ref().and_then(|s| s.holder.as_ref()) else {
+            return;
+        };
+        if token(before) == token(written) {
+            return;
+        }
+        let Some(token) = token(written) else {
+            self.violations
+                .push(format!("a grant to {} without a token", holder.claim));
+            return;
+        };
+        if token as u64 > self.rv {
+            self.violations.push(format!(
+                "token {token} above the rv {} that published it",
+                self.rv
+            ));
+        }
+        if let Some(last) = self.published.last()
+            && token <= *last
+        {
+            self.violations.push(format!("token {token} after {last}"));
+        }
+        if self
+            .owners
+            .insert(token, holder.claim_uid.clone())
+            .is_some()
+        {
+            self.violations.push(format!("token {token} issued twice"));
+        }
+        self.published.push(token);
+        let secs = written.spec.lease_duration_seconds as u64;
+        let now = self.now;
+        self.grants
+            .entry(holder.claim_uid.clone())
+            .and_modify(|g| *g = None)
+            .or_insert(Some((now, secs)));
+    }
+
+    /// The timing contract, checked when the holder's claim is marked expired: its
+    /// client believes in at most the duration its grant was made with, counted from
+    /// its last successful renewal's sending; the controller must not expire it before
+    /// that. (The write is conditioned on the claim's resourceVersion, so the claim
+    /// here carries the holder's last renewal.)
+    pub(super) fn check_expiry(&mut self, claim: &LeaseClaim, update: &ClaimUpdate) {
+        if update.status.phase != Some(ClaimPhase::Expired) {
+            return;
+        }
+        let Some(Some((granted_at, secs))) = self.grants.get(&update.uid).cloned() else {
+            return;
+        };
+        let renewed = claim
+            .spec
+            .renew_time
+            .as_ref()
+            .and_then(|t| self.renewals.get(&t.0).copied());
+        let alive = renewed.map_or(granted_at, |r| r.max(granted_at));
+        if self.now < alive + Duration::from_secs(secs) {
+            self.violations.push(format!(
+                "{} expired {:?} after its last renewal, granted for {secs}s",
+                update.name,
+                self.now - alive
+            ));
+        }
+    }
+}
+
+/// The model server, as one controller's writers see it (the `usize`: which controller).
+#[derive(Clone)]
+pub(super) struct Model(pub(super) Arc<Mutex<World>>, pub(super) usize);
+
+fn refusal(call: &'static str, code: u16) -> controller::Error {
+    controller::Error::api(
+        call,
+        crate::api_error::refusal(code, "refused by the model"),
+    )
+}
+
+impl ApiServer for Model {
+    async fn get_lease(&self, _key: &LeaseKey) -> controller::Result<Option<Lease>> {
+        Ok(self.0.lock().unwrap().lease.clone())
+    }
+
+    async fn get_claim(
+        &self,
+        _namespace: &str,
+        name: &str,
+    ) -> controller::Result<Option<LeaseClaim>> {
+        Ok(self.0.lock().unwrap().claims.get(name).cloned())
+    }
+
+    async fn get_pod(&self, _namespace: &str, name: &str) -> controller::Result<Option<Pod>> {
+        Ok(self.0.lock().unwrap().pods.get(name).cloned())
+    }
+
+    async fn replace_lease_status(
+        &self,
+        _key: &LeaseKey,
+        desired: &Lease,
+    ) -> controller::Result<Lease> {
+        let mut world = self.0.lock().unwrap();
+        let Some(current) = world.lease.clone() else {
+            return Err(refusal("replace Lease status", 404));
+        };
+        if current.metadata.resource_version != desired.metadata.resource_version {
+            return Err(refusal("replace Lease status", 409));
+        }
+        // PUT /status takes nothing but the status from the request.
+        let mut written = current.clone();
+        written.status = desired.status.clone();
+        written.metadata.resource_version = Some(world.bump().to_string());
+        world.lease = Some(written.clone());
+        world.broadcast(Change::Lease(None, Some(written.clone())));
+        world.check_grant(&current, &written);
+        Ok(written)
+    }
+
+    async fn patch_claim_status(
+        &self,
+        _namespace: &str,
+        update: &ClaimUpdate,
+    ) -> controller::Result<LeaseClaim> {
+        let mut world = self.0.lock().unwrap();
+        if world.seen_deleted[self.1].contains(&update.uid) {
+            world.violations.push(format!(
+                "controller {} wrote to claim {} after it saw the claim deleted",
+                self.1, update.name
+            ));
+        }
+        let Some(mut claim) = world.claims.get(&update.name).cloned() else {
+            return Err(refusal("patch LeaseClaim status", 404));
+        };
+        // The JSON patch's tests: a failed one is 422.
+        let uid_differs = claim.metadata.uid.as_deref() != Some(update.uid.as_str());
+        let rv_differs = update
+            .condition_on
+            .as_ref()
+            .is_some_and(|rv| claim.metadata.resource_version.as_ref() != Some(rv));
+        if uid_differs || rv_differs {
+            return Err(refusal("patch LeaseClaim status", 422));
+        }
+        world.check_expiry(&claim, update);
+        let rank = mirror_rank(&update.status);
+        if let Some(last) = world
+            .mirror_ranks
+            .insert((self.1, update.uid.clone()), rank)
+            && rank < last
+        {
+            world.violations.push(format!(
+                "controller {} moved claim {} back from {last:?} to {rank:?} ({:?})",
+                self.1, update.name, update.status.phase
+            ));
+        }
+        claim.status = Some(update.status.clone());
+        claim.metadata.resource_version = Some(world.bump().to_string());
+        world.claims.insert(update.name.clone(), claim.clone());
+        world.broadcast(Change::Claim(claim.clone(), false));
+        Ok(claim)
+    }
+}
