@@ -1,4 +1,4 @@
-//! The API calls the writer makes, behind a small trait: [`KubeApiServer`] makes them on
+//! The API calls a write pass makes, behind a small trait: [`KubeApiServer`] makes them on
 //! the API server; tests answer them from a model server with the same
 //! compare-and-swap rules (`model_tests`).
 

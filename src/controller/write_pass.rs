@@ -18,6 +18,9 @@ use crate::api::{Lease, LeaseStatus};
 use crate::api_error::ApiErrorKind::{Conflict, Invalid, NotFound};
 use crate::conditions;
 
+#[cfg(test)]
+mod tests;
+
 /// When a Lease is decided again after a pass: the one answer a pass gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
