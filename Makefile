@@ -3,7 +3,8 @@
 #   make test           the whole suite: unit + integration tests against a real kube-apiserver (starts it)
 #   make unit-test      only the tests that need no cluster (unit, model, property, doc examples)
 #   make demo           the fencing story, end to end, on the local control plane (no node)
-#   make bench          all benchmark figures in one run (~30 min on 2 cores): target/bench/results.{json,md,png}
+#   make bench          all benchmark figures in one run (~30 min on 2 cores): target/bench/results.{json,md,png},
+#                       and the figures in docs/performance.md
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1,
@@ -260,7 +261,9 @@ test: cluster databases conformance-go-driver python-venv go-client-check python
 	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
 	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench agent -- --rounds 4 --leases 3 --steady 2 --out target/bench-smoke
-	cargo test --locked --bench report -- --dir target/bench-smoke --smoke
+	cp docs/performance.md target/bench-smoke/performance.md
+	cargo test --locked --bench report -- --dir target/bench-smoke --smoke \
+		--publish target/bench-smoke/performance.md
 	$(CONFORMANCE_ENV) PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
 ifeq ($(NODE),1)
 	$(MAKE) --no-print-directory example-go-check example-python-check
@@ -295,7 +298,8 @@ bench: cluster databases
 	echo "make bench: fencing in PostgreSQL and Redis done at $$SECONDS s"; \
 	cargo bench --locked --bench agent -- --out $(BENCH_DIR) $(AGENT_BENCH_ARGS) || failed="$$failed agent"; \
 	echo "make bench: the agent against the library done at $$SECONDS s"; \
-	cargo bench --locked --bench report -- --dir $(BENCH_DIR) || failed="$$failed report"; \
+	publish=""; [ -n "$$failed" ] || publish="--publish docs/performance.md"; \
+	cargo bench --locked --bench report -- --dir $(BENCH_DIR) $$publish || failed="$$failed report"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
 # The peers for comparison: client-go's tools/leaderelection (benches/peers/clientgo:

@@ -14,8 +14,7 @@
 //! N] [--leases N] [--steady S] [--out DIR]`; writes `DIR/palisade-agent.json` in the
 //! schema of `benches/common/schema.rs`. `make test` runs a smoke version.
 
-#[path = "../tests/support/agent_http.rs"]
-mod agent_http;
+use support::agent_http;
 #[path = "common/cluster.rs"]
 mod cluster;
 #[path = "common/schema.rs"]

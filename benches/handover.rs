@@ -23,8 +23,7 @@
 
 #[path = "common/cluster.rs"]
 mod cluster;
-#[path = "../tests/support/requests.rs"]
-mod requests;
+use support::requests;
 #[path = "common/schema.rs"]
 #[allow(dead_code)]
 mod schema;

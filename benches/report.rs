@@ -45,6 +45,10 @@ struct Args {
     /// Say the figures come from a smoke run (they mean nothing).
     #[arg(long)]
     smoke: bool,
+    /// Also write the figures into this document (docs/performance.md), between its
+    /// markers ([`FIGURES_BEGIN`], [`FIGURES_END`]), with the run's date.
+    #[arg(long)]
+    publish: Option<PathBuf>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -52,13 +56,18 @@ struct Args {
 
 fn main() {
     let args = <Args as clap::Parser>::parse();
-    if let Err(e) = run(&args.dir, args.smoke) {
+    let published = |md: &str| match &args.publish {
+        Some(doc) => publish(doc, md),
+        None => Ok(()),
+    };
+    if let Err(e) = run(&args.dir, args.smoke).and_then(|md| published(&md)) {
         eprintln!("report: {e}");
         std::process::exit(1);
     }
 }
 
-fn run(dir: &Path, smoke: bool) -> Result<(), String> {
+/// Writes the report into `dir` and returns its Markdown.
+fn run(dir: &Path, smoke: bool) -> Result<String, String> {
     let (sources, rejected) = read_sources(dir)?;
     // The smoke run of `make test` keeps the writers to the schema.
     if smoke && !rejected.is_empty() {
@@ -136,6 +145,53 @@ fn run(dir: &Path, smoke: bool) -> Result<(), String> {
         dir.join(OUTPUTS[1]).display(),
         png.display()
     );
+    Ok(md)
+}
+
+/// Where a published document holds the figures of the latest run.
+const FIGURES_BEGIN: &str =
+    "<!-- make bench writes what follows, up to the end marker: do not edit by hand -->";
+const FIGURES_END: &str = "<!-- end of what make bench writes -->";
+
+/// Replaces the figures between the markers of `doc` with `md` (its title dropped,
+/// its sections one level down) and today's date; the document is replaced whole
+/// (written beside it, then renamed), so it is never left half-written.
+fn publish(doc: &Path, md: &str) -> Result<(), String> {
+    let text =
+        std::fs::read_to_string(doc).map_err(|e| format!("reading {}: {e}", doc.display()))?;
+    let (Some(begin), Some(end)) = (text.find(FIGURES_BEGIN), text.find(FIGURES_END)) else {
+        return Err(format!(
+            "{} has no figures to replace: it needs the lines {FIGURES_BEGIN:?} and {FIGURES_END:?}",
+            doc.display()
+        ));
+    };
+    if end < begin {
+        return Err(format!(
+            "{}: the end marker comes before the begin marker",
+            doc.display()
+        ));
+    }
+    let date = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%d");
+    let body: String = md
+        .lines()
+        .filter(|l| !l.starts_with("# "))
+        .map(|l| {
+            if l.starts_with('#') {
+                format!("#{l}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    let replaced = format!(
+        "{}{FIGURES_BEGIN}\n\nThe figures of the latest `make bench` run, of {date}:\n{body}\n{}",
+        &text[..begin],
+        &text[end..]
+    );
+    let partial = doc.with_extension("md.partial");
+    write(&partial, replaced)?;
+    std::fs::rename(&partial, doc).map_err(|e| format!("replacing {}: {e}", doc.display()))?;
+    println!("published the figures into {}", doc.display());
     Ok(())
 }
 

@@ -2,8 +2,6 @@
 //! (spoken here as raw HTTP/1.1, as any client would), its sessions' ends, its
 //! token files, its shutdown, its metrics.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

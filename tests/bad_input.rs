@@ -2,8 +2,6 @@
 //! real API server must reject, naming the field (the parsers' property tests are in
 //! tests/input_properties.rs).
 
-mod support;
-
 use kube::api::{Patch, PatchParams};
 use palisade::api::{Lease, LeaseClaim};
 use serde_json::{Value, json};

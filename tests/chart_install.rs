@@ -4,8 +4,6 @@
 //! helm and kubectl come from PATH (`make test` puts the pinned ones there). Every
 //! test installs its own release into its own namespace.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::{

@@ -2,8 +2,6 @@
 //! the values schema, and what `helm template` renders (the controller Deployment, the
 //! least-privilege RBAC, the admission policies and their bindings).
 
-mod support;
-
 use std::collections::BTreeSet;
 
 use serde_json::{Value, json};

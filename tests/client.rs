@@ -1,8 +1,6 @@
 //! The client library (`palisade::client`) against the real API server and a real
 //! controller: acquire, token, renewal, release, loss, cancellation.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -10,7 +8,7 @@ use kube::ResourceExt;
 use kube::api::DeleteParams;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use palisade::client::{AcquireOptions, Error, Grant, LeaseClient, LostReason, PodBinding};
-use support::blackhole::Blackhole;
+use support::proxy::{Mode, Proxy};
 use support::{ControllerProcess, TestNamespace, WAIT, claim_names, wait_for};
 use tokio::time::timeout;
 
@@ -39,8 +37,8 @@ async fn acquire(leases: &LeaseClient, lease: &str, identity: &str) -> Grant {
 }
 
 /// A client whose connections go through a proxy that can make them die silently.
-async fn proxied(ns: &TestNamespace) -> (LeaseClient, Blackhole) {
-    let (config, proxy) = support::blackhole::proxied_config(&ns.name).await;
+async fn proxied(ns: &TestNamespace) -> (LeaseClient, Proxy) {
+    let (config, proxy) = support::proxied_config(&ns.name).await;
     let leases = LeaseClient::new(kube::Client::try_from(config).unwrap(), &ns.name);
     (leases, proxy)
 }
@@ -365,7 +363,7 @@ async fn a_partitioned_holder_gives_up_before_the_controller_expires_it() {
     assert_eq!(grant.lost_reason(), None);
 
     // ...then nothing gets through.
-    partition.swallow_everything();
+    partition.set(Mode::Blackhole);
     let cut_at = Instant::now();
     let reason = timeout(WAIT, lost).await.expect("lost() fired");
     let gave_up_after = cut_at.elapsed();
@@ -433,7 +431,7 @@ async fn calls_on_a_silently_dead_connection_give_up_within_seconds() {
     leases.ensure_lease("dead", 600).await.unwrap();
     let grant = acquire(&leases, "dead", "holder").await;
     // Every connection, open or new, stays open and delivers nothing.
-    proxy.swallow_everything();
+    proxy.set(Mode::Blackhole);
 
     let started = Instant::now();
     let result = timeout(Duration::from_secs(30), leases.ensure_lease("other", 600)).await;
@@ -756,7 +754,7 @@ async fn a_longer_lease_duration_never_extends_a_holders_own_deadline() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(grant.lost_reason(), None);
 
-    partition.swallow_everything();
+    partition.set(Mode::Blackhole);
     let cut = Instant::now();
     // The deadline stays two thirds of the duration it was granted with (3 s), not 600 s.
     let reason = timeout(Duration::from_secs(10), grant.lost())

@@ -3,8 +3,6 @@
 //! controller and a `palisade agent` for a namespace of their own, whose socket
 //! the suites find in PALISADE_AGENT_SOCKET.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Instant;

@@ -1,12 +1,6 @@
 //! The lease controller against the real API server: grants, FIFO, tokens,
 //! expiry, release, revocation, restarts and split brain.
 
-mod support;
-// The chaos suite's TCP proxy, for its black-hole fault.
-#[allow(dead_code)]
-#[path = "chaos/proxy.rs"]
-mod proxy;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +14,7 @@ use kube::runtime::watcher;
 use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use serde_json::json;
 use support::claims::{create_claim, create_lease, delete_claim, wait_claim_phase, wait_holder};
+use support::proxy;
 use support::{
     ControllerProcess, TestNamespace, WAIT, create_pod, holder_claim, setup, token, wait_lease,
 };

@@ -1,8 +1,6 @@
 //! The CRDs: the checked-in YAML is generated from the Rust types and must not drift,
 //! and the API server enforces their rules.
 
-mod support;
-
 use kube::api::{Patch, PatchParams};
 use palisade::api::{LeaseClaim, crds_yaml};
 use serde_json::json;

@@ -3,8 +3,6 @@
 //! and is rejected as stale (runs tests/demo/demo.sh, the script behind `make demo`,
 //! against the real API server).
 
-mod support;
-
 use std::process::Command;
 
 #[test]

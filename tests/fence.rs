@@ -2,8 +2,6 @@
 //! threads and processes, the `palisade fence` command, and SIGKILL mid-admit.
 //! No cluster needed.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;

@@ -11,7 +11,8 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every target's source file (libs, bins, tests, benches), relative to the repository.
+/// Every workspace package's manifest and target source files (libs, bins, tests,
+/// benches), relative to the repository.
 fn cargo_target_sources() -> Vec<PathBuf> {
     let out = Command::new(env!("CARGO"))
         .args([
@@ -30,12 +31,18 @@ fn cargo_target_sources() -> Vec<PathBuf> {
         String::from_utf8_lossy(&out.stderr)
     );
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    meta["packages"][0]["targets"]
-        .as_array()
-        .unwrap()
+    let packages = meta["packages"].as_array().unwrap();
+    packages
         .iter()
-        .map(|t| {
-            Path::new(t["src_path"].as_str().unwrap())
+        .map(|p| &p["manifest_path"])
+        .chain(
+            packages
+                .iter()
+                .flat_map(|p| p["targets"].as_array().unwrap())
+                .map(|t| &t["src_path"]),
+        )
+        .map(|path| {
+            Path::new(path.as_str().unwrap())
                 .strip_prefix(repo())
                 .expect("targets live in the repository")
                 .to_path_buf()

@@ -4,8 +4,6 @@
 //! documented spellings, and agree with the admission policy. No cluster needed
 //! (tests/bad_input.rs has the manifests the real API server must reject).
 
-mod support;
-
 use std::time::Duration;
 
 use palisade::api::{Lease, LeaseClaim};

@@ -2,8 +2,6 @@
 //! and a real controller: mutual exclusion, the command's environment, losing the
 //! lease, timeouts, signals, exit codes.
 
-mod support;
-
 use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -766,12 +764,12 @@ async fn status_shows_holder_token_and_the_queue_in_grant_order() {
 async fn status_and_lock_give_up_within_seconds_on_a_silently_dead_connection() {
     support::install_crds().await;
     let ns = TestNamespace::new("lock-dead").await;
-    let (_, proxy) = support::blackhole::proxied_config(&ns.name).await;
-    proxy.swallow_everything();
+    let (_, proxy) = support::proxied_config(&ns.name).await;
+    proxy.set(support::proxy::Mode::Blackhole);
     let mut kubeconfig = support::kubeconfig();
     for cluster in &mut kubeconfig.clusters {
         if let Some(c) = cluster.cluster.as_mut() {
-            c.server = Some(proxy.url.clone());
+            c.server = Some(proxy.url());
         }
     }
     let dir = tempfile::tempdir().unwrap();

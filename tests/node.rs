@@ -12,8 +12,6 @@
 //! with an empty value: cluster.sh gives every other namespace a node selector no node
 //! matches, so the Pod objects other tests create as records are never scheduled.
 
-mod support;
-
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

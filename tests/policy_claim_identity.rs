@@ -5,8 +5,6 @@
 //! The policy bindings are limited to the test's namespaces (`policies.namespaceSelector`),
 //! so tests running at the same time never see each other's policies.
 
-mod support;
-
 use kube::Api;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};

@@ -8,8 +8,6 @@
 //! The policy bindings are limited to the test's namespaces (`policies.namespaceSelector`),
 //! so tests running at the same time never see each other's policies.
 
-mod support;
-
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};

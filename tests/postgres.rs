@@ -8,11 +8,6 @@
 //! have fixed names of their own, created idempotently.
 #![cfg(feature = "postgres")]
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/databases.rs"]
-mod databases;
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -23,7 +18,8 @@ use palisade::fence::postgres::{self, Error};
 use proptest::prelude::*;
 use tokio_postgres::{Client, IsolationLevel, NoTls};
 
-use databases::runtime;
+use support::cli;
+use support::databases::{self, runtime};
 
 /// The crash test restarts the server: it takes this for writing, every other test for reading.
 static SERVER: RwLock<()> = RwLock::new(());

@@ -4,8 +4,6 @@
 //! they need. The controller's requests go through the chart's API Priority and Fairness
 //! FlowSchemas.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -5,11 +5,6 @@
 //! Redis that lost its marks fails closed, and the settings check names what is unsafe.
 #![cfg(feature = "redis")]
 
-#[path = "support/cli.rs"]
-mod cli;
-#[path = "support/databases.rs"]
-mod databases;
-
 use std::collections::BTreeMap;
 use std::io::{Read, Write as _};
 use std::process::{Child, Command, Stdio};
@@ -22,7 +17,8 @@ use palisade::fence::redis::{
 use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
 
-use databases::runtime;
+use support::cli;
+use support::databases::{self, runtime};
 
 /// The restart test kills the server: it takes this for writing, others for reading.
 static SERVER: RwLock<()> = RwLock::new(());

@@ -1,8 +1,6 @@
 //! The test control plane itself: the pinned server version, and pod identity
 //! through bound service-account tokens (which claim identity relies on).
 
-mod support;
-
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::Api;

@@ -9,12 +9,12 @@ use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
 use kube::Client;
 use kube::api::Api;
 use palisade::api::Lease;
+use support::proxy::{Mode, Proxy};
 
 use crate::cluster::{ControlPlane, LEASE_SECONDS, NAMESPACE};
 use crate::dbstores;
 use crate::history::{Event, Recorder};
 use crate::processes::{ELECTION_NAME, Election, Processes, signal};
-use crate::proxy::{Mode, Proxy};
 use crate::rng::{Rng, now_ns};
 
 /// How long `failover` waits for a standby to take over before it gives up waiting

@@ -22,8 +22,8 @@
 //! - `split_brain`: one more controller, election off, straight to the API server:
 //!   grants must stay safe whatever the election says.
 //! - `restart_apiserver`, `restart_etcd`; delays, cuts and black holes of the
-//!   controllers' link or the workers' links (proxy.rs); and the database faults of
-//!   dbstores.rs.
+//!   controllers' link or the workers' links (`support::proxy`); and the database
+//!   faults of dbstores.rs.
 //!
 //! It runs on a control plane of its own (other ports, `target/chaos-cluster`), so
 //! it can crash kube-apiserver and etcd without disturbing anything else, and tears
@@ -45,7 +45,6 @@ mod faults;
 mod history;
 mod observer;
 mod processes;
-mod proxy;
 mod renewals;
 mod rng;
 mod verdict;
@@ -60,8 +59,8 @@ use cluster::{APISERVER_PORT, ControlPlane, LEASE_SECONDS, kubeconfig_via};
 use faults::{FaultContext, Schedule, inject};
 use history::{Event, Recorder};
 use processes::{Processes, WorkerTemplate};
-use proxy::{Mode, Proxy};
 use rng::now_ns;
+use support::proxy::{Mode, Proxy};
 use verdict::LIVENESS_BOUND;
 
 fn main() -> ExitCode {

@@ -249,7 +249,7 @@ impl Holder {
                     a.env("POD_NAME", name).env("POD_UID", uid);
                 }
                 agent = Some(a.spawn().expect("spawning palisade agent"));
-                crate::support::agent_http::wait_for_socket(&socket).await;
+                support::agent_http::wait_for_socket(&socket).await;
                 let mut c = match client {
                     Client::Go => Command::new(setup.go_driver.as_ref().expect("the Go driver")),
                     _ => {

@@ -10,12 +10,6 @@
 //! PALISADE_CONFORMANCE_GO and PALISADE_CONFORMANCE_PYTHON ("PYTHON SCRIPT"), which
 //! the Makefile sets; a client asked for without its driver fails the run.
 
-#[allow(dead_code)]
-#[path = "../chaos/proxy.rs"]
-mod proxy;
-#[path = "../support/mod.rs"]
-mod support;
-
 mod driver;
 mod holder;
 mod scenarios;
@@ -25,6 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use kube::ResourceExt;
+use support::proxy;
 
 use holder::{Client, Setup};
 use scenarios::Scenario;

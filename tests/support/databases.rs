@@ -1,8 +1,6 @@
 //! The test databases (`make databases`): started once per test binary or reused;
 //! a test fails with the reason when they cannot be started, never skips.
-#![allow(dead_code)]
 
-use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -11,7 +9,7 @@ fn ensure_started() {
     let result = STARTED.get_or_init(|| {
         let out = Command::new("make")
             .args(["-s", "--no-print-directory", "databases"])
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+            .current_dir(crate::repo_root())
             .output()
             .map_err(|e| format!("running make databases: {e}"))?;
         if out.status.success() {
@@ -46,7 +44,7 @@ pub fn redis_url() -> String {
 /// `make databases` started), for the crash tests.
 pub fn restart(which: &str) {
     ensure_started();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = crate::repo_root();
     let port = |url: String| {
         url.rsplit(':')
             .next()

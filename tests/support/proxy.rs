@@ -1,7 +1,7 @@
-//! A TCP proxy on loopback between a process and the API server, that the fault
-//! scheduler can slow down, cut, or black-hole. It forwards bytes and knows nothing
-//! of TLS or HTTP, so the client still talks TLS to the real API server (whose
-//! certificate names 127.0.0.1, whatever the port).
+//! A TCP proxy on loopback between a process and the API server, that a test (or the
+//! chaos suite's fault scheduler) can slow down, cut, or black-hole. It forwards bytes
+//! and knows nothing of TLS or HTTP, so the client still talks TLS to the real API
+//! server (whose certificate names 127.0.0.1, whatever the port).
 
 use std::time::Duration;
 
@@ -32,7 +32,8 @@ pub const BLACKHOLE_LIMIT: Duration = Duration::from_secs(60);
 pub struct Proxy {
     pub port: u16,
     mode: watch::Sender<Mode>,
-    /// How many times `Blackhole` was set: a connection born before the latest is dead.
+    /// Bumped when `Blackhole` is set or open connections are frozen: a connection
+    /// born before the latest bump is dead.
     blackholes: watch::Sender<u64>,
 }
 
@@ -92,11 +93,22 @@ impl Proxy {
         })
     }
 
+    /// `https://127.0.0.1:PORT`: the API server's URL through this proxy.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
     pub fn set(&self, mode: Mode) {
         if mode == Mode::Blackhole {
-            self.blackholes.send_modify(|n| *n += 1);
+            self.freeze_open_connections();
         }
         self.mode.send_replace(mode);
+    }
+
+    /// Every connection open now goes silent for good, as under [`Mode::Blackhole`];
+    /// the mode stays, so new connections are treated as before (under `Pass`, they pass).
+    pub fn freeze_open_connections(&self) {
+        self.blackholes.send_modify(|n| *n += 1);
     }
 }
 

@@ -1,6 +1,7 @@
-//! Shared test support: the real local control plane (`make cluster`), a client
-//! for it, a namespace per test that is deleted afterwards, and waiting for an object
-//! by watching it. One module per concept:
+//! Shared test support, the crate `palisade-test-support` (`support` in the tests):
+//! the real local control plane (`make cluster`), a client for it, a namespace per
+//! test that is deleted afterwards, and waiting for an object by watching it. One
+//! module per concept:
 //!
 //! - `claims`: creating Leases and LeaseClaims, waiting for grants and claim phases
 //! - `helm`: the chart, installed as a release per test namespace
@@ -8,12 +9,12 @@
 //! - `accounts`: ServiceAccounts, their pods and tokens, the client role bound to them
 //! - `tools`: helm and kubectl from PATH, and how a failed process is shown
 //! - `cli`: the `palisade` binary as a process
-//! - `blackhole`: a TCP proxy whose connections die silently
-//! - `databases.rs` (included by path from the database tests): PostgreSQL and Redis
+//! - `proxy`: a TCP proxy to the API server that delays, cuts or black-holes connections
+//! - `databases`: PostgreSQL and Redis (`make databases`)
+//! - `requests`, `agent_http`: what a client sent; the agent's API over its socket
 //!
 //! Integration tests never skip: when the cluster cannot be started they fail
 //! with the reason (the failing component's log tail, printed by cluster.sh).
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,15 +29,20 @@ use kube::{Api, Client, Config};
 pub mod accounts;
 pub mod admission;
 pub mod agent_http;
-pub mod blackhole;
 pub mod claims;
 pub mod cli;
+pub mod databases;
 pub mod helm;
+pub mod proxy;
 pub mod requests;
 pub mod tools;
 
+/// The repository (this crate lives in its tests/support/).
 pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .and_then(Path::parent)
+        .expect("tests/support/ is two levels below the repository")
 }
 
 /// Starts the local control plane once per test binary (or reuses the running
@@ -70,6 +76,27 @@ pub async fn admin_config() -> Config {
     Config::from_custom_kubeconfig(kubeconfig(), &KubeConfigOptions::default())
         .await
         .expect("the admin kubeconfig written by cluster.sh is valid")
+}
+
+/// A client configuration for the test cluster, for `namespace`, whose connections go
+/// through a new [`proxy::Proxy`] (which can make them die silently).
+pub async fn proxied_config(namespace: &str) -> (Config, proxy::Proxy) {
+    let mut config = admin_config().await;
+    assert_eq!(
+        config.cluster_url.host(),
+        Some("127.0.0.1"),
+        "the proxy forwards to the API server on loopback"
+    );
+    let port = config
+        .cluster_url
+        .port_u16()
+        .expect("the API server's URL names its port");
+    let proxy = proxy::Proxy::start(port)
+        .await
+        .expect("a proxy on loopback");
+    config.cluster_url = proxy.url().parse().unwrap();
+    config.default_namespace = namespace.to_string();
+    (config, proxy)
 }
 
 pub async fn client() -> Client {
@@ -224,7 +251,7 @@ impl ControllerProcess {
             .append(true)
             .open(repo_root().join(format!("target/controller-{namespace}.log")))
             .unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        let child = tokio::process::Command::new(cli::binary())
             .args(["controller", "--namespace", namespace, "--admin-addr"])
             .arg(format!("127.0.0.1:{admin_port}"))
             .args(extra)
