@@ -1,6 +1,8 @@
-//! One write pass: confirm what a decision relies on, then write it, each call
-//! conditioned on what the decision was computed from (DESIGN rule 2, "Endings are
-//! confirmed"); and when to decide the Lease again if the pass did not settle it.
+//! One write pass: runs a decision's plan, step by step (confirm what it relies on,
+//! then write it, each call conditioned on what the decision was computed from:
+//! DESIGN rule 2, "Endings are confirmed"), and reports what it learned and one
+//! [`Next`]: when to decide the Lease again. It holds no rules: a refused call ends
+//! the pass, and which refusal means what is `crate::api_error`'s.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

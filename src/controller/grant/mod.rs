@@ -1,9 +1,12 @@
 //! The grant decision: observed state in, desired statuses out. Pure; no I/O.
 //!
 //! Given one Lease (or its absence), the claims naming it, what their pods say
-//! and whether the holder's time ran out, [`decide`] returns the Lease status to
-//! write (at most one write: grant, handover and free happen together, DESIGN
-//! rule 5), the claim status mirrors to write after it, and the events to publish.
+//! and whether the holder's time ran out, [`decide`] returns a [`Decision`]: the
+//! write plan, in the order its steps run (what to confirm first, the ended holder's
+//! claim, the Lease status, which is at most one write since grant, handover and
+//! free happen together, DESIGN rule 5, and the claims' mirrors), with what it
+//! grants and ends for the events. Every rule lives here; the write pass only runs
+//! the plan.
 
 mod claim_status;
 

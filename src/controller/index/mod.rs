@@ -1,11 +1,14 @@
 //! One in-memory index of Leases, LeaseClaims and Pods, fed by watch events.
 //!
-//! [`Index::handle`] takes every watch event of the three kinds, (re)lists included;
-//! it and every `apply_*`/`delete_*` return the Leases whose grant decision may have
-//! changed, so the controller re-decides only those. The index also keeps the
+//! The index changes in two ways only: [`Index::handle`] takes every watch event of
+//! the three kinds, (re)lists included, and [`Index::apply_outcome`] what a write pass
+//! wrote or read (guarded by UID, so it never resurrects or overwrites an object the
+//! watches replaced). Both return (or lead to) the Leases whose grant decision may
+//! have changed, so the controller re-decides only those; the `apply_*`/`delete_*`
+//! they share are public for tests, which feed objects directly. The index also keeps the
 //! expiry bookkeeping of DESIGN rule 4: the instant (controller's monotonic
 //! clock) at which it last *observed* each claim's renewal, and since when it
-//! has seen each holder. Tests feed it objects directly.
+//! has seen each holder.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
