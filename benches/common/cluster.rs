@@ -72,7 +72,7 @@ pub async fn delete_namespace(client: &Client, ns: &str) {
 /// `cargo bench`, debug under the smoke run of `make test`), and its admin port.
 pub async fn start_controller(kubeconfig: &PathBuf, ns: &str) -> (tokio::process::Child, u16) {
     let controller_bin = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
-    let admin_port = free_port();
+    let admin_port = support::free_port();
     let controller = tokio::process::Command::new(&controller_bin)
         .args([
             "controller",
@@ -94,14 +94,6 @@ pub async fn start_controller(kubeconfig: &PathBuf, ns: &str) -> (tokio::process
         });
     tokio::time::sleep(Duration::from_millis(500)).await;
     (controller, admin_port)
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Waits until the Lease lists `n` waiting claims, so the next handover has someone to go to.
