@@ -8,7 +8,9 @@
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1,
-#                       and the node (kube-scheduler, containerd, kubelet; NODE=0: without it)
+#                       and the node (kube-scheduler, containerd, kubelet; NODE=0: without it);
+#                       HA=1: three etcd members and two kube-apiservers behind a link proxy, no node
+#                       (ports and use: tests/controlplane/cluster.sh)
 #   make node-deps      what the node needs: containerd/runc/CNI packages, kubelet, the pause image
 #   make image-local    the images without a Docker engine, imported into the node
 #   make demo-cluster   the fencing story with real pods on the node
@@ -59,7 +61,13 @@ CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-mana
 	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
 
 # --- the node (NODE=0: control plane only) ---------------------------------------
+# HA=1: the replicated control plane (cluster.sh), which has no node.
+export HA ?= 0
+ifeq ($(HA),1)
+export NODE := 0
+else
 export NODE ?= 1
+endif
 IMAGE_DIR := $(CURDIR)/target/images
 NODE_BINS := $(KUBE_BIN)/kubelet $(KUBE_BIN)/kube-scheduler
 ifeq ($(NODE),1)
@@ -69,7 +77,7 @@ endif
 
 .PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test check crds cluster cluster-down cluster-status \
-	controlplane-bins node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
+	controlplane-bins linkproxy node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
 	conformance
 
 all: build
@@ -133,7 +141,12 @@ clean-cache:
 
 # --- local control plane -------------------------------------------------------
 
-cluster: controlplane-bins $(NODE_DEPS)
+# The HA plane's links (tests/support/bin/linkproxy.rs); cargo rebuilds it when changed.
+export LINKPROXY := $(CURDIR)/target/debug/palisade-linkproxy
+linkproxy:
+	cargo build --locked --quiet -p palisade-test-support --bin palisade-linkproxy
+
+cluster: controlplane-bins $(NODE_DEPS) $(if $(filter 1,$(HA)),linkproxy)
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh up
 
 cluster-down: databases-down
@@ -337,8 +350,9 @@ bench-rust-peers: cluster
 DURATION ?= 10m
 SEED ?= $(shell date +%s)
 CHAOS_ARGS ?=
-chaos: controlplane-bins conformance-go-driver
-	$(CONFORMANCE_ENV) cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED) $(CHAOS_ARGS)
+chaos: controlplane-bins conformance-go-driver $(if $(filter 1,$(HA)),linkproxy)
+	$(CONFORMANCE_ENV) cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED) \
+		$(if $(filter 1,$(HA)),--ha) $(CHAOS_ARGS)
 
 # The fencing story with real pods on the node; see tests/demo/demo-cluster.sh.
 demo-cluster: cluster image-local

@@ -1,5 +1,5 @@
 //! The suite's command-line arguments (`--duration 90s --seed 1 --workers 5 --leases 2
-//! --keep-cluster`) and their parsing, with libtest's own flags ignored.
+//! --keep-cluster --ha`) and their parsing, with libtest's own flags ignored.
 
 use std::time::Duration;
 
@@ -9,6 +9,8 @@ pub struct Args {
     pub workers: usize,
     pub leases: usize,
     pub keep_cluster: bool,
+    /// On the replicated control plane, with its faults (ha.rs).
+    pub ha: bool,
 }
 
 /// `90s`, `10m`, `1h`: the command line's duration syntax.
@@ -30,6 +32,7 @@ pub fn parse_args(raw: &[String]) -> Result<Option<Args>, String> {
         workers: 5,
         leases: 2,
         keep_cluster: false,
+        ha: false,
     };
     let mut it = raw.iter();
     let mut filters = Vec::new();
@@ -41,6 +44,7 @@ pub fn parse_args(raw: &[String]) -> Result<Option<Args>, String> {
             "--workers" => args.workers = parse_number("--workers", &value()?)?,
             "--leases" => args.leases = parse_number("--leases", &value()?)?,
             "--keep-cluster" => args.keep_cluster = true,
+            "--ha" => args.ha = true,
             "--test-threads" | "--skip" | "--format" | "--color" | "--logfile" | "-Z" => {
                 value()?;
             }

@@ -1,6 +1,8 @@
 //! The chaos suite's own control plane: started fresh (cluster.sh, on ports apart
 //! from `make cluster`'s), set up with the CRDs, the fencing policy, the namespace and
-//! the Leases, restarted piece by piece as faults, and torn down at the end.
+//! the Leases, restarted piece by piece as faults, and torn down at the end. With
+//! `--ha`, the replicated one (three etcd members, two API servers behind load
+//! balancers, every link through palisade-linkproxy: cluster.sh HA=1).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -23,21 +25,87 @@ pub const LEASE_SECONDS: u64 = 2;
 // The suite's own control plane: ports apart from `make cluster`'s.
 const ETCD_PORT: u16 = 23791;
 const ETCD_PEER_PORT: u16 = 23801;
-pub const APISERVER_PORT: u16 = 16444;
+const APISERVER_PORT: u16 = 16444;
 const KCM_PORT: u16 = 16258;
+/// The HA plane's ports (their layout: cluster.sh), apart from `make cluster HA=1`'s.
+const HA_PORT_BASE: u16 = 24100;
+/// The API servers of the HA plane, each with its own watch cache.
+pub const HA_APISERVERS: usize = 2;
+/// The members of the HA plane's etcd.
+pub const ETCD_MEMBERS: usize = 3;
 
 /// The suite's own etcd + kube-apiserver (+ controller-manager), via cluster.sh.
 #[derive(Clone)]
 pub struct ControlPlane {
     pub root: PathBuf,
     state: PathBuf,
+    pub ha: bool,
 }
 
 impl ControlPlane {
-    pub fn new() -> Self {
+    pub fn new(ha: bool) -> Self {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let state = root.join("target/chaos-cluster");
-        ControlPlane { root, state }
+        ControlPlane { root, state, ha }
+    }
+
+    /// The API server's port in the admin kubeconfig (HA: the first load balancer).
+    pub fn apiserver_port(&self) -> u16 {
+        if self.ha {
+            HA_PORT_BASE + 70
+        } else {
+            APISERVER_PORT
+        }
+    }
+
+    /// The ports a client may be pinned to: the API server, or (HA) each load
+    /// balancer, which prefers its own API server and fails over to the other.
+    pub fn entry_ports(&self) -> Vec<u16> {
+        if self.ha {
+            (0..HA_APISERVERS as u16)
+                .map(|j| HA_PORT_BASE + 70 + j)
+                .collect()
+        } else {
+            vec![APISERVER_PORT]
+        }
+    }
+
+    /// HA: the kubeconfig straight to API server `j`, no load balancer.
+    pub fn apiserver_kubeconfig(&self, j: usize) -> PathBuf {
+        self.state.join(format!("kubeconfig-apiserver-{j}"))
+    }
+
+    /// HA: one command to the link proxy (see tests/support/bin/linkproxy.rs).
+    pub async fn links(&self, command: &str) -> Result<String, String> {
+        support::linkproxy::send(HA_PORT_BASE + 50, command).await
+    }
+
+    /// HA: what etcd member `i` says of itself, through its client port (etcd's
+    /// JSON gateway, straight, no proxy).
+    pub async fn etcd_status(&self, i: usize) -> Result<EtcdStatus, String> {
+        let reply = etcd_call(HA_PORT_BASE + i as u16, "maintenance/status", "{}").await?;
+        let number = |v: &serde_json::Value| -> Result<u64, String> {
+            v.as_str()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| format!("etcd member {i}: unexpected status {reply}"))
+        };
+        Ok(EtcdStatus {
+            member_id: number(&reply["header"]["member_id"])?,
+            // The gateway leaves zero out: no leader known.
+            leader: match &reply["leader"] {
+                serde_json::Value::Null => 0,
+                leader => number(leader)?,
+            },
+            revision: number(&reply["header"]["revision"])?,
+        })
+    }
+
+    /// HA: compacts etcd's history up to `revision`, through member `i`.
+    pub async fn compact(&self, i: usize, revision: u64) -> Result<(), String> {
+        let body = serde_json::json!({"revision": revision.to_string(), "physical": true});
+        etcd_call(HA_PORT_BASE + i as u16, "kv/compaction", &body.to_string())
+            .await
+            .map(|_| ())
     }
 
     pub fn script(&self, args: &[&str]) -> Result<(), String> {
@@ -51,6 +119,8 @@ impl ControlPlane {
             .env("ETCD_PEER_PORT", ETCD_PEER_PORT.to_string())
             .env("APISERVER_PORT", APISERVER_PORT.to_string())
             .env("KCM_PORT", KCM_PORT.to_string())
+            .env("HA", if self.ha { "1" } else { "0" })
+            .env("HA_PORT_BASE", HA_PORT_BASE.to_string())
             // The machine's one node belongs to `make cluster`; the suite needs none.
             .env("NODE", "0")
             .stdout(Stdio::null())
@@ -72,6 +142,32 @@ impl ControlPlane {
             eprintln!("chaos: {e}");
         }
     }
+}
+
+/// One member's view of etcd.
+pub struct EtcdStatus {
+    pub member_id: u64,
+    /// The member it takes for the leader (0: none).
+    pub leader: u64,
+    pub revision: u64,
+}
+
+/// POSTs `body` to etcd's JSON gateway (`/v3/<path>`) on `port`, with curl (as
+/// cluster.sh does): the reply, parsed.
+async fn etcd_call(port: u16, path: &str, body: &str) -> Result<serde_json::Value, String> {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sf", "--max-time", "3", "-X", "POST", "-d", body])
+        .arg(format!("http://127.0.0.1:{port}/v3/{path}"))
+        .output()
+        .await
+        .map_err(|e| format!("curl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "etcd on {port}: /v3/{path} failed ({})",
+            out.status
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("etcd on {port}: /v3/{path}: {e}"))
 }
 
 /// A fresh control plane and database servers, set up for a run with this many
@@ -268,11 +364,11 @@ async fn wait_policy_active(configmaps: &Api<ConfigMap>) -> Result<(), String> {
     Err("the object-fencing policy was not enforced within 30s".into())
 }
 
-/// The admin kubeconfig (`admin_text`) with the API server's address replaced by a
-/// proxy's (on `port`), written to `path`.
-pub fn kubeconfig_via(admin_text: &str, port: u16, path: PathBuf) -> PathBuf {
+/// The admin kubeconfig (`admin_text`, whose server is on `admin_port`) with the API
+/// server's address replaced by a proxy's (on `port`), written to `path`.
+pub fn kubeconfig_via(admin_text: &str, admin_port: u16, port: u16, path: PathBuf) -> PathBuf {
     let text = admin_text.replace(
-        &format!("https://127.0.0.1:{APISERVER_PORT}"),
+        &format!("https://127.0.0.1:{admin_port}"),
         &format!("https://127.0.0.1:{port}"),
     );
     std::fs::write(&path, text).expect("writing a kubeconfig");

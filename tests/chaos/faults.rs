@@ -11,8 +11,9 @@ use kube::api::Api;
 use palisade::api::Lease;
 use support::proxy::{Mode, Proxy};
 
-use crate::cluster::{ControlPlane, LEASE_SECONDS, NAMESPACE};
+use crate::cluster::{ControlPlane, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
 use crate::dbstores;
+use crate::ha::{self, HaFault};
 use crate::history::{Event, Recorder};
 use crate::processes::{ELECTION_NAME, Election, Processes, signal};
 use crate::rng::{Rng, now_ns};
@@ -47,6 +48,8 @@ pub enum Fault {
     CutWorkerLinks,
     BlackholeControllerLink,
     BlackholeWorkerLinks,
+    // The replicated control plane's (`--ha`), of ha.rs.
+    Ha(HaFault),
     // The database faults, of dbstores.rs.
     RestartPostgres,
     RestartRedis,
@@ -74,6 +77,12 @@ impl Fault {
             Fault::CutWorkerLinks => "cut_worker_links",
             Fault::BlackholeControllerLink => "blackhole_controller_link",
             Fault::BlackholeWorkerLinks => "blackhole_worker_links",
+            Fault::Ha(HaFault::KillEtcdLeader) => "kill_etcd_leader",
+            Fault::Ha(HaFault::PartitionEtcdMinority) => "partition_etcd_minority",
+            Fault::Ha(HaFault::PartitionEtcdLeader) => "partition_etcd_leader",
+            Fault::Ha(HaFault::LagApiserver) => "lag_apiserver",
+            Fault::Ha(HaFault::KillApiserver) => "kill_apiserver",
+            Fault::Ha(HaFault::CompactWhileBehind) => "compact_while_behind",
             Fault::RestartPostgres => "restart_postgres",
             Fault::RestartRedis => "restart_redis",
             Fault::KillWorkerInTransaction => "kill_worker_in_transaction",
@@ -110,6 +119,17 @@ const FAULTS: [Fault; 15] = [
     Fault::BlackholeWorkerLinks,
 ];
 
+/// The replicated control plane's kinds (`--ha`): in every round, and first in the
+/// first, so even a short run has each.
+pub const HA_FAULTS: [Fault; 6] = [
+    Fault::Ha(HaFault::KillEtcdLeader),
+    Fault::Ha(HaFault::PartitionEtcdMinority),
+    Fault::Ha(HaFault::PartitionEtcdLeader),
+    Fault::Ha(HaFault::LagApiserver),
+    Fault::Ha(HaFault::KillApiserver),
+    Fault::Ha(HaFault::CompactWhileBehind),
+];
+
 /// The first round begins with these, in this order (see [`Schedule`]). The losses
 /// of the lossy Redis stores come early too: before the first RDB snapshot (300 s),
 /// so `redis-rdb` comes back empty, and within a short run.
@@ -131,14 +151,17 @@ pub struct Schedule {
     scheduler: Rng,
     round: Vec<Fault>,
     first: bool,
+    ha: bool,
 }
 
 impl Schedule {
-    pub fn new(seed: u64) -> Self {
+    /// `ha`: the rounds include [`HA_FAULTS`].
+    pub fn new(seed: u64, ha: bool) -> Self {
         Schedule {
             scheduler: Rng::new(seed),
             round: Vec::new(),
             first: true,
+            ha,
         }
     }
 
@@ -146,6 +169,9 @@ impl Schedule {
     pub fn next_fault(&mut self) -> (Fault, Rng) {
         if self.round.is_empty() {
             self.round = FAULTS.iter().chain(&dbstores::FAULTS).copied().collect();
+            if self.ha {
+                self.round.extend(HA_FAULTS);
+            }
             self.scheduler.shuffle(&mut self.round);
             if self.first {
                 // The classic case comes first, so even a short run has stale writes;
@@ -153,7 +179,8 @@ impl Schedule {
                 // too; then the storm, the failover and flapping leadership, so the
                 // short run has them.
                 let last = self.round.len() - 1;
-                for (k, kind) in FIRST_FAULTS.iter().enumerate() {
+                let ha_first: &[Fault] = if self.ha { &HA_FAULTS } else { &[] };
+                for (k, kind) in ha_first.iter().chain(&FIRST_FAULTS).enumerate() {
                     let i = self.round.iter().position(|f| f == kind).expect("listed");
                     self.round.swap(i, last - k);
                 }
@@ -170,8 +197,9 @@ pub struct FaultContext<'a> {
     pub admin: &'a Client,
     pub plane: &'a ControlPlane,
     pub leases: &'a [String],
-    pub controller_proxy: &'a Proxy,
-    pub worker_proxy: &'a Proxy,
+    /// One per API server the replicas (and the workers) are pinned to.
+    pub controller_proxies: &'a [Proxy],
+    pub worker_proxies: &'a [Proxy],
 }
 
 /// A current holder that is one of our live workers, picked at random.
@@ -191,7 +219,8 @@ async fn pick_grant(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) ->
     let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
     let mut holders = Vec::new();
     for lease in ctx.leases {
-        if let Ok(l) = api.get(lease).await
+        // Bounded: behind a partitioned etcd member a read can hang for long.
+        if let Ok(Ok(l)) = tokio::time::timeout(Duration::from_secs(2), api.get(lease)).await
             && let Some(h) = l.status.and_then(|s| s.holder)
             && procs.worker_pid(&h.identity).is_some()
         {
@@ -262,14 +291,15 @@ pub async fn inject(
         Fault::KillController => Some(kill_controller(procs, rng).await),
         Fault::Failover => failover(ctx, procs, rng).await,
         Fault::SplitBrain => Some(split_brain(ctx, procs, rng).await),
-        Fault::RestartApiserver => Some(restart_component(ctx.plane, "kube-apiserver").await?),
-        Fault::RestartEtcd => Some(restart_component(ctx.plane, "etcd").await?),
-        Fault::DelayControllerLink => Some(delay_link(ctx.controller_proxy, rng).await),
-        Fault::DelayWorkerLinks => Some(delay_link(ctx.worker_proxy, rng).await),
-        Fault::CutControllerLink => Some(cut_link(ctx.controller_proxy, rng).await),
-        Fault::CutWorkerLinks => Some(cut_link(ctx.worker_proxy, rng).await),
-        Fault::BlackholeControllerLink => Some(blackhole_link(ctx.controller_proxy, rng).await),
-        Fault::BlackholeWorkerLinks => Some(blackhole_link(ctx.worker_proxy, rng).await),
+        Fault::RestartApiserver => Some(restart_component(ctx.plane, "kube-apiserver", rng).await?),
+        Fault::RestartEtcd => Some(restart_component(ctx.plane, "etcd", rng).await?),
+        Fault::DelayControllerLink => Some(delay_link(ctx.controller_proxies, rng).await),
+        Fault::DelayWorkerLinks => Some(delay_link(ctx.worker_proxies, rng).await),
+        Fault::CutControllerLink => Some(cut_link(ctx.controller_proxies, rng).await),
+        Fault::CutWorkerLinks => Some(cut_link(ctx.worker_proxies, rng).await),
+        Fault::BlackholeControllerLink => Some(blackhole_link(ctx.controller_proxies, rng).await),
+        Fault::BlackholeWorkerLinks => Some(blackhole_link(ctx.worker_proxies, rng).await),
+        Fault::Ha(kind) => return ha::inject(kind, ctx, procs, rng).await,
         Fault::RestartPostgres
         | Fault::RestartRedis
         | Fault::KillWorkerInTransaction
@@ -281,7 +311,7 @@ pub async fn inject(
 }
 
 /// `pause_holder`: SIGSTOP one holder past its lease, then SIGCONT.
-async fn pause_holder(
+pub async fn pause_holder(
     ctx: &FaultContext<'_>,
     procs: &mut Processes,
     rng: &mut Rng,
@@ -422,7 +452,7 @@ async fn kill_holder(
 }
 
 /// `kill_controller`: SIGKILL both replicas, start two new ones 0.2 to 3 s later.
-async fn kill_controller(procs: &mut Processes, rng: &mut Rng) -> String {
+pub async fn kill_controller(procs: &mut Processes, rng: &mut Rng) -> String {
     // Every replica at once: no controller at all, then two new replicas
     // that find the dead leader's record and must wait it out.
     let down = rng.millis(200, 3000);
@@ -477,7 +507,7 @@ async fn failover(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rng) 
 }
 
 /// `split_brain`: one more controller, election off, beside the replicas.
-async fn split_brain(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rng) -> String {
+pub async fn split_brain(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rng) -> String {
     // One more controller, election off, straight to the API server (so it
     // and the elected leader see the world with different delays), for 5 to
     // 15 s: grants must stay safe whatever the election says.
@@ -497,14 +527,23 @@ async fn split_brain(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rn
     )
 }
 
-/// `restart_apiserver`, `restart_etcd`: cluster.sh restarts the component.
+/// `restart_apiserver`, `restart_etcd`: cluster.sh restarts the component (on the
+/// HA plane, one API server or etcd member, picked at random).
 async fn restart_component(
     plane: &ControlPlane,
     component: &'static str,
+    rng: &mut Rng,
 ) -> Result<String, String> {
+    let pick = rng.range(0, 6);
+    let component = match (plane.ha, component) {
+        (false, c) => c.to_string(),
+        (true, "etcd") => format!("etcd-{}", pick % crate::cluster::ETCD_MEMBERS as u64),
+        (true, c) => format!("{c}-{}", pick % HA_APISERVERS as u64),
+    };
     let plane = plane.clone();
     let started = Instant::now();
-    tokio::task::spawn_blocking(move || plane.script(&["restart", component]))
+    let name = component.clone();
+    tokio::task::spawn_blocking(move || plane.script(&["restart", &name]))
         .await
         .map_err(|e| e.to_string())??;
     Ok(format!(
@@ -513,13 +552,20 @@ async fn restart_component(
     ))
 }
 
+/// Every proxy of `proxies` set to `mode`.
+fn set_all(proxies: &[Proxy], mode: Mode) {
+    for proxy in proxies {
+        proxy.set(mode);
+    }
+}
+
 /// `delay_controller_link`, `delay_worker_links`: every chunk held a while.
-async fn delay_link(proxy: &Proxy, rng: &mut Rng) -> String {
+async fn delay_link(proxies: &[Proxy], rng: &mut Rng) -> String {
     let delay = rng.millis(100, 800);
     let span = rng.millis(3000, 8000);
-    proxy.set(Mode::Delay(delay));
+    set_all(proxies, Mode::Delay(delay));
     tokio::time::sleep(span).await;
-    proxy.set(Mode::Pass);
+    set_all(proxies, Mode::Pass);
     format!(
         "{} ms per chunk for {} ms",
         delay.as_millis(),
@@ -528,21 +574,21 @@ async fn delay_link(proxy: &Proxy, rng: &mut Rng) -> String {
 }
 
 /// `cut_controller_link`, `cut_worker_links`.
-async fn cut_link(proxy: &Proxy, rng: &mut Rng) -> String {
+async fn cut_link(proxies: &[Proxy], rng: &mut Rng) -> String {
     let span = rng.millis(1000, 5000);
-    proxy.set(Mode::Cut);
+    set_all(proxies, Mode::Cut);
     tokio::time::sleep(span).await;
-    proxy.set(Mode::Pass);
+    set_all(proxies, Mode::Pass);
     format!("for {} ms", span.as_millis())
 }
 
 /// `blackhole_controller_link`, `blackhole_worker_links`.
-async fn blackhole_link(proxy: &Proxy, rng: &mut Rng) -> String {
+async fn blackhole_link(proxies: &[Proxy], rng: &mut Rng) -> String {
     // Open connections go silent for good; new ones too while it lasts.
     let span = rng.millis(1000, 5000);
-    proxy.set(Mode::Blackhole);
+    set_all(proxies, Mode::Blackhole);
     tokio::time::sleep(span).await;
-    proxy.set(Mode::Pass);
+    set_all(proxies, Mode::Pass);
     format!("for {} ms", span.as_millis())
 }
 

@@ -46,6 +46,9 @@ pub enum Event {
         holder_uid: String,
         token: u64,
         t_ns: u64,
+        /// Through which API server of the HA plane (none: the one of a plain run).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        server: Option<u8>,
     },
     /// The harness's watch saw this version of a fenced ConfigMap.
     ConfigMapSeen {
@@ -184,6 +187,11 @@ pub struct Verdict {
     pub accepted: BTreeMap<String, usize>,
     /// Per Lease: how long after healing it was granted again.
     pub recovery_ms: BTreeMap<String, u64>,
+    /// Stale writes rejected (any store) by the fault kind last begun before each
+    /// was sent.
+    pub stale_after: BTreeMap<String, usize>,
+    /// The HA plane's watch caches: how far one lagged the other (none: one server).
+    pub cache_lag: Option<crate::watch_caches::CacheLag>,
     pub violations: Vec<String>,
 }
 
@@ -199,13 +207,25 @@ impl Verdict {
             .iter()
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
+        let stale_after: Vec<String> = self
+            .faults
+            .keys()
+            .map(|k| format!("{k} {}", self.stale_after.get(k).copied().unwrap_or(0)))
+            .collect();
+        let lag = self.cache_lag.map_or(String::new(), |l| {
+            format!(
+                "; watch caches: {} versions seen through both, lag p99 {} ms, max {} ms",
+                l.versions, l.p99_ms, l.max_ms
+            )
+        });
         format!(
-            "chaos: {} grants, {} faults ({}), {} stale writes rejected, {} refused for a lost \
-             mark, {} accepted, {} violations",
+            "chaos: {} grants, {} faults ({}), {} stale writes rejected (after each kind: {}), \
+             {} refused for a lost mark, {} accepted, {} violations{lag}",
             self.grants,
             faults,
             by_kind.join(", "),
             self.stale_rejected_total(),
+            stale_after.join(", "),
             self.no_mark_refused.values().sum::<usize>(),
             self.stale_accepted,
             self.violations.len()
@@ -254,6 +274,18 @@ pub fn check_with_stores(
     check_silenced_holders_expire(events, &mut v);
     check_claim_phases(events, &mut v);
     check_renewal_contract(events, expect, &mut v);
+    if events.iter().any(|e| {
+        matches!(
+            e,
+            Event::LeaseSeen {
+                server: Some(_),
+                ..
+            }
+        )
+    }) {
+        v.cache_lag = Some(crate::watch_caches::check(events, &mut v.violations));
+    }
+    v.stale_after = stale_after_each_kind(events);
     for e in events {
         match e {
             Event::Fault { fault, .. } => *v.faults.entry(fault.clone()).or_default() += 1,
@@ -267,6 +299,35 @@ pub fn check_with_stores(
         }
     }
     v
+}
+
+/// Stale writes rejected, by the kind of the fault last begun before each was sent.
+fn stale_after_each_kind(events: &[Event]) -> BTreeMap<String, usize> {
+    let mut faults: Vec<(u64, &str)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Fault {
+                fault, start_ns, ..
+            } => Some((*start_ns, fault.as_str())),
+            _ => None,
+        })
+        .collect();
+    faults.sort_unstable();
+    let mut counts = BTreeMap::new();
+    for e in events {
+        if let Event::Write {
+            start_ns,
+            outcome: Outcome::Stale,
+            ..
+        } = e
+        {
+            let before = faults.partition_point(|(t, _)| t <= start_ns);
+            if let Some((_, kind)) = before.checked_sub(1).map(|i| faults[i]) {
+                *counts.entry(kind.to_string()).or_default() += 1;
+            }
+        }
+    }
+    counts
 }
 
 /// Tokens per Lease are issued once (one claim per token) and, along the Lease's
@@ -873,6 +934,7 @@ pub fn self_check() -> Result<usize, String> {
         holder_uid: uid.into(),
         token,
         t_ns: rv,
+        server: None,
     };
     let jw = |token: u64, w: &str| JournalWrite {
         lease: "l".into(),

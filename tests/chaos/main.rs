@@ -29,6 +29,11 @@
 //! it can crash kube-apiserver and etcd without disturbing anything else, and tears
 //! it down at the end. The history stays in `target/chaos/seed-S-T/` for inspection.
 //!
+//! `--ha` (`make chaos HA=1`): on the replicated control plane instead (three etcd
+//! members, two API servers each behind its load balancer; cluster.sh HA=1). Replicas
+//! and workers are spread over the two servers, the harness watches through both
+//! (watch_caches.rs judges what it saw), and the rounds add the faults of ha.rs.
+//!
 //! A test binary without libtest's harness: `cargo test` runs it with no arguments
 //! (the short run); the flags are `--duration 90s --seed 1 --workers 5 --leases 2`.
 //! The same binary, started as `chaos worker ...`, is a worker process; every third
@@ -42,12 +47,14 @@ mod args;
 mod cluster;
 mod dbstores;
 mod faults;
+mod ha;
 mod history;
 mod observer;
 mod processes;
 mod renewals;
 mod rng;
 mod verdict;
+mod watch_caches;
 mod worker;
 
 use std::path::PathBuf;
@@ -55,7 +62,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use args::{Args, parse_args};
-use cluster::{APISERVER_PORT, ControlPlane, LEASE_SECONDS, kubeconfig_via};
+use cluster::{ControlPlane, HA_APISERVERS, LEASE_SECONDS, kubeconfig_via};
 use faults::{FaultContext, Schedule, inject};
 use history::{Event, Recorder};
 use processes::{Processes, WorkerTemplate};
@@ -99,14 +106,14 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    match history::self_check() {
+    match history::self_check().and_then(|n| Ok(n + watch_caches::self_check()?)) {
         Ok(n) => println!("chaos: checker self-check: {n} planted violations all reported"),
         Err(e) => {
             eprintln!("chaos: checker self-check failed: {e}");
             return ExitCode::FAILURE;
         }
     }
-    let plane = ControlPlane::new();
+    let plane = ControlPlane::new(args.ha);
     let started = Instant::now();
     let passed = runtime.block_on(run(&args, &plane));
     if !args.keep_cluster {
@@ -140,23 +147,37 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         return false;
     };
 
-    // Separate proxies, so the controller's and the workers' links fail separately.
-    let controller_proxy = Proxy::start(APISERVER_PORT).await.expect("proxy");
-    let worker_proxy = Proxy::start(APISERVER_PORT).await.expect("proxy");
+    // Separate proxies, so the controller's and the workers' links fail separately;
+    // one of each per API server (or load balancer) they are pinned to.
     let admin_text = std::fs::read_to_string(plane.kubeconfig()).expect("kubeconfig");
+    let mut controller_proxies = Vec::new();
+    let mut worker_proxies = Vec::new();
+    let mut controller_kubeconfigs = Vec::new();
+    let mut worker_kubeconfigs = Vec::new();
+    for (j, port) in plane.entry_ports().into_iter().enumerate() {
+        for (who, proxies, kubeconfigs) in [
+            (
+                "controller",
+                &mut controller_proxies,
+                &mut controller_kubeconfigs,
+            ),
+            ("worker", &mut worker_proxies, &mut worker_kubeconfigs),
+        ] {
+            let proxy = Proxy::start(port).await.expect("proxy");
+            kubeconfigs.push(kubeconfig_via(
+                &admin_text,
+                plane.apiserver_port(),
+                proxy.port,
+                out.join(format!("{who}-{j}.kubeconfig")),
+            ));
+            proxies.push(proxy);
+        }
+    }
     let store = out.join("file-store");
     let mut procs = Processes::new(
         out.clone(),
-        kubeconfig_via(
-            &admin_text,
-            controller_proxy.port,
-            out.join("controller.kubeconfig"),
-        ),
-        kubeconfig_via(
-            &admin_text,
-            worker_proxy.port,
-            out.join("worker.kubeconfig"),
-        ),
+        controller_kubeconfigs,
+        worker_kubeconfigs,
         WorkerTemplate {
             leases: leases.clone(),
             store: store.clone(),
@@ -166,7 +187,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     // The store exists before any worker opens it.
     palisade::fence::FileStore::create(&store).expect("creating the file store");
 
-    let observers = tokio::spawn(observer::observe(admin.clone(), out.clone()));
+    let observers = start_observers(plane, &admin, &out).await;
     procs.start_missing_replicas();
     for _ in 0..args.workers {
         procs.spawn_worker();
@@ -179,16 +200,23 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         admin: &admin,
         plane,
         leases: &leases,
-        controller_proxy: &controller_proxy,
-        worker_proxy: &worker_proxy,
+        controller_proxies: &controller_proxies,
+        worker_proxies: &worker_proxies,
     };
     if !inject_faults(args, &ctx, &mut procs, &mut faults, started).await {
         return false;
     }
 
     // Heal: everything resumed, restored and running, and nothing more injected.
-    controller_proxy.set(Mode::Pass);
-    worker_proxy.set(Mode::Pass);
+    for proxy in controller_proxies.iter().chain(&worker_proxies) {
+        proxy.set(Mode::Pass);
+    }
+    if plane.ha
+        && let Err(e) = ha::heal_links(plane).await
+    {
+        eprintln!("chaos: healing the control plane's links: {e}");
+        return false;
+    }
     procs.resume_workers();
     procs.start_missing_replicas();
     let healed = now_ns();
@@ -196,10 +224,40 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     // Workers keep cycling through the Leases; give each time to be granted again.
     tokio::time::sleep(Duration::from_secs(LEASE_SECONDS) + LIVENESS_BOUND).await;
     drop(procs);
-    observers.abort();
-    let _ = observers.await;
+    for observer in observers {
+        observer.abort();
+        let _ = observer.await;
+    }
 
-    verdict::judge(&out, &store, &servers, &leases, started, args.seed).await
+    verdict::judge(
+        &out, &store, &servers, &leases, started, args.seed, plane.ha,
+    )
+    .await
+}
+
+/// The harness's watches: straight to the API server, or (HA) one through each.
+async fn start_observers(
+    plane: &ControlPlane,
+    admin: &kube::Client,
+    out: &std::path::Path,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    if !plane.ha {
+        return vec![tokio::spawn(observer::observe(
+            admin.clone(),
+            out.to_path_buf(),
+            None,
+        ))];
+    }
+    let mut observers = Vec::new();
+    for j in 0..HA_APISERVERS {
+        let client = worker::client_from(&plane.apiserver_kubeconfig(j)).await;
+        observers.push(tokio::spawn(observer::observe(
+            client,
+            out.to_path_buf(),
+            Some(j as u8),
+        )));
+    }
+    observers
 }
 
 /// `target/chaos/seed-S-T/`, created, and the run's parameters printed.
@@ -213,11 +271,16 @@ fn history_dir(args: &Args, plane: &ControlPlane) -> PathBuf {
         .join(format!("target/chaos/seed-{}-{unix}", args.seed));
     std::fs::create_dir_all(&out).expect("creating the history directory");
     println!(
-        "chaos: seed {}, {} s of faults, {} workers, {} leases; history in {}",
+        "chaos: seed {}, {} s of faults, {} workers, {} leases{}; history in {}",
         args.seed,
         args.duration.as_secs(),
         args.workers,
         args.leases,
+        if args.ha {
+            ", on the HA control plane"
+        } else {
+            ""
+        },
         out.display()
     );
     out
@@ -232,12 +295,20 @@ async fn inject_faults(
     faults: &mut Recorder,
     started: Instant,
 ) -> bool {
-    let mut schedule = Schedule::new(args.seed);
+    let mut schedule = Schedule::new(args.seed, args.ha);
     let end = Instant::now() + args.duration;
-    while Instant::now() < end {
+    // On the HA plane, every kind of its own runs at least once (they come first),
+    // however long they took.
+    let mut ha_kinds_left: Vec<&str> = if args.ha {
+        faults::HA_FAULTS.iter().map(|f| f.name()).collect()
+    } else {
+        Vec::new()
+    };
+    while Instant::now() < end || !ha_kinds_left.is_empty() {
         let (fault, mut rng) = schedule.next_fault();
         let pause_after = rng.millis(500, 2500);
         let start_ns = now_ns();
+        ha_kinds_left.retain(|k| *k != fault.name());
         match inject(fault, ctx, procs, &mut rng).await {
             Ok(Some(target)) => {
                 let end_ns = now_ns();

@@ -1,5 +1,6 @@
-//! The harness's own watches (straight to the API server, no proxy): every version
-//! of the Leases and fenced ConfigMaps they deliver, recorded for the checker.
+//! The harness's own watches (straight to the API server, no proxy; on the HA plane,
+//! one through each API server): every version of the Leases and fenced ConfigMaps
+//! they deliver, recorded for the checker.
 
 use std::path::PathBuf;
 
@@ -15,8 +16,9 @@ use crate::history::{Event, Recorder};
 use crate::rng::now_ns;
 
 /// Records every version of the Leases and fenced ConfigMaps that the harness's
-/// own watches (straight to the API server, no proxy) deliver.
-pub async fn observe(admin: Client, out: PathBuf) {
+/// own watches through `admin` deliver, tagged with `server` (the API server it
+/// reaches on the HA plane).
+pub async fn observe(admin: Client, out: PathBuf, server: Option<u8>) {
     let lease_api: Api<Lease> = Api::namespaced(admin.clone(), NAMESPACE);
     let cm_api: Api<ConfigMap> = Api::namespaced(admin, NAMESPACE);
     let mut lease_log = Recorder::create(&out.join("observed-leases.jsonl")).expect("log");
@@ -45,6 +47,7 @@ pub async fn observe(admin: Client, out: PathBuf) {
                     holder_uid: status.holder.map(|h| h.claim_uid).unwrap_or_default(),
                     token: status.fencing_token.unwrap_or(0) as u64,
                     t_ns,
+                    server,
                 });
             }
             Ok((_, Some(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)))) => {

@@ -29,8 +29,11 @@ pub const ELECTION_RETRY: Duration = Duration::from_millis(250);
 pub struct Processes {
     palisade: PathBuf,
     pub out: PathBuf,
-    controller_kubeconfig: PathBuf,
-    worker_kubeconfig: PathBuf,
+    /// One per API server (one in all without `--ha`): replica `n` is pinned to
+    /// number `n % len` and worker `n` to `n / 2 % len`, as a load balancer pins a
+    /// client's connections.
+    controller_kubeconfigs: Vec<PathBuf>,
+    worker_kubeconfigs: Vec<PathBuf>,
     /// The elected replicas, by identity (`c0`, `c1`, ...; a replacement gets a new
     /// name, as a Deployment's pod does).
     pub controllers: Vec<(String, std::process::Child)>,
@@ -56,19 +59,20 @@ pub enum Election<'a> {
 
 impl Processes {
     /// None started yet: the replicas reach the API server through
-    /// `controller_kubeconfig`, the workers through `worker_kubeconfig`, and every
-    /// log and history file goes to `out`.
+    /// `controller_kubeconfigs`, the workers through `worker_kubeconfigs` (each
+    /// pinned to one), and every log and history file goes to `out`.
     pub fn new(
         out: PathBuf,
-        controller_kubeconfig: PathBuf,
-        worker_kubeconfig: PathBuf,
+        controller_kubeconfigs: Vec<PathBuf>,
+        worker_kubeconfigs: Vec<PathBuf>,
         worker_template: WorkerTemplate,
     ) -> Self {
+        assert!(!controller_kubeconfigs.is_empty() && !worker_kubeconfigs.is_empty());
         Processes {
             palisade: PathBuf::from(env!("CARGO_BIN_EXE_palisade")),
             out,
-            controller_kubeconfig,
-            worker_kubeconfig,
+            controller_kubeconfigs,
+            worker_kubeconfigs,
             controllers: Vec::new(),
             spawned_controllers: 0,
             workers: Vec::new(),
@@ -123,12 +127,13 @@ impl Processes {
             .expect("spawning palisade controller")
     }
 
-    /// One more elected replica, behind the controller proxy. Returns its identity.
+    /// One more elected replica, behind a controller proxy. Returns its identity.
     fn start_replica(&mut self) -> String {
-        let identity = format!("c{}", self.spawned_controllers);
+        let n = self.spawned_controllers;
+        let identity = format!("c{n}");
         self.spawned_controllers += 1;
         let child = self.start_controller(
-            &self.controller_kubeconfig,
+            &self.controller_kubeconfigs[n % self.controller_kubeconfigs.len()],
             Election::Replica(&identity),
             &format!("controller-{identity}.log"),
         );
@@ -172,7 +177,8 @@ impl Processes {
         self.spawned_workers += 1;
         let identity = format!("w{n}");
         let args = worker::WorkerArgs {
-            kubeconfig: self.worker_kubeconfig.clone(),
+            // n / 2: long and short holders, agent and library workers, on each server.
+            kubeconfig: self.worker_kubeconfigs[(n / 2) % self.worker_kubeconfigs.len()].clone(),
             namespace: NAMESPACE.into(),
             leases: self.worker_template.leases.clone(),
             identity: identity.clone(),

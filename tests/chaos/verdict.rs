@@ -31,6 +31,7 @@ pub async fn judge(
     leases: &[String],
     started: Instant,
     seed: u64,
+    ha: bool,
 ) -> bool {
     let events = match history::read_dir(out) {
         Ok(events) => events,
@@ -81,7 +82,9 @@ pub async fn judge(
         println!("chaos: FAILED; history kept in {}", out.display());
         return false;
     }
-    if !proves_something(&verdict, out) {
+    if !proves_something(&verdict, out, ha)
+        || (ha && !every_ha_kind_met_a_stale_write(&verdict, out))
+    {
         return false;
     }
     println!("chaos: ok (seed {seed}, history in {})", out.display());
@@ -89,8 +92,10 @@ pub async fn judge(
 }
 
 /// A run without violations that never exercised a store's fencing (or a lossy
-/// store's failing closed) proves nothing about it: false, and says which.
-fn proves_something(verdict: &Verdict, out: &Path) -> bool {
+/// store's failing closed) proves nothing about it: false, and says which. On the HA
+/// plane (whose short run is its own kinds), a lossy store's failing closed is
+/// judged only when its loss was injected.
+fn proves_something(verdict: &Verdict, out: &Path, ha: bool) -> bool {
     for store in dbstores::STORES {
         if verdict.stale_rejected.get(store).copied().unwrap_or(0) == 0 {
             println!(
@@ -108,7 +113,7 @@ fn proves_something(verdict: &Verdict, out: &Path) -> bool {
             .get(lossy.store)
             .copied()
             .unwrap_or(0);
-        if lost == 0 || refused == 0 {
+        if (lost == 0 && !ha) || (lost > 0 && refused == 0) {
             println!(
                 "chaos: FAILED: the {} store lost its marks {lost} times and refused {refused} \
                  writes for it, so this run proves nothing about failing closed (history in {})",
@@ -125,6 +130,26 @@ fn proves_something(verdict: &Verdict, out: &Path) -> bool {
             out.display()
         );
         return false;
+    }
+    true
+}
+
+/// On the HA plane, every kind of its faults that was injected was followed by at
+/// least one stale write the stores rejected (its overlapping holder pause makes
+/// one): otherwise the run proves nothing about fencing under that kind.
+fn every_ha_kind_met_a_stale_write(verdict: &Verdict, out: &Path) -> bool {
+    for kind in crate::faults::HA_FAULTS {
+        let name = kind.name();
+        let injected = verdict.faults.get(name).copied().unwrap_or(0);
+        let stale = verdict.stale_after.get(name).copied().unwrap_or(0);
+        if injected == 0 || stale == 0 {
+            println!(
+                "chaos: FAILED: {name} was injected {injected} times and {stale} stale writes \
+                 were rejected after it, so this run proves nothing about it (history in {})",
+                out.display()
+            );
+            return false;
+        }
     }
     true
 }

@@ -8,9 +8,29 @@
 #   cluster.sh restart etcd|kube-apiserver
 #                      SIGKILL one component and start it again on the same state
 #                      (the fault-injection suite's crash of a control-plane process)
+#   cluster.sh kill|start COMPONENT
+#                      SIGKILL one component, or start it again on the same state and
+#                      wait until it is healthy (HA: etcd-0..2, kube-apiserver-0..1)
 #
 # Binaries come from BIN_DIR (built by `make controlplane-bins`). State, logs and
 # the admin kubeconfig live in STATE_DIR (target/cluster by default).
+#
+# HA=1: a replicated control plane instead, every link through palisade-linkproxy
+# (LINKPROXY, tests/support/bin/linkproxy.rs), on ports from HA_PORT_BASE (B):
+#
+#   B+0..2    etcd members 0..2, client port      B+10..12  their peer ports
+#   B+20..22  etcd-peer-0..2: the peer ports the members advertise (a proxy that
+#             knows which member dialled, so one can be partitioned from others)
+#   B+30..32  apiserver-0-etcd-0..2: kube-apiserver-0's links to the members
+#   B+40..42  apiserver-1-etcd-0..2: kube-apiserver-1's
+#   B+50      the link proxy's control port (palisade-linkproxy send B+50 'links')
+#   B+60..61  kube-apiserver-0 and -1, each with its own watch cache
+#   B+70..71  lb-0, lb-1: load balancers, each preferring its API server and
+#             failing over to the other when it is down
+#
+# The admin kubeconfig goes through lb-0; kubeconfig-lb-1 through lb-1;
+# kubeconfig-apiserver-0 and -1 straight to one server each. The controller-manager
+# uses lb-0. No node in HA mode: it is for the control-plane suites.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,10 +43,20 @@ KCM_PORT=${KCM_PORT:-16257}
 START_TIMEOUT=${START_TIMEOUT:-90}
 # NODE=1: also a node (kube-scheduler, containerd, kubelet; tests/controlplane/node.sh).
 NODE=${NODE:-1}
+HA=${HA:-0}
+HA_PORT_BASE=${HA_PORT_BASE:-24000}
+if [[ $HA == 1 ]]; then
+  NODE=0
+  APISERVER_PORT=$((HA_PORT_BASE + 70))
+fi
 KUBERNETES_SERVICE_IP=${KUBERNETES_SERVICE_IP:-10.0.0.1}
 export STATE_DIR BIN_DIR APISERVER_PORT START_TIMEOUT KUBERNETES_SERVICE_IP
 
-components=(etcd kube-apiserver kube-controller-manager)
+if [[ $HA == 1 ]]; then
+  components=(linkproxy etcd-0 etcd-1 etcd-2 kube-apiserver-0 kube-apiserver-1 kube-controller-manager)
+else
+  components=(etcd kube-apiserver kube-controller-manager)
+fi
 
 log() { echo "cluster: $*" >&2; }
 
@@ -35,16 +65,20 @@ pid_alive() { # component
   [[ -f $f ]] && kill -0 "$(cat "$f")" 2>/dev/null
 }
 
-apiserver_ready() {
+apiserver_ready() { # [port]
   [[ -f $STATE_DIR/pki/admin.crt ]] || return 1
   curl -sf --max-time 3 --cacert "$STATE_DIR/pki/ca.crt" \
     --cert "$STATE_DIR/pki/admin.crt" --key "$STATE_DIR/pki/admin.key" \
-    "https://127.0.0.1:$APISERVER_PORT/readyz" >/dev/null 2>&1
+    "https://127.0.0.1:${1:-$APISERVER_PORT}/readyz" >/dev/null 2>&1
 }
 
 healthy() {
   for c in "${components[@]}"; do pid_alive "$c" || return 1; done
-  apiserver_ready
+  if [[ $HA == 1 ]]; then
+    apiserver_ready $((HA_PORT_BASE + 60)) && apiserver_ready $((HA_PORT_BASE + 61))
+  else
+    apiserver_ready
+  fi
 }
 
 fail_with_log() { # component message
@@ -58,7 +92,7 @@ fail_with_log() { # component message
 
 stop_all() {
   local c pid
-  for c in kube-controller-manager kube-apiserver etcd; do
+  for c in kube-controller-manager kube-apiserver kube-apiserver-0 kube-apiserver-1 etcd etcd-0 etcd-1 etcd-2 linkproxy; do
     [[ -f $STATE_DIR/$c.pid ]] || continue
     pid=$(cat "$STATE_DIR/$c.pid")
     if kill -0 "$pid" 2>/dev/null; then
@@ -98,7 +132,7 @@ make_pki() {
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 }
 
-# A kubeconfig with embedded credentials: file, cert name.
+# A kubeconfig with embedded credentials: file, cert name[, API server port].
 write_kubeconfig() {
   local pki=$STATE_DIR/pki
   cat >"$1" <<EOF
@@ -107,7 +141,7 @@ kind: Config
 clusters:
 - name: palisade-test
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: https://127.0.0.1:${3:-$APISERVER_PORT}
     certificate-authority-data: $(base64 -w0 "$pki/ca.crt")
 users:
 - name: $2
@@ -122,10 +156,14 @@ EOF
 }
 
 start() { # component args...
-  local c=$1
-  shift
+  start_as "$1" "$BIN_DIR/$1" "${@:2}"
+}
+
+start_as() { # component binary args...
+  local c=$1 bin=$2
+  shift 2
   # 9>&-: the daemons must not inherit (and hold) the lock of this script.
-  setsid "$BIN_DIR/$c" "$@" </dev/null >"$STATE_DIR/$c.log" 2>&1 9>&- &
+  setsid "$bin" "$@" </dev/null >>"$STATE_DIR/$c.log" 2>&1 9>&- &
   echo $! >"$STATE_DIR/$c.pid"
 }
 
@@ -139,8 +177,8 @@ wait_for() { # component description command...
   done
 }
 
-etcd_healthy() {
-  curl -sf --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" | grep -q '"health":"true"'
+etcd_healthy() { # [port]
+  curl -sf --max-time 2 "http://127.0.0.1:${1:-$ETCD_PORT}/health" | grep -q '"health":"true"'
 }
 
 start_etcd() {
@@ -151,8 +189,9 @@ start_etcd() {
     --log-level warn
 }
 
-start_apiserver() {
-  local pki=$STATE_DIR/pki
+start_apiserver() { # [component port etcd-servers]
+  local pki=$STATE_DIR/pki c=${1:-kube-apiserver} port=${2:-$APISERVER_PORT}
+  local etcd_servers=${3:-http://127.0.0.1:$ETCD_PORT}
   # Pods in a namespace without the annotation scheduler.alpha.kubernetes.io/node-selector
   # get this node selector, which no node matches: the Pod objects tests create as records
   # stay unscheduled. Namespaces meant to run pods carry the annotation, empty.
@@ -165,8 +204,8 @@ plugins:
     podNodeSelectorPluginConfig:
       clusterDefaultNodeSelector: "palisade.dev/no-node=records-only"
 EOF
-  start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+  start_as "$c" "$BIN_DIR/kube-apiserver" --etcd-servers "$etcd_servers" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --authorization-mode Node,RBAC \
     --enable-admission-plugins NodeRestriction,PodNodeSelector --admission-control-config-file "$STATE_DIR/admission.yaml" \
@@ -179,11 +218,80 @@ EOF
     --endpoint-reconciler-type none --v 1
 }
 
+# The HA plane's links: every etcd peer port, every API server's etcd link and the
+# load balancers, through one palisade-linkproxy.
+start_linkproxy() {
+  local b=$HA_PORT_BASE i j links=()
+  for i in 0 1 2; do
+    links+=(--link "etcd-peer-$i=$((b + 20 + i)):$((b + 10 + i)):etcd-peer")
+    for j in 0 1; do
+      links+=(--link "apiserver-$j-etcd-$i=$((b + 30 + 10 * j + i)):$((b + i))")
+    done
+  done
+  links+=(--link "lb-0=$((b + 70)):$((b + 60)),$((b + 61))" --link "lb-1=$((b + 71)):$((b + 61)),$((b + 60))")
+  start_as linkproxy "$LINKPROXY" serve --control $((b + 50)) "${links[@]}"
+}
+
+linkproxy_ready() {
+  "$LINKPROXY" send $((HA_PORT_BASE + 50)) links >/dev/null 2>&1
+}
+
+start_etcd_member() { # i
+  local b=$HA_PORT_BASE i=$1
+  start_as "etcd-$i" "$BIN_DIR/etcd" --name "m$i" --data-dir "$STATE_DIR/etcd-$i" --unsafe-no-fsync \
+    --listen-client-urls "http://127.0.0.1:$((b + i))" --advertise-client-urls "http://127.0.0.1:$((b + i))" \
+    --listen-peer-urls "http://127.0.0.1:$((b + 10 + i))" --initial-advertise-peer-urls "http://127.0.0.1:$((b + 20 + i))" \
+    --initial-cluster "m0=http://127.0.0.1:$((b + 20)),m1=http://127.0.0.1:$((b + 21)),m2=http://127.0.0.1:$((b + 22))" \
+    --initial-cluster-token palisade-ha --initial-cluster-state new --listen-metrics-urls "" --log-level warn
+}
+
+start_ha_apiserver() { # j
+  local b=$HA_PORT_BASE j=$1
+  start_apiserver "kube-apiserver-$j" $((b + 60 + j)) \
+    "http://127.0.0.1:$((b + 30 + 10 * j)),http://127.0.0.1:$((b + 31 + 10 * j)),http://127.0.0.1:$((b + 32 + 10 * j))"
+}
+
+# Starts one component of the HA plane on its state and waits until it is healthy.
+start_component() { # component
+  local b=$HA_PORT_BASE
+  case $1 in
+    etcd-[012])
+      start_etcd_member "${1#etcd-}"
+      wait_for "$1" "health" etcd_healthy $((b + ${1#etcd-}))
+      ;;
+    kube-apiserver-[01])
+      start_ha_apiserver "${1#kube-apiserver-}"
+      wait_for "$1" "/readyz" apiserver_ready $((b + 60 + ${1#kube-apiserver-}))
+      ;;
+    *)
+      log "cannot start $1 on its own (etcd-0..2, kube-apiserver-0..1)"
+      exit 2
+      ;;
+  esac
+}
+
+start_ha_plane() {
+  local b=$HA_PORT_BASE i
+  [[ -x ${LINKPROXY:-} ]] || { log "LINKPROXY must name the palisade-linkproxy binary (make linkproxy)"; exit 1; }
+  start_linkproxy
+  wait_for linkproxy "its control port" linkproxy_ready
+  # All three at once: a member waits for a quorum before it is healthy.
+  for i in 0 1 2; do start_etcd_member $i; done
+  for i in 0 1 2; do wait_for "etcd-$i" "health" etcd_healthy $((b + i)); done
+  start_ha_apiserver 0
+  start_ha_apiserver 1
+  wait_for kube-apiserver-0 "/readyz" apiserver_ready $((b + 60))
+  wait_for kube-apiserver-1 "/readyz" apiserver_ready $((b + 61))
+  write_kubeconfig "$STATE_DIR/kubeconfig-lb-1" admin $((b + 71))
+  write_kubeconfig "$STATE_DIR/kubeconfig-apiserver-0" admin $((b + 60))
+  write_kubeconfig "$STATE_DIR/kubeconfig-apiserver-1" admin $((b + 61))
+}
+
 up() {
   if healthy; then
     log "reusing the running cluster"
   else
-    for c in "${components[@]}"; do
+    for c in etcd kube-apiserver kube-controller-manager; do
       [[ -x $BIN_DIR/$c ]] || { log "missing $BIN_DIR/$c (run make controlplane-bins)"; exit 1; }
     done
     "$root/tests/controlplane/node.sh" down
@@ -196,11 +304,14 @@ up() {
     write_kubeconfig "$STATE_DIR/kcm.kubeconfig" kcm
     local pki=$STATE_DIR/pki
 
-    start_etcd
-    wait_for etcd "health" etcd_healthy
-
-    start_apiserver
-    wait_for kube-apiserver "/readyz" apiserver_ready
+    if [[ $HA == 1 ]]; then
+      start_ha_plane
+    else
+      start_etcd
+      wait_for etcd "health" etcd_healthy
+      start_apiserver
+      wait_for kube-apiserver "/readyz" apiserver_ready
+    fi
 
     start kube-controller-manager --kubeconfig "$STATE_DIR/kcm.kubeconfig" \
       --authentication-kubeconfig "$STATE_DIR/kcm.kubeconfig" --authorization-kubeconfig "$STATE_DIR/kcm.kubeconfig" \
@@ -223,6 +334,15 @@ default_sa_exists() {
 }
 
 # SIGKILL, not SIGTERM: a crash, with whatever was in flight lost.
+kill_component() { # component
+  local c=$1 pid
+  pid_alive "$c" || { log "$c is not running"; exit 1; }
+  pid=$(cat "$STATE_DIR/$c.pid")
+  kill -KILL "$pid"
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$STATE_DIR/$c.pid"
+}
+
 restart() { # component
   local c=$1 pid
   pid_alive "$c" || { log "$c is not running"; exit 1; }
@@ -252,9 +372,25 @@ case ${1:-} in
   up) up ;;
   down) down ;;
   status) healthy && { [[ $NODE != 1 ]] || "$root/tests/controlplane/node.sh" status; } ;;
+  kill | start)
+    case ${2:-} in
+      etcd-[012] | kube-apiserver-[01]) [[ $HA == 1 ]] || { log "$2: only with HA=1"; exit 2; } ;;
+      *)
+        echo "usage: $0 kill|start etcd-0|etcd-1|etcd-2|kube-apiserver-0|kube-apiserver-1 (HA=1)" >&2
+        exit 2
+        ;;
+    esac
+    if [[ $1 == kill ]]; then
+      kill_component "$2" && log "killed $2"
+    else
+      pid_alive "$2" && { log "$2 is running"; exit 1; }
+      start_component "$2" && log "started $2"
+    fi
+    ;;
   restart)
     case ${2:-} in
       etcd | kube-apiserver) restart "$2" ;;
+      etcd-[012] | kube-apiserver-[01]) kill_component "$2" && start_component "$2" && log "restarted $2" ;;
       *)
         echo "usage: $0 restart etcd|kube-apiserver" >&2
         exit 2
@@ -262,7 +398,7 @@ case ${1:-} in
     esac
     ;;
   *)
-    echo "usage: $0 up|down|status|restart etcd|kube-apiserver" >&2
+    echo "usage: $0 up|down|status|restart etcd|kube-apiserver|kill COMPONENT|start COMPONENT" >&2
     exit 2
     ;;
 esac

@@ -10,6 +10,7 @@
 //! - `tools`: helm and kubectl from PATH, and how a failed process is shown
 //! - `cli`: the `palisade` binary as a process
 //! - `proxy`: a TCP proxy to the API server that delays, cuts or black-holes connections
+//! - `linkproxy`: commands to the HA control plane's link proxy (`palisade-linkproxy`)
 //! - `databases`: PostgreSQL and Redis (`make databases`)
 //! - `requests`, `agent_http`: what a client sent; the agent's API over its socket
 //!
@@ -33,6 +34,7 @@ pub mod claims;
 pub mod cli;
 pub mod databases;
 pub mod helm;
+pub mod linkproxy;
 pub mod proxy;
 pub mod requests;
 pub mod tools;

@@ -1,0 +1,257 @@
+//! The faults of the replicated control plane (`--ha`): an etcd leader killed, a
+//! member or the leader partitioned from the others, one API server's etcd link
+//! slowed until its watch cache falls seconds behind, an API server killed (its
+//! clients fail over through their load balancer), and a compaction while one API
+//! server's cache is behind (its watchers are ended and resume from versions it no
+//! longer has: 410 Gone, relists). Each overlaps with a holder pause (so a stale
+//! write follows every kind) and, by the seed, a controller kill or a split brain.
+
+use std::time::{Duration, Instant};
+
+use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS};
+use crate::faults::{FaultContext, kill_controller, pause_holder, split_brain};
+use crate::processes::Processes;
+use crate::rng::Rng;
+
+/// The kinds of this module, as [`crate::faults::Fault`] names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HaFault {
+    KillEtcdLeader,
+    PartitionEtcdMinority,
+    PartitionEtcdLeader,
+    LagApiserver,
+    KillApiserver,
+    CompactWhileBehind,
+}
+
+/// Injects `fault` on the control plane while, from half a second in, a holder is
+/// paused past its lease (and, for a seeded third each, the controller replicas are
+/// killed or a second controller runs without election). What it did, for the log.
+pub async fn inject(
+    fault: HaFault,
+    ctx: &FaultContext<'_>,
+    procs: &mut Processes,
+    rng: &mut Rng,
+) -> Result<Option<String>, String> {
+    let span = rng.millis(3000, 6000);
+    let mut overlap_rng = Rng::new(rng.next_u64());
+    let plane = ctx.plane;
+    let (infra, overlap) = tokio::join!(
+        async {
+            match fault {
+                HaFault::KillEtcdLeader => kill_etcd_leader(plane, span).await,
+                HaFault::PartitionEtcdMinority => partition_etcd(plane, false, span, rng).await,
+                HaFault::PartitionEtcdLeader => partition_etcd(plane, true, span, rng).await,
+                HaFault::LagApiserver => lag_apiserver(plane, span, rng).await,
+                HaFault::KillApiserver => kill_apiserver(plane, span, rng).await,
+                HaFault::CompactWhileBehind => compact_while_behind(plane, span, rng).await,
+            }
+        },
+        overlap(ctx, procs, &mut overlap_rng),
+    );
+    // Whatever failed, the links are healed before the next fault.
+    heal_links(plane).await?;
+    Ok(Some(format!("{}; {overlap}", infra?)))
+}
+
+/// The holder pause (and maybe a controller fault) that runs beside each HA fault.
+async fn overlap(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rng) -> String {
+    let also = rng.range(0, 3);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let paused = pause_holder(ctx, procs, rng)
+        .await
+        .map(|p| format!("paused {p}"))
+        .unwrap_or_else(|| "no holder to pause".into());
+    let more = match also {
+        0 => format!(", {}", kill_controller(procs, rng).await),
+        1 => format!(", {}", split_brain(ctx, procs, rng).await),
+        _ => String::new(),
+    };
+    format!("{paused}{more}")
+}
+
+/// Every link passes again and no etcd member refuses another.
+pub async fn heal_links(plane: &ControlPlane) -> Result<(), String> {
+    plane.links("mode * pass").await?;
+    plane.links("refuse etcd-peer-* -").await?;
+    Ok(())
+}
+
+/// The members' IDs (by index) and the leader's index, as the members see it.
+async fn etcd_members(plane: &ControlPlane) -> Result<(Vec<u64>, Option<usize>), String> {
+    let mut ids = Vec::new();
+    let mut leader = 0;
+    for i in 0..ETCD_MEMBERS {
+        let status = plane.etcd_status(i).await?;
+        ids.push(status.member_id);
+        if status.leader != 0 {
+            leader = status.leader;
+        }
+    }
+    let leader_index = ids.iter().position(|id| *id == leader);
+    Ok((ids, leader_index))
+}
+
+/// The leader's index, polled for a few seconds (after a fault, an election may
+/// be under way).
+async fn etcd_leader(plane: &ControlPlane) -> Result<(Vec<u64>, usize), String> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok((ids, Some(leader))) = etcd_members(plane).await {
+            return Ok((ids, leader));
+        }
+        if Instant::now() > until {
+            return Err("etcd has no leader that every member reports".into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// cluster.sh `kill` or `start` of one component (start waits until it is healthy).
+async fn script(plane: &ControlPlane, verb: &'static str, component: String) -> Result<(), String> {
+    let plane = plane.clone();
+    tokio::task::spawn_blocking(move || plane.script(&[verb, &component]))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
+/// `kill_etcd_leader`: SIGKILL the etcd leader; start it again after `span`.
+async fn kill_etcd_leader(plane: &ControlPlane, span: Duration) -> Result<String, String> {
+    let (_, leader) = etcd_leader(plane).await?;
+    script(plane, "kill", format!("etcd-{leader}")).await?;
+    tokio::time::sleep(span).await;
+    let back = Instant::now();
+    script(plane, "start", format!("etcd-{leader}")).await?;
+    let (_, new_leader) = etcd_leader(plane).await?;
+    Ok(format!(
+        "etcd-{leader} killed for {} ms (back in {} ms), etcd-{new_leader} leads",
+        span.as_millis(),
+        back.elapsed().as_millis()
+    ))
+}
+
+/// `partition_etcd_minority` (a follower) and `partition_etcd_leader`: one member
+/// cut off from the two others, both ways, for `span`.
+async fn partition_etcd(
+    plane: &ControlPlane,
+    the_leader: bool,
+    span: Duration,
+    rng: &mut Rng,
+) -> Result<String, String> {
+    let pick = rng.range(0, 2) as usize;
+    let (ids, leader) = etcd_leader(plane).await?;
+    let isolated = if the_leader {
+        leader
+    } else {
+        (0..ETCD_MEMBERS)
+            .filter(|i| *i != leader)
+            .nth(pick)
+            .expect("two followers")
+    };
+    let hex = |i: usize| format!("{:x}", ids[i]);
+    let others: Vec<String> = (0..ETCD_MEMBERS)
+        .filter(|i| *i != isolated)
+        .map(hex)
+        .collect();
+    plane
+        .links(&format!("refuse etcd-peer-{isolated} {}", others.join(",")))
+        .await?;
+    for i in (0..ETCD_MEMBERS).filter(|i| *i != isolated) {
+        plane
+            .links(&format!("refuse etcd-peer-{i} {}", hex(isolated)))
+            .await?;
+    }
+    tokio::time::sleep(span).await;
+    let during = etcd_leader(plane)
+        .await
+        .map(|(_, l)| format!("etcd-{l}"))
+        .unwrap_or_else(|_| "no agreed leader".into());
+    Ok(format!(
+        "etcd-{isolated} ({}) cut off from the others for {} ms, {during} leading at the end",
+        if isolated == leader {
+            "the leader"
+        } else {
+            "a follower"
+        },
+        span.as_millis()
+    ))
+}
+
+/// `lag_apiserver`: one API server's links to every member get a latency of 1 to
+/// 3 s, so its watch cache (and everything it serves) falls that far behind.
+async fn lag_apiserver(
+    plane: &ControlPlane,
+    span: Duration,
+    rng: &mut Rng,
+) -> Result<String, String> {
+    let j = rng.range(0, HA_APISERVERS as u64);
+    let latency = rng.millis(1000, 3000);
+    plane
+        .links(&format!(
+            "mode apiserver-{j}-etcd-* latency {}",
+            latency.as_millis()
+        ))
+        .await?;
+    tokio::time::sleep(span).await;
+    plane
+        .links(&format!("mode apiserver-{j}-etcd-* pass"))
+        .await?;
+    Ok(format!(
+        "kube-apiserver-{j} {} ms behind etcd for {} ms",
+        latency.as_millis(),
+        span.as_millis()
+    ))
+}
+
+/// `kill_apiserver`: SIGKILL one API server; its load balancer sends new
+/// connections to the other until it is started again after `span`.
+async fn kill_apiserver(
+    plane: &ControlPlane,
+    span: Duration,
+    rng: &mut Rng,
+) -> Result<String, String> {
+    let j = rng.range(0, HA_APISERVERS as u64);
+    script(plane, "kill", format!("kube-apiserver-{j}")).await?;
+    tokio::time::sleep(span).await;
+    let back = Instant::now();
+    script(plane, "start", format!("kube-apiserver-{j}")).await?;
+    Ok(format!(
+        "kube-apiserver-{j} down for {} ms (ready {} ms after its start)",
+        span.as_millis(),
+        back.elapsed().as_millis()
+    ))
+}
+
+/// `compact_while_behind`: one API server loses its etcd links (its watch cache
+/// stops where it was), etcd is compacted up to its newest revision, and the links
+/// come back: the server's cache cannot resume its etcd watch, relists, and ends its
+/// watchers, who resume from versions it no longer has (410 Gone) and relist.
+async fn compact_while_behind(
+    plane: &ControlPlane,
+    span: Duration,
+    rng: &mut Rng,
+) -> Result<String, String> {
+    let j = rng.range(0, HA_APISERVERS as u64);
+    plane
+        .links(&format!("mode apiserver-{j}-etcd-* cut"))
+        .await?;
+    // Writes go on through the other server meanwhile.
+    tokio::time::sleep(span / 2).await;
+    let mut compacted = None;
+    for i in 0..ETCD_MEMBERS {
+        if let Ok(status) = plane.etcd_status(i).await {
+            plane.compact(i, status.revision).await?;
+            compacted = Some(status.revision);
+            break;
+        }
+    }
+    let revision = compacted.ok_or("no etcd member answered to be compacted")?;
+    tokio::time::sleep(span / 2).await;
+    plane
+        .links(&format!("mode apiserver-{j}-etcd-* pass"))
+        .await?;
+    Ok(format!(
+        "kube-apiserver-{j} cut from etcd for {} ms, etcd compacted at revision {revision} meanwhile",
+        span.as_millis()
+    ))
+}
