@@ -203,7 +203,7 @@ pub struct FaultContext<'a> {
 }
 
 /// A current holder that is one of our live workers, picked at random.
-async fn pick_holder(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -> Option<String> {
+pub async fn pick_holder(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -> Option<String> {
     pick_grant(ctx, procs, rng).await.map(|g| g.identity)
 }
 
@@ -310,26 +310,26 @@ pub async fn inject(
     Ok(target)
 }
 
-/// `pause_holder`: SIGSTOP one holder past its lease, then SIGCONT.
-pub async fn pause_holder(
+/// `pause_holder`: SIGSTOP one holder past its lease (1.25 to 2.5 durations, a long
+/// GC pause), then SIGCONT.
+async fn pause_holder(
     ctx: &FaultContext<'_>,
     procs: &mut Processes,
     rng: &mut Rng,
 ) -> Option<String> {
-    let lease = Duration::from_secs(LEASE_SECONDS);
     let holder = pick_holder(ctx, procs, rng).await?;
-    let pid = procs
-        .worker_pid(&holder)
-        .expect("picked among live workers");
-    // Past its lease: 1.25 to 2.5 durations, a long GC pause.
-    let pause = rng.millis(
-        lease.as_millis() as u64 * 5 / 4,
-        lease.as_millis() as u64 * 5 / 2,
-    );
+    let lease = Duration::from_secs(LEASE_SECONDS).as_millis() as u64;
+    let pause = rng.millis(lease * 5 / 4, lease * 5 / 2);
+    Some(pause_worker(procs, &holder, pause).await)
+}
+
+/// SIGSTOPs live worker `holder` for `pause`, then SIGCONTs it.
+pub async fn pause_worker(procs: &Processes, holder: &str, pause: Duration) -> String {
+    let pid = procs.worker_pid(holder).expect("picked among live workers");
     signal(pid, libc::SIGSTOP);
     tokio::time::sleep(pause).await;
     signal(pid, libc::SIGCONT);
-    Some(format!("{holder} for {} ms", pause.as_millis()))
+    format!("{holder} for {} ms", pause.as_millis())
 }
 
 /// `flap_leadership`: a silent holder while leadership changes hands, over and over.

@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS};
-use crate::faults::{FaultContext, kill_controller, pause_holder, split_brain};
+use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS, LEASE_SECONDS};
+use crate::faults::{FaultContext, kill_controller, pause_worker, pick_holder, split_brain};
 use crate::processes::Processes;
 use crate::rng::Rng;
 
@@ -24,9 +24,10 @@ pub enum HaFault {
     CompactWhileBehind,
 }
 
-/// Injects `fault` on the control plane while, from half a second in, a holder is
-/// paused past its lease (and, for a seeded third each, the controller replicas are
-/// killed or a second controller runs without election). What it did, for the log.
+/// Injects `fault` on the control plane while a holder, picked just before, is
+/// paused past its lease from the same moment (and, for a seeded third each, the
+/// controller replicas are killed or a second controller runs without election).
+/// What it did, for the log.
 pub async fn inject(
     fault: HaFault,
     ctx: &FaultContext<'_>,
@@ -36,6 +37,16 @@ pub async fn inject(
     let span = rng.millis(3000, 6000);
     let mut overlap_rng = Rng::new(rng.next_u64());
     let plane = ctx.plane;
+    // Picked while the plane is whole (during the fault, reads may hang), waiting
+    // out the moment between a release and the next grant.
+    let mut holder = None;
+    for _ in 0..10 {
+        holder = pick_holder(ctx, procs, &mut overlap_rng).await;
+        if holder.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let (infra, overlap) = tokio::join!(
         async {
             match fault {
@@ -47,7 +58,7 @@ pub async fn inject(
                 HaFault::CompactWhileBehind => compact_while_behind(plane, span, rng).await,
             }
         },
-        overlap(ctx, procs, &mut overlap_rng),
+        overlap(ctx, procs, holder, &mut overlap_rng),
     );
     // Whatever failed, the links are healed before the next fault.
     heal_links(plane).await?;
@@ -55,13 +66,21 @@ pub async fn inject(
 }
 
 /// The holder pause (and maybe a controller fault) that runs beside each HA fault.
-async fn overlap(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rng) -> String {
+async fn overlap(
+    ctx: &FaultContext<'_>,
+    procs: &mut Processes,
+    holder: Option<String>,
+    rng: &mut Rng,
+) -> String {
     let also = rng.range(0, 3);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let paused = pause_holder(ctx, procs, rng)
-        .await
-        .map(|p| format!("paused {p}"))
-        .unwrap_or_else(|| "no holder to pause".into());
+    // 2.5 to 4 durations: long enough that the next holder, whose server may be
+    // the one failing, is granted and writes before this one wakes.
+    let lease = Duration::from_secs(LEASE_SECONDS).as_millis() as u64;
+    let pause = rng.millis(lease * 5 / 2, lease * 4);
+    let paused = match holder {
+        Some(holder) => format!("paused {}", pause_worker(procs, &holder, pause).await),
+        None => "no holder to pause".into(),
+    };
     let more = match also {
         0 => format!(", {}", kill_controller(procs, rng).await),
         1 => format!(", {}", split_brain(ctx, procs, rng).await),
