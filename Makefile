@@ -252,7 +252,7 @@ check:
 # examples. (The chart's rendering tests need no cluster either, but helm, which
 # `make controlplane-bins` builds: they run in `make test`.) `make test` runs them too.
 unit-test:
-	cargo test --locked --lib --bins --test input_properties --test fence --test image_context
+	cargo test --locked --lib --bins --test input_properties --test fence --test image_context --test proxy
 	cargo test --locked --doc
 
 # The conformance suite's drivers: the Go client's, and the venv the Python one runs in
