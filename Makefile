@@ -248,7 +248,7 @@ check:
 
 # The tests that need no cluster and no database, in seconds once built: the unit tests,
 # the grant decision's model and property tests (which drive the real controller loop),
-# the parsers' property tests, the file fence, the image's build context, and the doc
+# the parsers' property tests, the file fence, the fault proxy, the image's build context, and the doc
 # examples. (The chart's rendering tests need no cluster either, but helm, which
 # `make controlplane-bins` builds: they run in `make test`.) `make test` runs them too.
 unit-test:
