@@ -203,7 +203,11 @@ pub struct FaultContext<'a> {
 }
 
 /// A current holder that is one of our live workers, picked at random.
-pub async fn pick_holder(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -> Option<String> {
+pub async fn pick_holder(
+    ctx: &FaultContext<'_>,
+    procs: &Processes,
+    rng: &mut Rng,
+) -> Option<String> {
     pick_grant(ctx, procs, rng).await.map(|g| g.identity)
 }
 
