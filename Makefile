@@ -274,6 +274,7 @@ test: cluster databases conformance-go-driver python-venv go-client-check python
 	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
 	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench agent -- --rounds 4 --leases 3 --steady 2 --out target/bench-smoke
+	cargo test --locked --bench ha -- --rounds 3 --failovers 1 --out target/bench-smoke
 	cp docs/performance.md target/bench-smoke/performance.md
 	cargo test --locked --bench report -- --dir target/bench-smoke --smoke \
 		--publish target/bench-smoke/performance.md
@@ -287,7 +288,9 @@ endif
 # Benchmark figures (programs that print figures, not tests), in one run on the local
 # control plane. Each part writes BENCH_DIR/<source>.json in the schema of
 # benches/common/schema.rs: palisade-handover (benches/handover.rs, BENCH_ARGS), clientgo
-# and rust-peers-* (the peers below), scale (benches/scale/, SCALE_ARGS); then
+# and rust-peers-* (the peers below), scale (benches/scale/, SCALE_ARGS), ha (benches/ha/:
+# handovers across the two API servers of an HA plane of its own, and the failover gap
+# when the leader's API server dies; HA_BENCH_ARGS); then
 # benches/report.rs merges them into results.json, results.md (printed) and
 # handover-latency.png. A part that fails is missing from the report ("not measured")
 # and fails the target once the report is written.
@@ -296,10 +299,10 @@ BENCH_DIR := target/bench
 # with the old 15s/10s/2s timings) at 1,000; a storm at each size.
 SCALE_ARGS ?=
 RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
-bench: cluster databases
+bench: cluster databases linkproxy
 	@rm -f $(BENCH_DIR)/*.json $(BENCH_DIR)/results.md $(BENCH_DIR)/*.png
 	@mkdir -p $(BENCH_DIR)
-	cargo bench --locked --no-run --bench handover --bench agent --bench report
+	cargo bench --locked --no-run --bench handover --bench agent --bench report --bench ha
 	@failed=""; SECONDS=0; \
 	cargo bench --locked --bench handover -- --out $(BENCH_DIR) $(BENCH_ARGS) || failed="$$failed handover"; \
 	echo "make bench: palisade handover done at $$SECONDS s"; \
@@ -313,6 +316,8 @@ bench: cluster databases
 	echo "make bench: fencing in PostgreSQL and Redis done at $$SECONDS s"; \
 	cargo bench --locked --bench agent -- --out $(BENCH_DIR) $(AGENT_BENCH_ARGS) || failed="$$failed agent"; \
 	echo "make bench: the agent against the library done at $$SECONDS s"; \
+	cargo bench --locked --bench ha -- --out $(BENCH_DIR) $(HA_BENCH_ARGS) || failed="$$failed ha"; \
+	echo "make bench: the HA control plane done at $$SECONDS s"; \
 	publish=""; [ -n "$$failed" ] || publish="--publish docs/performance.md"; \
 	cargo bench --locked --bench report -- --dir $(BENCH_DIR) $$publish || failed="$$failed report"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi

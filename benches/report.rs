@@ -1,10 +1,10 @@
 //! Merges the benchmark outputs of one `make bench` run into one report.
 //!
 //! Reads every `DIR/*.json` in the schema of `benches/common/schema.rs` (palisade's
-//! handover bench, the client-go and Rust peers, the scale bench) and writes
-//! `DIR/results.json` (every figure with its unit, the versions used, the machine),
-//! `DIR/results.md` (printed too: the handover latency table, the failover and storm
-//! tables, other figures, the targets met or missed) and `DIR/handover-latency.png`
+//! handover bench, the client-go and Rust peers, the scale bench, the HA bench) and
+//! writes `DIR/results.json` (every figure with its unit, the versions used, the
+//! machine), `DIR/results.md` (printed too: the handover latency table, the failover,
+//! storm and HA tables, other figures, the targets met or missed) and `DIR/handover-latency.png`
 //! (the handover latency distributions, one panel per scenario). `cargo bench --bench report -- [--dir DIR] [--smoke]`; `make test`
 //! runs it on the smoke outputs so it cannot rot.
 //!
@@ -22,18 +22,19 @@ use std::path::{Path, PathBuf};
 use plotters::coord::combinators::{BindKeyPoints, IntoLogRange};
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
-use schema::{Figure, Latency, OTHER_SCENARIOS, SCENARIOS, Source};
+use schema::{Figure, HA_LEADER_MOVED, HA_ROWS, Latency, OTHER_SCENARIOS, SCENARIOS, Source};
 use serde_json::json;
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 const OUTPUTS: [&str; 3] = ["results.json", "results.md", "handover-latency.png"];
 /// The sources `make bench` is meant to produce; a missing one is named in the report.
-const EXPECTED: [&str; 5] = [
+const EXPECTED: [&str; 6] = [
     "palisade-handover",
     "palisade-agent",
     "clientgo",
     "rust-peers",
     "scale",
+    "ha",
 ];
 
 /// Merges the outputs of one `make bench` run into results.json, results.md and the chart.
@@ -762,9 +763,10 @@ fn markdown(
 
     md += &failover_table(all_latency, figures);
     md += &storm_table(all_latency, figures);
+    md += &ha_table(all_latency, figures);
 
     md += "\n## Other figures\n\n| system (config) | figure | value | unit |\n|---|---|---|---|\n";
-    for f in figures {
+    for f in figures.iter().filter(|f| !f.name.starts_with("ha_")) {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} |",
@@ -932,6 +934,65 @@ fn storm_table(latency: &[Latency], figures: &[Figure]) -> String {
             val("storm_floor_status_writes_per_s"),
             val("storm_regrants_per_s"),
             val("storm_fraction_of_floor"),
+        );
+    }
+    md
+}
+
+/// The HA control plane (benches/ha): release handovers across the two API servers,
+/// either way, and the failover gap when the leading replica's API server dies, with
+/// who led afterwards. Its figures (`ha_*`) are here, not among the other figures.
+fn ha_table(latency: &[Latency], figures: &[Figure]) -> String {
+    let mut md = String::from(
+        "\n## HA control plane\n\nThree etcd members and two kube-apiservers, each with its own watch cache, \
+         behind two load balancers (cluster.sh HA=1). Release handover: from the holder's release to the \
+         waiter's acquire returning, holder and waiter on different API servers. Failover: from SIGKILL of \
+         the API server the leading replica reaches (through lb-0) to the waiter's grant; the holder releases \
+         right after the kill; the standby, holder and waiter on the other API server (lb-1). Milliseconds, \
+         nearest rank.\n\n\
+         | measurement | p50 | p99 | max | n |\n|---|---|---|---|---|\n",
+    );
+    let what = [
+        "release handover: holder (and controller) on apiserver-0 → waiter on apiserver-1",
+        "release handover: holder on apiserver-1 → waiter (and controller) on apiserver-0",
+        "failover: leader's API server SIGKILLed → waiter's grant",
+    ];
+    for ((scenario, config), what) in HA_ROWS.into_iter().zip(what) {
+        let found = latency
+            .iter()
+            .find(|l| l.system == "palisade" && l.scenario == scenario && l.config == config);
+        match found {
+            Some(l) if l.n > 0 => {
+                let _ = writeln!(
+                    md,
+                    "| {what} | {} | {} | {} | {} |",
+                    ms(l.p50),
+                    ms(l.p99),
+                    ms(l.max),
+                    l.n
+                );
+            }
+            Some(l) => {
+                let _ = writeln!(md, "| {what} | n/a: {} | | | 0 |", l.note);
+            }
+            None => {
+                let _ = writeln!(md, "| {what} | not measured | | | |");
+            }
+        }
+    }
+    if let Some(f) = figure(figures, "palisade", "ha", "ha_failover_apiserver_gone_mean") {
+        let _ = writeln!(
+            md,
+            "\nThe killed API server's process was gone {} ms (mean) after the kill started; the holder \
+             released then.",
+            ms(f.value)
+        );
+    }
+    if let Some(f) = figure(figures, "palisade", "ha", HA_LEADER_MOVED) {
+        let _ = writeln!(
+            md,
+            "\nLeadership after the kill: {:.0} ({}), {}.",
+            f.value, f.name, f.note
         );
     }
     md

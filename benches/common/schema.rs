@@ -10,9 +10,9 @@
 //!    "value": 0.1, "unit": "req/s", "note": ""}]}
 //! ```
 //!
-//! Scenarios are exactly [`SCENARIOS`] (the handover table) and [`OTHER_SCENARIOS`]
-//! (failover, storm); one that does not apply has `n = 0` and a note saying why.
-//! Percentiles are nearest-rank.
+//! Scenarios are exactly [`SCENARIOS`] (the handover table), [`OTHER_SCENARIOS`]
+//! (failover, storm) and those of [`HA_ROWS`] (the HA control plane); one that does
+//! not apply has `n = 0` and a note saying why. Percentiles are nearest-rank.
 //!
 //! No figure is clamped. `expiry-past-duration` and `storm-past-duration` samples are signed: a handover that
 //! landed before the duration (as the bench saw the grant) is negative. A server-side
@@ -32,6 +32,21 @@ pub const SCENARIOS: [&str; 3] = ["release", "pod-deletion", "expiry-past-durati
 /// `storm-past-duration` (N holders silent at once: each re-grant past its due
 /// instant, signed; config = N).
 pub const OTHER_SCENARIOS: [&str; 2] = ["failover", "storm-past-duration"];
+
+/// The rows of the HA bench (`benches/ha/`, source `ha`), each (scenario, config),
+/// with a table of their own: release handovers across the two API servers of the
+/// replicated control plane, holder on kube-apiserver-0 (with the controller) and
+/// waiter on -1, then back; and the failover gap from SIGKILL of the leading
+/// replica's API server to the waiter's grant.
+pub const HA_ROWS: [(&str, &str); 3] = [
+    ("ha-release", "holder-0-waiter-1"),
+    ("ha-release", "holder-1-waiter-0"),
+    ("ha-apiserver-failover", "leader-apiserver-killed"),
+];
+
+/// The HA bench's figure: in how many failover rounds the standby led afterwards
+/// (its note says, per round, who led).
+pub const HA_LEADER_MOVED: &str = "ha_failover_leader_moved_rounds";
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Source {
@@ -171,10 +186,16 @@ impl Source {
             }
             if !SCENARIOS.contains(&l.scenario.as_str())
                 && !OTHER_SCENARIOS.contains(&l.scenario.as_str())
+                && !HA_ROWS.iter().any(|(s, _)| *s == l.scenario)
             {
                 out.push(format!(
-                    "{at}: scenario not one of {SCENARIOS:?} or {OTHER_SCENARIOS:?}"
+                    "{at}: scenario not one of {SCENARIOS:?}, {OTHER_SCENARIOS:?} or {HA_ROWS:?}"
                 ));
+            }
+            if HA_ROWS.iter().any(|(s, _)| *s == l.scenario)
+                && !HA_ROWS.contains(&(l.scenario.as_str(), l.config.as_str()))
+            {
+                out.push(format!("{at}: not one of the HA rows {HA_ROWS:?}"));
             }
             if !UNITS.contains(&l.unit.as_str()) {
                 out.push(format!("{at}: unit {:?} not one of {UNITS:?}", l.unit));
