@@ -212,14 +212,18 @@ pub async fn pick_holder(
 }
 
 /// A grant held by one of our live workers.
-struct HeldGrant {
-    identity: String,
-    lease: String,
-    claim_uid: String,
+pub struct HeldGrant {
+    pub identity: String,
+    pub lease: String,
+    pub claim_uid: String,
 }
 
 /// [`pick_holder`], with the Lease and the claim.
-async fn pick_grant(ctx: &FaultContext<'_>, procs: &Processes, rng: &mut Rng) -> Option<HeldGrant> {
+pub async fn pick_grant(
+    ctx: &FaultContext<'_>,
+    procs: &Processes,
+    rng: &mut Rng,
+) -> Option<HeldGrant> {
     let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
     let mut holders = Vec::new();
     for lease in ctx.leases {

@@ -8,9 +8,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS, LEASE_SECONDS};
-use crate::faults::{FaultContext, kill_controller, pause_worker, pick_holder, split_brain};
-use crate::processes::Processes;
+use kube::api::Api;
+use palisade::api::Lease;
+
+use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
+use crate::faults::{FaultContext, HeldGrant, kill_controller, pick_grant, split_brain};
+use crate::processes::{Processes, holds_long, signal};
 use crate::rng::Rng;
 
 /// The kinds of this module, as [`crate::faults::Fault`] names them.
@@ -37,16 +40,8 @@ pub async fn inject(
     let span = rng.millis(3000, 6000);
     let mut overlap_rng = Rng::new(rng.next_u64());
     let plane = ctx.plane;
-    // Picked while the plane is whole (during the fault, reads may hang), waiting
-    // out the moment between a release and the next grant.
-    let mut holder = None;
-    for _ in 0..10 {
-        holder = pick_holder(ctx, procs, &mut overlap_rng).await;
-        if holder.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Picked while the plane is whole (during the fault, reads may hang).
+    let held = pick_for_overlap(ctx, procs, &mut overlap_rng).await;
     let (infra, overlap) = tokio::join!(
         async {
             match fault {
@@ -58,27 +53,69 @@ pub async fn inject(
                 HaFault::CompactWhileBehind => compact_while_behind(plane, span, rng).await,
             }
         },
-        overlap(ctx, procs, holder, &mut overlap_rng),
+        overlap(ctx, procs, held, &mut overlap_rng),
     );
     // Whatever failed, the links are healed before the next fault.
     heal_links(plane).await?;
     Ok(Some(format!("{}; {overlap}", infra?)))
 }
 
+/// A grant to pause beside an HA fault, waiting out the moment between a release
+/// and the next grant: a long holder's if one holds within two seconds (it has
+/// writes ahead of it when it wakes; a short holder may only have its release).
+async fn pick_for_overlap(
+    ctx: &FaultContext<'_>,
+    procs: &Processes,
+    rng: &mut Rng,
+) -> Option<HeldGrant> {
+    let mut any = None;
+    for _ in 0..10 {
+        if let Some(held) = pick_grant(ctx, procs, rng).await {
+            if holds_long(&held.identity) {
+                return Some(held);
+            }
+            any.get_or_insert(held);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    any
+}
+
 /// The holder pause (and maybe a controller fault) that runs beside each HA fault.
 async fn overlap(
     ctx: &FaultContext<'_>,
     procs: &mut Processes,
-    holder: Option<String>,
+    held: Option<HeldGrant>,
     rng: &mut Rng,
 ) -> String {
     let also = rng.range(0, 3);
-    // 2.5 to 4 durations: long enough that the next holder, whose server may be
-    // the one failing, is granted and writes before this one wakes.
+    // 2.5 to 4 durations, and then until its Lease has another holder (at most
+    // 15 s more) and half a second for that holder's first write: a fault that
+    // stalls the plane also stalls the next grant, and a holder that woke first
+    // would write with a token that is still the newest.
     let lease = Duration::from_secs(LEASE_SECONDS).as_millis() as u64;
     let pause = rng.millis(lease * 5 / 2, lease * 4);
-    let paused = match holder {
-        Some(holder) => format!("paused {}", pause_worker(procs, &holder, pause).await),
+    let paused = match held {
+        Some(held) => {
+            let pid = procs
+                .worker_pid(&held.identity)
+                .expect("picked among live workers");
+            let stopped = Instant::now();
+            signal(pid, libc::SIGSTOP);
+            tokio::time::sleep(pause).await;
+            let moved_on = lease_moved_on(ctx, &held).await;
+            signal(pid, libc::SIGCONT);
+            format!(
+                "paused {} for {} ms{}",
+                held.identity,
+                stopped.elapsed().as_millis(),
+                if moved_on {
+                    ""
+                } else {
+                    " (its Lease had no new holder)"
+                }
+            )
+        }
         None => "no holder to pause".into(),
     };
     let more = match also {
@@ -87,6 +124,25 @@ async fn overlap(
         _ => String::new(),
     };
     format!("{paused}{more}")
+}
+
+/// Waits (at most 15 s) until `held`'s Lease names another holder, then half a
+/// second more. False: it never did.
+async fn lease_moved_on(ctx: &FaultContext<'_>, held: &HeldGrant) -> bool {
+    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        if let Ok(Ok(lease)) =
+            tokio::time::timeout(Duration::from_secs(2), api.get(&held.lease)).await
+            && let Some(holder) = lease.status.and_then(|s| s.holder)
+            && holder.claim_uid != held.claim_uid
+        {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
 }
 
 /// Every link passes again and no etcd member refuses another.

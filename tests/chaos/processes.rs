@@ -187,7 +187,11 @@ impl Processes {
             seed: self.worker_template.seed ^ ((n as u64 + 1) * 0x9E37_79B9),
             // Every other worker holds its grants for several lease durations, so
             // renewals (and the timing contract) matter, not only short holds.
-            writes_per_grant: if n % 2 == 1 { LONG_HOLD_WRITES } else { 3 },
+            writes_per_grant: if holds_long(&identity) {
+                LONG_HOLD_WRITES
+            } else {
+                3
+            },
         };
         let log = std::fs::File::create(self.out.join(format!("worker-{identity}.log")))
             .expect("worker log");
@@ -255,6 +259,15 @@ impl Drop for Processes {
             let _ = child.wait();
         }
     }
+}
+
+/// Whether worker `identity` (`w<n>`) holds its grants for several lease durations
+/// (every other worker, the odd ones), writing many times while it holds.
+pub fn holds_long(identity: &str) -> bool {
+    identity
+        .strip_prefix('w')
+        .and_then(|n| n.parse::<u64>().ok())
+        .is_some_and(|n| n % 2 == 1)
 }
 
 pub fn signal(pid: i32, sig: i32) {
