@@ -132,7 +132,7 @@ async fn run(plane: &Plane, args: &Args) -> Result<Outcome, String> {
     plane.script(&["down"], false).await?;
     plane.script(&["up"], true).await?;
     let admin = plane.client("kubeconfig").await?;
-    plane::apply_crds(&admin).await?;
+    support::apply_crds(&admin, "palisade-bench-ha").await?;
     plane::create_namespace(&admin, NS).await?;
     let kubernetes = admin
         .apiserver_version()

@@ -7,11 +7,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, CustomResourceExt, ResourceExt};
-use palisade::api::{Lease, LeaseClaim};
+use kube::{Client, Config};
 use serde_json::json;
 
 /// The HA plane's ports (their layout: cluster.sh): etcd on B+0..2, the link proxy's
@@ -187,33 +185,6 @@ fn running(stat: &Path) -> bool {
         .rsplit_once(')')
         .and_then(|(_, rest)| rest.trim_start().chars().next());
     !matches!(state, Some('Z' | 'X') | None)
-}
-
-/// The CRDs, applied and established (as tests/chaos/cluster.rs does).
-pub async fn apply_crds(admin: &Client) -> Result<(), String> {
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for crd in [Lease::crd(), LeaseClaim::crd()] {
-        let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply("palisade-bench-ha").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .map_err(|e| format!("applying CRD {name}: {e}"))?;
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            kube::runtime::wait::await_condition(
-                crds.clone(),
-                &name,
-                kube::runtime::wait::conditions::is_crd_established(),
-            ),
-        )
-        .await
-        .map_err(|_| format!("CRD {name} not established within 30s"))?
-        .map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 pub async fn create_namespace(admin: &Client, ns: &str) -> Result<(), String> {

@@ -9,10 +9,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, CustomResourceExt, ResourceExt};
-use palisade::api::{Lease, LeaseClaim};
 use palisade::client::LeaseClient;
 use serde_json::json;
 
@@ -204,39 +202,12 @@ pub async fn bring_up(
 /// CRDs, the object-fencing admission policy (rendered from our chart), the
 /// namespace, the Leases and one fenced ConfigMap per Lease.
 async fn set_up(admin: &Client, plane: &ControlPlane, leases: &[String]) -> Result<(), String> {
-    apply_crds(admin).await?;
+    support::apply_crds(admin, "palisade-chaos").await?;
     apply_fencing_policy(plane)?;
     create_namespace(admin).await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
     create_leases(admin, &configmaps, leases).await?;
     wait_policy_active(&configmaps).await
-}
-
-/// The CRDs, applied and established.
-async fn apply_crds(admin: &Client) -> Result<(), String> {
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for crd in [Lease::crd(), LeaseClaim::crd()] {
-        let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply("palisade-chaos").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .map_err(|e| format!("applying CRD {name}: {e}"))?;
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            kube::runtime::wait::await_condition(
-                crds.clone(),
-                &name,
-                kube::runtime::wait::conditions::is_crd_established(),
-            ),
-        )
-        .await
-        .map_err(|_| format!("CRD {name} not established within 30s"))?
-        .map_err(|e| e.to_string())?;
-    }
-    Ok(())
 }
 
 /// The object-fencing admission policy, rendered from our chart and applied.

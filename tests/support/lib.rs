@@ -189,26 +189,42 @@ pub fn pinned_kubernetes_version() -> String {
 pub async fn install_crds() {
     static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     DONE.get_or_init(|| async {
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-        use kube::CustomResourceExt;
-        use kube::api::{Patch, PatchParams};
-        let crds: Api<CustomResourceDefinition> = Api::all(client().await);
-        for crd in [palisade::api::Lease::crd(), palisade::api::LeaseClaim::crd()] {
-            let name = crd.metadata.name.clone().unwrap();
-            crds.patch(&name, &PatchParams::apply("palisade-tests").force(), &Patch::Apply(&crd))
-                .await
-                .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
-            let established = kube::runtime::wait::conditions::is_crd_established();
-            tokio::time::timeout(
-                std::time::Duration::from_secs(30),
-                kube::runtime::wait::await_condition(crds.clone(), &name, established),
-            )
+        apply_crds(&client().await, "palisade-tests")
             .await
-            .unwrap_or_else(|_| panic!("CRD {name} not established within 30s"))
-            .unwrap();
-        }
+            .unwrap_or_else(|e| panic!("{e}"));
     })
     .await;
+}
+
+/// Server-side applies the palisade CRDs as field manager `manager` through `client`
+/// and waits (at most 30 s each) until they are established.
+pub async fn apply_crds(client: &Client, manager: &str) -> Result<(), String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    use kube::api::{Patch, PatchParams};
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in [
+        palisade::api::Lease::crd(),
+        palisade::api::LeaseClaim::crd(),
+    ] {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(
+            &name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .map_err(|e| format!("applying CRD {name}: {e}"))?;
+        let established = kube::runtime::wait::conditions::is_crd_established();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            kube::runtime::wait::await_condition(crds.clone(), &name, established),
+        )
+        .await
+        .map_err(|_| format!("CRD {name} not established within 30s"))?
+        .map_err(|e| format!("waiting for CRD {name}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// The palisade CRDs installed ([`install_crds`]) and a namespace of the test's own.
