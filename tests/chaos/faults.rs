@@ -332,7 +332,7 @@ async fn pause_holder(
 }
 
 /// SIGSTOPs live worker `holder` for `pause`, then SIGCONTs it.
-pub async fn pause_worker(procs: &Processes, holder: &str, pause: Duration) -> String {
+async fn pause_worker(procs: &Processes, holder: &str, pause: Duration) -> String {
     let pid = procs.worker_pid(holder).expect("picked among live workers");
     signal(pid, libc::SIGSTOP);
     tokio::time::sleep(pause).await;

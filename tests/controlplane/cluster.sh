@@ -344,11 +344,8 @@ kill_component() { # component
 }
 
 restart() { # component
-  local c=$1 pid
-  pid_alive "$c" || { log "$c is not running"; exit 1; }
-  pid=$(cat "$STATE_DIR/$c.pid")
-  kill -KILL "$pid"
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  local c=$1
+  kill_component "$c"
   case $c in
     etcd) start_etcd && wait_for etcd "health" etcd_healthy ;;
     kube-apiserver) start_apiserver && wait_for kube-apiserver "/readyz" apiserver_ready ;;
