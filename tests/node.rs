@@ -33,7 +33,7 @@ const RELEASE: &str = "palisade";
 const SYSTEM_NS: &str = "palisade-system";
 const LEDGER_NS: &str = "palisade-ledger";
 const NODE_NAME: &str = "palisade-node";
-const EXAMPLE_IMAGE: &str = "palisade.local/palisade-example:0.1.0";
+const EXAMPLE_IMAGE: &str = "palisade.local/palisade-example:0.2.0";
 /// The example's Lease duration (examples/ledger/ledger.yaml).
 const LEASE_SECONDS: u64 = 5;
 
