@@ -44,6 +44,7 @@ const LEASE_NAME_RULE: &str = "self.metadata.name.size() <= 63 && self.metadata.
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken", description = "fencing token of the current (or last) grant"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Waiting", type_ = "integer", json_path = ".status.waitingCount"),
+    printcolumn(name = "Duration", type_ = "integer", json_path = ".spec.leaseDurationSeconds", description = "seconds a grant lasts without a renewal"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -25,8 +25,9 @@ use support::tools::{kubectl_command, run, text};
 use support::{TestNamespace, WAIT, api_error, setup};
 
 #[tokio::test]
-async fn install_creates_the_objects_and_uninstall_keeps_user_leases_and_crds() {
-    // The CRDs exist already (other tests apply them): helm must tolerate that.
+async fn install_creates_the_objects_and_uninstall_keeps_user_leases() {
+    // The CRDs exist already (other tests apply them) and the release leaves them alone
+    // (crds.enabled=false, Release::install); tests/chart_upgrade.rs installs them.
     let ns = setup("helm-install").await;
     let client = ns.client.clone();
     let release = Release::install(&ns, &[&ns.name], &[]);
@@ -154,12 +155,6 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases_and_crds() 
         .get("users-lease")
         .await
         .expect("helm uninstall keeps the user's Lease");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in ["leases.palisade.dev", "leaseclaims.palisade.dev"] {
-        crds.get(crd)
-            .await
-            .unwrap_or_else(|e| panic!("helm uninstall keeps CRD {crd}: {e}"));
-    }
 }
 
 /// Whether the named object exists.
@@ -282,7 +277,6 @@ async fn rendered_chart_passes_server_side_validation() {
             chart.to_str().unwrap(),
             "--namespace",
             &ns.name,
-            "--include-crds",
         ];
         args.extend_from_slice(extra);
         let rendered = helm_ok(false, &args);

@@ -97,24 +97,90 @@ fn rules(spec: &[(&str, &str, &[&str], &str)]) -> BTreeSet<(String, String, Stri
 #[test]
 fn chart_crds_are_a_byte_identical_copy_of_the_generated_crds() {
     let generated = support::repo_root().join("crds/palisade.dev.yaml");
-    let copy = chart_dir().join("crds/palisade.dev.yaml");
+    let copy = chart_dir().join("files/crds.yaml");
     let a = std::fs::read(&generated).expect("crds/palisade.dev.yaml");
-    let b = std::fs::read(&copy).expect("charts/palisade/crds/palisade.dev.yaml");
+    let b = std::fs::read(&copy).expect("charts/palisade/files/crds.yaml");
     assert!(
         a == b,
-        "{} differs from {}: copy it (cp crds/palisade.dev.yaml charts/palisade/crds/)",
+        "{} differs from {}: run `make crds`",
         copy.display(),
         generated.display()
     );
-    let files: Vec<_> = std::fs::read_dir(chart_dir().join("crds"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        files.len(),
-        1,
-        "charts/palisade/crds holds only the copy: {files:?}"
+    // Helm installs a chart's crds/ directory once and never upgrades it.
+    assert!(
+        !chart_dir().join("crds").exists(),
+        "charts/palisade/crds/ must not exist: the CRDs are templates (templates/crds.yaml)"
     );
+}
+
+/// The rendered CRDs are the generated ones, with the release's labels and, with
+/// crds.keep (the default), the annotation that keeps them on `helm uninstall`.
+#[test]
+fn crds_render_from_the_generated_yaml_and_follow_crds_enabled_and_keep() {
+    let generated = parse_objects(
+        &std::fs::read_to_string(support::repo_root().join("crds/palisade.dev.yaml")).unwrap(),
+    );
+    let crds = |extra: &[&str]| -> Vec<Value> {
+        render("rel", "ns", extra)
+            .into_iter()
+            .filter(|o| o["kind"] == "CustomResourceDefinition")
+            .collect()
+    };
+    let rendered = crds(&[]);
+    assert_eq!(
+        rendered.len(),
+        generated.len(),
+        "one rendered CRD per generated one"
+    );
+    for want in &generated {
+        let name = want["metadata"]["name"].as_str().unwrap();
+        let got = find(&rendered, "CustomResourceDefinition", name);
+        let meta = &got["metadata"];
+        assert_eq!(
+            meta["annotations"]["helm.sh/resource-policy"], "keep",
+            "{name}"
+        );
+        assert_eq!(
+            meta["labels"]["app.kubernetes.io/managed-by"], "Helm",
+            "{name}"
+        );
+        assert_eq!(
+            meta["labels"]["app.kubernetes.io/part-of"], "palisade",
+            "{name}"
+        );
+        // Numbers compare as numbers (the generator writes 1.0, Helm's toYaml 1).
+        let mut got = got.clone();
+        got["metadata"] = json!({"name": name});
+        assert!(
+            same_numbers(&got, want),
+            "the rendered {name} is not the generated one:\n{}",
+            serde_json::to_string_pretty(&got).unwrap()
+        );
+    }
+    for crd in crds(&["--set", "crds.keep=false"]) {
+        assert!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"].is_null(),
+            "crds.keep=false still keeps {}",
+            crd["metadata"]["name"]
+        );
+    }
+    assert!(crds(&["--set", "crds.enabled=false"]).is_empty());
+}
+
+/// JSON equality where 1 and 1.0 are the same number.
+fn same_numbers(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_numbers(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_numbers(v, w)))
+        }
+        _ => a == b,
+    }
 }
 
 #[test]
@@ -150,6 +216,15 @@ fn bad_values_fail_with_a_message_naming_the_value() {
     let chart = chart_dir();
     let cases: &[(&[&str], &[&str])] = &[
         (&["--set", "replicaCount=two"], &["replicaCount"]),
+        (
+            &["--set", "networkPolicy.enabled=true"],
+            &["networkPolicy.apiServer.cidrs is empty"],
+        ),
+        (
+            &["--set-json", "networkPolicy.apiServer.cidrs=[\"10.0.0.1\"]"],
+            &["cidrs"],
+        ),
+        (&["--set", "crds.keep=yes"], &["keep"]),
         (&["--set", "replicas=3"], &["replicas"]),
         (&["--set", "image.pullPolicy=Sometimes"], &["pullPolicy"]),
         (&["--set", "image.digest=latest"], &["digest"]),
@@ -547,6 +622,8 @@ fn rendered_rbac_grants_exactly_the_calls_the_controller_and_clients_make() {
     let role_kinds: Vec<_> = objects
         .iter()
         .filter(|o| o["kind"].as_str().unwrap().contains("Role"))
+        // helm test's own (helm_test_pod_runs_palisade_check_with_its_own_least_privilege_role).
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"] != "test")
         .map(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]))
         .collect();
     assert_eq!(role_kinds.len(), 5, "no other RBAC objects: {role_kinds:?}");
@@ -579,7 +656,11 @@ fn rendered_rbac_grants_exactly_the_calls_the_controller_and_clients_make() {
         "ops",
         &["--set", "controller.leaderElection.enabled=false"],
     );
-    assert!(!single.iter().any(|o| o["kind"] == "Role"));
+    assert!(
+        !single
+            .iter()
+            .any(|o| o["kind"] == "Role" && o["metadata"]["name"] == "palisade-election")
+    );
     let args = &find(&single, "Deployment", "palisade")["spec"]["template"]["spec"]["containers"]
         [0]["args"];
     assert!(
@@ -939,4 +1020,120 @@ fn rendered_api_priority_objects_match_only_the_controller_service_account() {
     );
     let off = render("palisade", "ops", &["--set", "apiPriority.enabled=false"]);
     assert!(names(&off).is_empty(), "{:?}", names(&off));
+}
+
+/// The NetworkPolicy (off by default) lets the controller pods reach only the API
+/// server's endpoints, and only the configured peers reach the admin port.
+#[test]
+fn network_policy_allows_the_api_server_and_the_metrics_scrapers_only() {
+    let off = render("rel", "ns", &[]);
+    assert!(!kinds(&off).contains("NetworkPolicy"), "off by default");
+    let objects = render(
+        "rel",
+        "ns",
+        &[
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set-json",
+            r#"networkPolicy.apiServer.cidrs=["10.0.0.10/32","10.0.0.11/32"]"#,
+            "--set-json",
+            "networkPolicy.apiServer.ports=[6443]",
+            "--set",
+            "controller.adminPort=9090",
+        ],
+    );
+    let policy = &find(&objects, "NetworkPolicy", "rel-palisade")["spec"];
+    let deployment = find(&objects, "Deployment", "rel-palisade");
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in policy["podSelector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &pod_labels[k], v,
+            "the policy selects the controller pods ({k})"
+        );
+    }
+    assert_eq!(policy["policyTypes"], json!(["Ingress", "Egress"]));
+    assert_eq!(
+        policy["egress"],
+        json!([{
+            "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "10.0.0.11/32"}}],
+            "ports": [{"protocol": "TCP", "port": 6443}],
+        }]),
+        "egress: the API server only (no DNS: the in-cluster client uses the Service's address)"
+    );
+    assert_eq!(
+        policy["ingress"],
+        json!([{
+            "ports": [{"protocol": "TCP", "port": 9090}],
+            "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+        }])
+    );
+}
+
+/// `helm test` runs `palisade check` in a restricted pod, with a Role that allows only
+/// what the check does, all of it deleted once the test passes.
+#[test]
+fn helm_test_pod_runs_palisade_check_with_its_own_least_privilege_role() {
+    let objects = render("rel", "ns", &[]);
+    let name = "rel-palisade-test";
+    let pod = find(&objects, "Pod", name);
+    for object in [
+        pod,
+        find(&objects, "ServiceAccount", name),
+        find(&objects, "Role", name),
+        find(&objects, "RoleBinding", name),
+    ] {
+        let annotations = &object["metadata"]["annotations"];
+        assert_eq!(annotations["helm.sh/hook"], "test", "{}", object["kind"]);
+        assert_eq!(
+            annotations["helm.sh/hook-delete-policy"],
+            "before-hook-creation,hook-succeeded"
+        );
+    }
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(
+        container["args"],
+        json!(["check", "--lease", "rel-palisade-check"])
+    );
+    let controller = &find(&objects, "Deployment", "rel-palisade")["spec"]["template"]["spec"];
+    assert_eq!(container["image"], controller["containers"][0]["image"]);
+    assert_eq!(
+        container["securityContext"],
+        controller["containers"][0]["securityContext"]
+    );
+    assert_eq!(
+        pod["spec"]["securityContext"],
+        controller["securityContext"]
+    );
+    let env: BTreeSet<_> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        env,
+        ["POD_NAME", "POD_NAMESPACE", "POD_UID"]
+            .map(String::from)
+            .into(),
+        "the claim is bound to the test pod"
+    );
+    assert_eq!(pod["spec"]["serviceAccountName"], name);
+    assert_eq!(
+        rule_set(find(&objects, "Role", name)),
+        rules(&[
+            (
+                "palisade.dev",
+                "leases",
+                &["create", "get", "list", "watch"],
+                ""
+            ),
+            (
+                "palisade.dev",
+                "leaseclaims",
+                &["create", "get", "list", "watch", "patch", "delete"],
+                ""
+            ),
+            ("", "configmaps", &["create", "get", "patch", "delete"], ""),
+        ])
+    );
 }

@@ -17,6 +17,16 @@ fn checked_in_crds_match_the_rust_types() {
     );
 }
 
+#[test]
+fn the_crd_reference_page_matches_the_crds() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/crd-reference.md");
+    let on_disk = std::fs::read_to_string(path).expect("docs/crd-reference.md exists");
+    assert!(
+        on_disk == support::crd_reference::markdown(),
+        "docs/crd-reference.md is out of date with src/api.rs: run `make crds`"
+    );
+}
+
 /// A claim's status never moves back, whoever writes it (an ex-leader's pass in flight,
 /// two controllers without an election): the API server refuses a status that leaves a
 /// final phase, goes from Granted to Pending, or changes the token, and names the rule.

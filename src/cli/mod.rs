@@ -1,7 +1,7 @@
 //! The command line: `palisade <subcommand>`, also installable as the kubectl plugin
 //! `kubectl-palisade` (feature `cli`).
 //!
-//! One file per subcommand ([`lock`], [`agent`], [`status`], [`fence`],
+//! One file per subcommand ([`lock`], [`agent`], [`status`], [`fence`], [`check`],
 //! [`controller`], [`crds`]); what they share is here: the async runtime, the logging set-up, the
 //! holder identity when none is given, and the duration syntax of the flags. The
 //! logic they run lives in the library ([`crate::client`], [`crate::fence`],
@@ -9,6 +9,7 @@
 //! messages and exit codes.
 
 pub mod agent;
+pub mod check;
 pub mod controller;
 pub mod crds;
 pub mod fence;
@@ -38,6 +39,9 @@ pub struct Cli {
 pub enum Command {
     /// Hold Leases for this pod's applications, behind a local HTTP API (a native sidecar).
     Agent(agent::AgentArgs),
+    /// Check an installation: a Lease is granted a fencing token, and the admission
+    /// policies refuse a stale write and a claim posing as another pod (`helm test`).
+    Check(check::CheckArgs),
     /// Print the CustomResourceDefinitions (Lease, LeaseClaim) as YAML.
     Crds,
     /// Run the lease controller.
@@ -54,6 +58,7 @@ pub enum Command {
 pub fn main(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Agent(args) => agent::run(args),
+        Command::Check(args) => check::run(args),
         Command::Crds => crds::run(),
         Command::Controller(args) => controller::run(args),
         Command::Fence(args) => fence::run(args),

@@ -9,6 +9,7 @@
 //! - `accounts`: ServiceAccounts, their pods and tokens, the client role bound to them
 //! - `tools`: helm and kubectl from PATH, and how a failed process is shown
 //! - `cli`: the `palisade` binary as a process
+//! - `crd_reference`: the CRD reference page (docs/crd-reference.md)
 //! - `proxy`: a TCP proxy to the API server that delays, cuts or black-holes connections
 //! - `linkproxy`: commands to the HA control plane's link proxy (`palisade-linkproxy`)
 //! - `databases`: PostgreSQL and Redis (`make databases`)
@@ -32,6 +33,7 @@ pub mod admission;
 pub mod agent_http;
 pub mod claims;
 pub mod cli;
+pub mod crd_reference;
 pub mod databases;
 pub mod helm;
 pub mod linkproxy;
