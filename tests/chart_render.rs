@@ -1137,3 +1137,64 @@ fn helm_test_pod_runs_palisade_check_with_its_own_least_privilege_role() {
         ])
     );
 }
+
+/// `x.y.z` of a SemVer version without pre-release or build parts (the chart's versions).
+fn release_version(version: &str) -> (u64, u64, u64) {
+    let parts: Vec<u64> = version
+        .split('.')
+        .map(|p| {
+            p.parse()
+                .unwrap_or_else(|_| panic!("version {version:?} is not x.y.z"))
+        })
+        .collect();
+    match parts[..] {
+        [x, y, z] => (x, y, z),
+        _ => panic!("version {version:?} is not x.y.z"),
+    }
+}
+
+fn git(args: &[&str]) -> String {
+    let mut cmd = std::process::Command::new("git");
+    cmd.current_dir(support::repo_root()).args(args);
+    let out = run(cmd, None);
+    assert!(out.status.success(), "git {args:?} failed:\n{}", text(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Every change to the chart comes with a new chart version: against the last released
+/// chart (the newest `chart-v*` tag), a chart that differs has a higher version, and
+/// CHANGELOG.md has an entry for it; the app version is the crate's.
+#[test]
+fn chart_changes_come_with_a_version_bump_and_a_changelog_entry() {
+    let chart = support::helm::chart_field("version");
+    let app = support::helm::chart_field("appVersion");
+    assert_eq!(
+        app,
+        env!("CARGO_PKG_VERSION"),
+        "appVersion is the crate's version"
+    );
+    let tags = git(&["tag", "--list", "chart-v*", "--sort=-v:refname"]);
+    let last = tags.lines().next().unwrap_or_else(|| {
+        panic!(
+            "no chart-v* tag in this clone: each released chart is tagged chart-v<version>, \
+             and this test compares the chart against the last one (git fetch --tags)"
+        )
+    });
+    let released = last.trim_start_matches("chart-v");
+    let changed = git(&["diff", "--name-only", last, "--", "charts/palisade"]);
+    if !changed.trim().is_empty() {
+        assert!(
+            release_version(&chart) > release_version(released),
+            "charts/palisade changed since {last} ({}) but Chart.yaml's version is {chart}: \
+             bump it (SemVer: minor for new values or objects, patch for fixes)",
+            changed.split_whitespace().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let changelog = std::fs::read_to_string(support::repo_root().join("CHANGELOG.md")).unwrap();
+    assert!(
+        changelog.lines().any(|l| l.starts_with("## [")
+            && l.contains(&format!("[{app}]"))
+            && l.contains(&format!("(chart {chart})"))),
+        "CHANGELOG.md has no entry `## [{app}] - <date> (chart {chart})`"
+    );
+}
