@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use palisade::api::Lease;
@@ -49,8 +48,10 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases() {
     assert!(
         status["info"]["notes"]
             .as_str()
-            .is_some_and(|n| n.contains("kind: Lease") && n.contains("palisade lock")),
-        "NOTES tell how to create a Lease and run palisade lock: {}",
+            .is_some_and(|n| n.contains("kind: Lease")
+                && n.contains("palisade lock")
+                && n.contains(&format!("helm test {} -n {}", release.name, ns.name))),
+        "NOTES tell how to check the install, create a Lease and run palisade lock: {}",
         status["info"]["notes"]
     );
 
