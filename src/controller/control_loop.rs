@@ -174,8 +174,16 @@ impl<S: ApiServer> Loop<S> {
         for key in touched {
             self.mark_dirty(key, now);
         }
-        self.metrics.leases.set(self.index.lease_count() as i64);
-        self.metrics.leases_held.set(self.index.held_count() as i64);
+        self.publish_counts();
+    }
+
+    /// The index's running counts, as gauges.
+    fn publish_counts(&self) {
+        let m = &self.metrics;
+        m.leases.set(self.index.lease_count() as i64);
+        m.leases_held.set(self.index.held_count() as i64);
+        m.claims_waiting.set(self.index.waiting_count() as i64);
+        m.longest_queue.set(self.index.longest_queue() as i64);
     }
 
     /// Decides dirty Leases (that have no write in flight) until one needs a write, and
@@ -249,7 +257,7 @@ impl<S: ApiServer> Loop<S> {
         }
         let refreshed = self.index.apply_outcome(&key, outcome.learned, now);
         if outcome.wrote_lease {
-            self.metrics.leases_held.set(self.index.held_count() as i64);
+            self.publish_counts();
         }
         self.metrics
             .mirrors_deferred

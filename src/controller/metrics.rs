@@ -31,6 +31,10 @@ pub struct Metrics {
     pub handover_latency: Histogram,
     pub leases_held: Gauge,
     pub leases: Gauge,
+    /// Claims waiting for a Lease, over all Leases (their `status.waitingCount`).
+    pub claims_waiting: Gauge,
+    /// The most claims waiting for any one Lease.
+    pub longest_queue: Gauge,
     pub is_leader: Gauge,
     pub invalid_objects: Counter,
     /// Events not published because the queue was full (the API server lagging behind).
@@ -43,6 +47,24 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
+        let metrics = Self::unlabelled();
+        // Every `kind` from the start, at 0: a series that first appears at 1 hides its
+        // first write from rate() and increase() (alerts on write errors would miss it).
+        for kind in WriteLabels::KINDS {
+            let _ = metrics.write_conflicts.get_or_create(&WriteLabels { kind });
+            let _ = metrics.write_errors.get_or_create(&WriteLabels { kind });
+        }
+        metrics
+    }
+}
+
+impl WriteLabels {
+    pub const KINDS: [&'static str; 2] = ["lease", "claim"];
+}
+
+impl Metrics {
+    /// The metrics, registered; label families without series yet.
+    fn unlabelled() -> Self {
         let mut registry = Registry::with_prefix("palisade");
         let r = &mut registry;
         Self {
@@ -86,6 +108,16 @@ impl Default for Metrics {
             },
             leases_held: register(r, "leases_held", "Leases that currently have a holder"),
             leases: register(r, "leases", "Leases known to the controller"),
+            claims_waiting: register(
+                r,
+                "claims_waiting",
+                "Claims waiting for a Lease, summed over the Leases' status.waitingCount",
+            ),
+            longest_queue: register(
+                r,
+                "longest_queue",
+                "The most claims waiting for any one Lease (its status.waitingCount)",
+            ),
             is_leader: register(
                 r,
                 "is_leader",
@@ -122,5 +154,25 @@ fn register<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, he
 impl Metrics {
     pub fn encode(&self) -> String {
         admin::encode(&self.registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_write_kind_and_the_queue_gauges_are_exposed_from_the_start() {
+        let text = Metrics::default().encode();
+        for line in [
+            "palisade_write_errors_total{kind=\"lease\"} 0",
+            "palisade_write_errors_total{kind=\"claim\"} 0",
+            "palisade_write_conflicts_total{kind=\"lease\"} 0",
+            "palisade_write_conflicts_total{kind=\"claim\"} 0",
+            "palisade_claims_waiting 0",
+            "palisade_longest_queue 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
     }
 }

@@ -381,6 +381,48 @@ mod mirrors {
         assert!(state.next_write(now).is_none(), "settled: nothing to write");
     }
 
+    /// The queue gauges show the Leases' queues as the loop decides and writes them.
+    #[tokio::test]
+    async fn the_queue_gauges_follow_the_written_lease_statuses() {
+        let mut state = state(4);
+        let now = Instant::now();
+        let gauges = |state: &Loop<Accepting>| {
+            let m = &state.metrics;
+            (m.claims_waiting.get(), m.longest_queue.get())
+        };
+        let claim = |name: &str, lease: &str| {
+            ClaimBuilder::new(name, lease)
+                .uid(&format!("u-{name}"))
+                .resource_version(1)
+                .created_at(&format!("2026-01-01T00:00:{:02}Z", name.len()))
+                .build()
+        };
+        let grant = async |state: &mut Loop<Accepting>, lease: &str| {
+            state.mark_dirty(LeaseKey::new("ns", lease), now);
+            let outcome = state.next_write(now).unwrap().await;
+            assert!(outcome.wrote_lease);
+            state.finish(outcome, now);
+        };
+        for (lease, claims) in [("a", &["h", "w1", "w2"][..]), ("b", &["x", "yy"][..])] {
+            let built = LeaseBuilder::new(lease).uid(lease).resource_version(10);
+            state.index.apply_lease(built.build(), now);
+            for name in claims {
+                state.index.apply_claim(claim(name, lease), now);
+            }
+        }
+        assert_eq!(gauges(&state), (0, 0), "nothing decided yet");
+        grant(&mut state, "a").await;
+        assert_eq!(gauges(&state), (2, 2));
+        grant(&mut state, "b").await;
+        assert_eq!(gauges(&state), (3, 2));
+        // a's holder leaves: w1 takes over, w2 still waits.
+        let mut gone = claim("h", "a");
+        gone.metadata.uid = Some("u-h".into());
+        state.index.delete_claim(&gone);
+        grant(&mut state, "a").await;
+        assert_eq!(gauges(&state), (2, 1));
+    }
+
     #[tokio::test]
     async fn mirrors_take_at_most_half_the_write_slots() {
         let mut state = state(4);

@@ -1,5 +1,6 @@
 //! The index's entries: what it keeps of each Lease name, claim and pod.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -171,18 +172,26 @@ impl LeaseEntry {
     }
 }
 
-/// How many entries have a Lease object, and how many of those a holder.
+/// How many entries have a Lease object, how many of those a holder, and how many
+/// claims wait for them (each Lease's `status.waitingCount`: the queue as last decided).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counts {
     pub leases: usize,
     pub held: usize,
+    pub waiting: usize,
 }
 
 impl Counts {
     pub(super) fn of(entry: &LeaseEntry) -> Counts {
+        let waiting = entry
+            .lease
+            .as_ref()
+            .and_then(|l| l.status.as_ref()?.waiting_count)
+            .map_or(0, |n| usize::try_from(n).unwrap_or(0));
         Counts {
             leases: usize::from(entry.lease.is_some()),
             held: usize::from(entry.holder_since.is_some()),
+            waiting,
         }
     }
 
@@ -190,5 +199,39 @@ impl Counts {
     pub(super) fn replace(&mut self, before: Counts, after: Counts) {
         self.leases = self.leases + after.leases - before.leases;
         self.held = self.held + after.held - before.held;
+        self.waiting = self.waiting + after.waiting - before.waiting;
+    }
+}
+
+/// The running [`Counts`] of all entries, and how many Leases have each queue length,
+/// so that the longest queue is known without walking the index.
+#[derive(Debug, Default)]
+pub(super) struct Totals {
+    pub(super) sum: Counts,
+    /// Queue length (never 0) -> how many Leases have a queue that long.
+    queues: BTreeMap<usize, usize>,
+}
+
+impl Totals {
+    /// Replaces one entry's share `before` with `after`.
+    pub(super) fn replace(&mut self, before: Counts, after: Counts) {
+        self.sum.replace(before, after);
+        if before.waiting == after.waiting {
+            return;
+        }
+        if let Some(n) = self.queues.get_mut(&before.waiting) {
+            *n -= 1;
+            if *n == 0 {
+                self.queues.remove(&before.waiting);
+            }
+        }
+        if after.waiting > 0 {
+            *self.queues.entry(after.waiting).or_default() += 1;
+        }
+    }
+
+    /// The most claims waiting for any one Lease.
+    pub(super) fn longest_queue(&self) -> usize {
+        self.queues.last_key_value().map_or(0, |(len, _)| *len)
     }
 }

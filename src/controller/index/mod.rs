@@ -26,9 +26,9 @@ mod entries;
 mod tests;
 mod watched;
 
-use entries::LeaseEntry;
 pub(crate) use entries::PodEntry;
 pub use entries::{ClaimEntry, Counts, LeaseKey, POD_GRACE, PodProblem};
+use entries::{LeaseEntry, Totals};
 use watched::Relist;
 pub use watched::Watched;
 
@@ -81,7 +81,7 @@ pub struct Index {
     /// (namespace, pod name) -> leases with a claim naming that pod.
     pod_leases: HashMap<(String, String), BTreeSet<LeaseKey>>,
     /// Kept up to date on every change, so the gauges cost nothing per event at 10,000 Leases.
-    counts: Counts,
+    counts: Totals,
     relist: Relist,
 }
 
@@ -114,11 +114,21 @@ impl Index {
     }
 
     pub fn lease_count(&self) -> usize {
-        self.counts.leases
+        self.counts.sum.leases
     }
 
     pub fn held_count(&self) -> usize {
-        self.counts.held
+        self.counts.sum.held
+    }
+
+    /// Claims waiting, summed over the Leases' `status.waitingCount`.
+    pub fn waiting_count(&self) -> usize {
+        self.counts.sum.waiting
+    }
+
+    /// The most claims waiting for any one Lease (its `status.waitingCount`).
+    pub fn longest_queue(&self) -> usize {
+        self.counts.longest_queue()
     }
 
     /// The counts recomputed from every entry; tests check the running ones against it.
@@ -128,6 +138,16 @@ impl Index {
             sum.replace(Counts::default(), Counts::of(e));
             sum
         })
+    }
+
+    /// [`Index::longest_queue`] recomputed from every entry.
+    #[cfg(test)]
+    pub fn longest_queue_by_walking(&self) -> usize {
+        self.leases
+            .values()
+            .map(|e| Counts::of(e).waiting)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The index's own copy of `key` when it has one, so copies share their strings.

@@ -127,3 +127,51 @@ fn a_relist_forgets_what_it_did_not_deliver_of_its_own_kind_only() {
     assert_eq!(index.lease_count(), 0);
     assert_eq!(index.counts_by_walking(), Counts::default());
 }
+
+#[test]
+fn the_queue_counts_follow_the_leases_waiting_counts_without_a_walk() {
+    let now = Instant::now();
+    let mut index = Index::default();
+    let lease = |name: &str, rv: u64, waiting: i64| {
+        LeaseBuilder::new(name)
+            .uid(&format!("L{name}"))
+            .resource_version(rv)
+            .waiting_count(waiting)
+            .build()
+    };
+    let check = |index: &Index, waiting: usize, longest: usize| {
+        assert_eq!(
+            (index.waiting_count(), index.longest_queue()),
+            (waiting, longest)
+        );
+        assert_eq!(index.counts_by_walking().waiting, waiting);
+        assert_eq!(index.longest_queue_by_walking(), longest);
+    };
+    check(&index, 0, 0);
+    index.apply_lease(lease("a", 1, 3), now);
+    index.apply_lease(lease("b", 1, 3), now);
+    index.apply_lease(lease("c", 1, 1), now);
+    check(&index, 7, 3);
+    // One of the two longest shrinks: the other is still the longest.
+    index.apply_lease(lease("a", 2, 0), now);
+    check(&index, 4, 3);
+    // The longest shrinks below the next one.
+    index.apply_lease(lease("b", 2, 2), now);
+    check(&index, 3, 2);
+    // An older event of b changes nothing.
+    index.apply_lease(lease("b", 1, 9), now);
+    check(&index, 3, 2);
+    // Deleted, and gone while the watch was down.
+    index.delete_lease(&lease("b", 2, 2));
+    check(&index, 1, 1);
+    index.handle(Event::<Lease>::Init, now);
+    index.handle(Event::InitApply(lease("a", 2, 0)), now);
+    index.handle(Event::<Lease>::InitDone, now);
+    check(&index, 0, 0);
+    // Re-created under the same name before the old one's delete event arrived.
+    index.apply_lease(lease("d", 1, 5), now);
+    let mut recreated = lease("d", 7, 2);
+    recreated.metadata.uid = Some("Ld-2".into());
+    index.apply_lease(recreated, now);
+    check(&index, 2, 2);
+}
