@@ -8,19 +8,21 @@
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1,
-#                       and the node (kube-scheduler, containerd, kubelet; NODE=0: without it);
+#                       the image registry on 127.0.0.1:REGISTRY_PORT (crane, blobs in the cluster's
+#                       state), and the node (kube-scheduler, containerd, kubelet; NODE=0: without it);
 #                       HA=1: three etcd members and two kube-apiservers behind a link proxy, no node
 #                       (ports and use: tests/controlplane/cluster.sh)
 #   make node-deps      what the node needs: containerd/runc/CNI packages, kubelet, the pause image
-#   make image-local    the images without a Docker engine, imported into the node
+#   make image-local    the images without a Docker engine, pushed to the registry (the kubelet pulls them)
+#   make chart          helm package charts/palisade into target/charts/, helm push to oci://<registry>/charts
 #   make demo-cluster   the fencing story with real pods on the node
 #   make cluster-down   stop it and remove its state (and the databases')
 #   make databases      start (or reuse) PostgreSQL and Redis on 127.0.0.1 (PG_PORT, REDIS_PORT)
 #   make check          cargo fmt --check, clippy -D warnings, each feature set builds, cargo doc -D warnings
-#   make crds           regenerate crds/ (and the chart's copy) from the Rust types
+#   make crds           regenerate crds/, the chart's copy and docs/crd-reference.md from the Rust types
 #   make chart-lint     helm lint --strict of charts/palisade
+#   make promtool       promtool (Prometheus), which checks the chart's alerts and dashboard (make test builds it)
 #   make image          build the container image (needs a Docker engine)
-#   make image-local    the same image (and the example-workload image) without a daemon
 #   make conformance    every way to hold a Lease through one black-box suite (tests/conformance/)
 #   make go-client-check, python-client-check   the thin clients' tests that need no agent
 #   make example-go-check, example-python-check the examples/ that use them, as pods on the node
@@ -40,6 +42,8 @@ K8S_VERSION := $(call gomod_version,k8s.io/kubernetes,tests/controlplane/kube/go
 K8S_MINOR := $(word 2,$(subst ., ,$(K8S_VERSION)))
 ETCD_VERSION := $(call gomod_version,go.etcd.io/etcd/server/v3,tests/controlplane/etcd/go.mod)
 HELM_VERSION := $(call gomod_version,helm.sh/helm/v3,tests/controlplane/helm/go.mod)
+PROMETHEUS_VERSION := $(call gomod_version,github.com/prometheus/prometheus,tests/controlplane/promtool/go.mod)
+CRANE_VERSION := $(call gomod_version,github.com/google/go-containerregistry,tests/controlplane/registry/go.mod)
 
 # Cache directories are keyed by version and by a hash of the files the build reads, not
 # by file times: a fresh clone's files are all newer than the cache, yet build the same.
@@ -47,10 +51,18 @@ content_key = $(shell cat $(1) | sha256sum | cut -c1-12)
 KUBE_BIN := $(CACHE_DIR)/kubernetes-$(K8S_VERSION)-$(call content_key,tests/controlplane/kube/go.mod tests/controlplane/kube/go.sum)
 ETCD_BIN := $(CACHE_DIR)/etcd-$(ETCD_VERSION)-$(call content_key,tests/controlplane/etcd/go.mod tests/controlplane/etcd/go.sum tests/controlplane/etcd/main.go)
 HELM_BIN := $(CACHE_DIR)/helm-$(HELM_VERSION)-$(call content_key,tests/controlplane/helm/go.mod tests/controlplane/helm/go.sum)
+PROMTOOL_BIN := $(CACHE_DIR)/promtool-$(PROMETHEUS_VERSION)-$(call content_key,tests/controlplane/promtool/go.mod tests/controlplane/promtool/go.sum)
+# tests/chart_monitoring.rs runs it (promtool test rules, check rules).
+export PROMTOOL := $(PROMTOOL_BIN)/promtool
+CRANE_BIN := $(CACHE_DIR)/crane-$(CRANE_VERSION)-$(call content_key,tests/controlplane/registry/go.mod tests/controlplane/registry/go.sum)
 export PALISADE_BIN_DIR := $(CACHE_DIR)/bin-k8s-$(K8S_VERSION)-etcd-$(ETCD_VERSION)-helm-$(HELM_VERSION)
 
 CLUSTER_DIR := $(CURDIR)/target/cluster
 export KUBECONFIG_TEST := $(CLUSTER_DIR)/kubeconfig
+# The cluster's image registry (cluster.sh starts it): make image-local and make chart
+# push to it, the node pulls from it, the tests find it here.
+export REGISTRY_PORT ?= 15005
+export PALISADE_TEST_REGISTRY := 127.0.0.1:$(REGISTRY_PORT)
 
 GO_BUILD := CGO_ENABLED=0 go build -trimpath
 KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
@@ -58,7 +70,7 @@ KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION)
 	-X k8s.io/component-base/version.gitTreeState=clean
 
 CONTROLPLANE_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kube-controller-manager $(KUBE_BIN)/kubectl \
-	$(ETCD_BIN)/etcd $(HELM_BIN)/helm
+	$(ETCD_BIN)/etcd $(HELM_BIN)/helm $(CRANE_BIN)/crane
 
 # --- the node (NODE=0: control plane only) ---------------------------------------
 # HA=1: the replicated control plane (cluster.sh), which has no node.
@@ -77,7 +89,7 @@ endif
 
 .PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test check crds cluster cluster-down cluster-status \
-	controlplane-bins linkproxy node-deps node-packages image-local demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
+	controlplane-bins linkproxy node-deps node-packages image-local chart demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
 	conformance
 
 all: build
@@ -114,6 +126,30 @@ $(HELM_BIN)/helm:
 	@echo "building helm $(HELM_VERSION) (cached in $(@D))"
 	cd tests/controlplane/helm && $(GO_BUILD) \
 		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" -o $@.tmp helm.sh/helm/v3/cmd/helm
+	mv $@.tmp $@
+
+# promtool, for the chart's PrometheusRule and dashboard (tests/chart_monitoring.rs). The
+# tag remove_all_sd leaves out Prometheus' service-discovery plugins (AWS, Azure, GCE,
+# Consul, ...; plugins/ in its module), which rule tests never use: ~2-4 min cold on 2 cores.
+.PHONY: promtool
+promtool: $(PROMTOOL)
+
+$(PROMTOOL_BIN)/promtool:
+	@mkdir -p $(@D)
+	@echo "building promtool $(PROMETHEUS_VERSION) (cached in $(@D))"
+	cd tests/controlplane/promtool && $(GO_BUILD) -tags remove_all_sd \
+		-ldflags "-s -w -X github.com/prometheus/common/version.Version=$(PROMETHEUS_VERSION)" \
+		-o $@.tmp github.com/prometheus/prometheus/cmd/promtool
+	mv $@.tmp $@
+
+# crane: the cluster's image registry (`crane registry serve`, cluster.sh) and the pushes
+# of make image-local.
+$(CRANE_BIN)/crane:
+	@mkdir -p $(@D)
+	@echo "building crane $(CRANE_VERSION) (cached in $(@D))"
+	cd tests/controlplane/registry && $(GO_BUILD) \
+		-ldflags "-s -w -X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$(CRANE_VERSION)" \
+		-o $@.tmp github.com/google/go-containerregistry/cmd/crane
 	mv $@.tmp $@
 
 # Debian packages of the node, installed when missing (as root, like CI).
@@ -176,10 +212,14 @@ databases-status:
 
 # --- Rust ------------------------------------------------------------------------
 
-# The chart ships a byte-identical copy (a test fails on drift).
+# The chart ships a byte-identical copy, and docs/crd-reference.md is generated (tests fail
+# on drift). Each file is written whole or not at all (a failed build leaves the old one).
 crds:
-	cargo run --quiet --locked -- crds > crds/palisade.dev.yaml
-	cp crds/palisade.dev.yaml charts/palisade/crds/palisade.dev.yaml
+	cargo run --quiet --locked -- crds > crds/palisade.dev.yaml.tmp
+	cargo run --quiet --locked -p palisade-test-support --bin palisade-crd-reference > docs/crd-reference.md.tmp
+	mv crds/palisade.dev.yaml.tmp crds/palisade.dev.yaml
+	cp crds/palisade.dev.yaml charts/palisade/files/crds.yaml
+	mv docs/crd-reference.md.tmp docs/crd-reference.md
 
 chart-lint: controlplane-bins
 	PATH="$(PALISADE_BIN_DIR):$$PATH" helm lint --strict charts/palisade
@@ -191,15 +231,31 @@ image:
 
 # The same image without a daemon: a static glibc build (rustls, no OpenSSL; the musl
 # target of the Dockerfile needs a toolchain download), written as a `docker save`
-# archive by tests/controlplane/images/docker-archive.sh and imported into the node when
-# it runs. EXAMPLE_IMAGE adds busybox's POSIX shell and kubectl for examples/.
-EXAMPLE_IMAGE ?= palisade.local/palisade-example:$(word 2,$(subst :, ,$(lastword $(subst /, ,$(IMAGE)))))
+# archive by tests/controlplane/images/docker-archive.sh and pushed by tag to the
+# cluster's registry, from which the kubelet pulls it: REGISTRY_IMAGE. EXAMPLE_IMAGE
+# (REGISTRY_EXAMPLE_IMAGE once pushed) adds busybox's POSIX shell and kubectl for examples/.
+# PUSH_IMAGES records each pushed digest in IMAGE_DIR/<name>.digest, and fails, saying
+# so, when no registry runs (make cluster starts it).
+IMAGE_TAG := $(word 2,$(subst :, ,$(lastword $(subst /, ,$(IMAGE)))))
+EXAMPLE_IMAGE ?= palisade.local/palisade-example:$(IMAGE_TAG)
+REGISTRY_IMAGE := $(PALISADE_TEST_REGISTRY)/palisade:$(IMAGE_TAG)
+REGISTRY_EXAMPLE_IMAGE := $(PALISADE_TEST_REGISTRY)/palisade-example:$(IMAGE_TAG)
+PUSH_IMAGES := CRANE=$(CRANE_BIN)/crane tests/controlplane/registry/push.sh
 STATIC_TARGET := x86_64-unknown-linux-gnu
 STATIC_BIN := target/$(STATIC_TARGET)/release/palisade
-image-local: $(IMAGE_DIR)/palisade.tar $(IMAGE_DIR)/palisade-example.tar
-	@if BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh status 2>/dev/null; then \
-		BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh import $^; \
-	else echo "image-local: no node running; make cluster imports $(IMAGE_DIR)/*.tar when it starts"; fi
+image-local: $(CRANE_BIN)/crane $(IMAGE_DIR)/palisade.tar $(IMAGE_DIR)/palisade-example.tar
+	@$(PUSH_IMAGES) $(IMAGE_DIR)/palisade.tar $(REGISTRY_IMAGE) $(IMAGE_DIR)/palisade-example.tar $(REGISTRY_EXAMPLE_IMAGE)
+
+# The chart as a user gets it: packaged (its version from Chart.yaml) into target/charts/
+# and pushed to oci://<registry>/charts/palisade, which tests/node.rs installs.
+CHART_VERSION = $(shell awk '$$1 == "version:" {gsub(/"/, "", $$2); print $$2; exit}' charts/palisade/Chart.yaml)
+chart: controlplane-bins
+	@curl -sf --max-time 3 -o /dev/null http://$(PALISADE_TEST_REGISTRY)/v2/ || { echo "chart: no image registry" \
+		"answers at http://$(PALISADE_TEST_REGISTRY)/v2/ (make cluster starts it, on REGISTRY_PORT)" >&2; exit 1; }
+	@rm -f target/charts/palisade-*.tgz
+	PATH="$(PALISADE_BIN_DIR):$$PATH" helm package charts/palisade -d target/charts
+	PATH="$(PALISADE_BIN_DIR):$$PATH" helm push target/charts/palisade-$(CHART_VERSION).tgz \
+		oci://$(PALISADE_TEST_REGISTRY)/charts --plain-http
 
 $(STATIC_BIN): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
 	RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --bin palisade --target $(STATIC_TARGET)
@@ -265,7 +321,7 @@ conformance: cluster conformance-go-driver python-venv
 
 # The whole suite: integration tests (tests/*.rs) use the cluster `make cluster` starts;
 # then the examples of the thin clients run as pods on the node.
-test: cluster databases conformance-go-driver python-venv go-client-check python-client-check linkproxy \
+test: cluster chart promtool databases conformance-go-driver python-venv go-client-check python-client-check linkproxy \
 		$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image)
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke

@@ -5,7 +5,8 @@
 #   make go-client-test         every test of the client, the TestAgent* ones against the agent
 #                               at PALISADE_AGENT_SOCKET (which they need)
 #   make conformance-go-driver  target/clients/palisade-conformance-go
-#   make example-go-image       $(IMAGE_DIR)/go-leader-redis.tar, imported into the node when it runs
+#   make example-go-image       $(IMAGE_DIR)/go-leader-redis.tar, pushed to the cluster's registry
+#                               as REGISTRY_GO_IMAGE (the kubelet pulls it from there)
 #   make example-go-check       the example on the node: deploy, fail the leader over, check Redis
 
 .PHONY: go-client-check go-client-test conformance-go-driver example-go-image example-go-check
@@ -17,6 +18,7 @@ GO_CLIENT_SRCS := $(shell find $(GO_CLIENT_DIR) -name '*.go' -o -name '*.lua' -o
 GO_STATIC_BUILD := CGO_ENABLED=0 go build -trimpath -ldflags "-s -w"
 GO_DRIVER_BIN := target/clients/palisade-conformance-go
 EXAMPLE_GO_IMAGE := palisade.local/go-leader-redis:1
+REGISTRY_GO_IMAGE := $(PALISADE_TEST_REGISTRY)/go-leader-redis:1
 
 # Unit tests only: the TestAgent* tests need a running agent.
 go-client-check:
@@ -34,11 +36,10 @@ $(GO_DRIVER_BIN): $(GO_CLIENT_SRCS) $(wildcard $(GO_DRIVER_DIR)/*.go $(GO_DRIVER
 	@mkdir -p $(@D)
 	cd $(GO_DRIVER_DIR) && go build -o $(CURDIR)/$@ .
 
-# A static binary alone in its image: nothing else runs in it.
-example-go-image: $(IMAGE_DIR)/go-leader-redis.tar
-	@if BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh status 2>/dev/null; then \
-		BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh import $<; \
-	else echo "example-go-image: no node running; make cluster imports $(IMAGE_DIR)/*.tar when it starts"; fi
+# A static binary alone in its image: nothing else runs in it. Pushed by tag (PUSH_IMAGES,
+# in the Makefile: fails when no registry runs).
+example-go-image: $(CRANE_BIN)/crane $(IMAGE_DIR)/go-leader-redis.tar
+	@$(PUSH_IMAGES) $(IMAGE_DIR)/go-leader-redis.tar $(REGISTRY_GO_IMAGE)
 
 $(IMAGE_DIR)/go-leader-redis.tar: $(GO_CLIENT_SRCS) $(wildcard $(GO_EXAMPLE_DIR)/*.go $(GO_EXAMPLE_DIR)/go.mod $(GO_EXAMPLE_DIR)/go.sum) \
 		tests/controlplane/images/docker-archive.sh
@@ -51,4 +52,4 @@ $(IMAGE_DIR)/go-leader-redis.tar: $(GO_CLIENT_SRCS) $(wildcard $(GO_EXAMPLE_DIR)
 # The palisade image (image-local) brings the agent.
 example-go-check: cluster databases image-local example-go-image
 	KUBECONFIG=$(KUBECONFIG_TEST) KUBECTL=$(PALISADE_BIN_DIR)/kubectl HELM=$(PALISADE_BIN_DIR)/helm \
-		PALISADE_IMAGE=$(IMAGE) REDIS_PORT=$(REDIS_PORT) $(GO_EXAMPLE_DIR)/check.sh
+		PALISADE_IMAGE=$(REGISTRY_IMAGE) GO_IMAGE=$(REGISTRY_GO_IMAGE) REDIS_PORT=$(REDIS_PORT) $(GO_EXAMPLE_DIR)/check.sh

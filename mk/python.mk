@@ -4,8 +4,8 @@
 #   make python-venv           target/venv: clients/python[test] (editable) and psycopg
 #   make python-client-check   the client's unit tests, which need no agent
 #   make python-client-test    all of its tests; needs PALISADE_AGENT_SOCKET (a running agent)
-#   make example-python-image  the worker's image, $(IMAGE_DIR)/python-worker-postgres.tar
-#                              (imported into the node when it runs)
+#   make example-python-image  the worker's image, $(IMAGE_DIR)/python-worker-postgres.tar,
+#                              pushed to the cluster's registry as REGISTRY_PYTHON_WORKER_IMAGE
 #   make example-python-check  examples/python-worker-postgres/check.sh on the node
 
 PYTHON ?= python3
@@ -39,6 +39,7 @@ python-client-test: python-venv
 # --- the example's image: a Debian root filesystem without a daemon ---------------
 
 PYTHON_WORKER_IMAGE := palisade.local/python-worker-postgres:1
+REGISTRY_PYTHON_WORKER_IMAGE := $(PALISADE_TEST_REGISTRY)/python-worker-postgres:1
 # The interpreter, psycopg with libpq, and ldconfig: psycopg finds libpq through
 # ctypes.util.find_library, which asks `ldconfig -p`.
 PYTHON_IMAGE_PACKAGES := python3-minimal python3-psycopg libc-bin
@@ -87,11 +88,11 @@ $(IMAGE_DIR)/python-worker-postgres.tar: $(PYTHON_ROOTFS) $(wildcard clients/pyt
 	@rm -rf $(PYTHON_IMAGE_ROOT)
 	@echo "$@: $$(du -h $@ | cut -f1)"
 
-example-python-image: $(IMAGE_DIR)/python-worker-postgres.tar
-	@if BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh status >/dev/null 2>&1; then \
-		BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/node.sh import $<; \
-	else echo "example-python-image: no node running; make cluster imports $(IMAGE_DIR)/*.tar when it starts"; fi
+# Pushed by tag (PUSH_IMAGES, in the Makefile: fails when no registry runs).
+example-python-image: $(CRANE_BIN)/crane $(IMAGE_DIR)/python-worker-postgres.tar
+	@$(PUSH_IMAGES) $(IMAGE_DIR)/python-worker-postgres.tar $(REGISTRY_PYTHON_WORKER_IMAGE)
 
 example-python-check: cluster databases image-local example-python-image
 	KUBECONFIG=$(KUBECONFIG_TEST) KUBECTL=$(PALISADE_BIN_DIR)/kubectl HELM=$(PALISADE_BIN_DIR)/helm \
-		IMAGE=$(IMAGE) PG_PORT=$(PG_PORT) examples/python-worker-postgres/check.sh
+		IMAGE=$(REGISTRY_IMAGE) WORKER_IMAGE=$(REGISTRY_PYTHON_WORKER_IMAGE) PG_PORT=$(PG_PORT) \
+		examples/python-worker-postgres/check.sh

@@ -1,7 +1,10 @@
 //! palisade in pods, on the local cluster's real node (kubelet + containerd, see
-//! tests/controlplane/node.sh): the chart's controller Deployment with the image built by
-//! `make image-local`, and the example workload (examples/ledger) taking the Lease from
-//! three pods and writing a fenced ConfigMap.
+//! tests/controlplane/node.sh): the chart's controller Deployment, and the example workload
+//! (examples/ledger) taking the Lease from three pods and writing a fenced ConfigMap.
+//!
+//! Installed as a user installs it: the chart from the cluster's OCI registry
+//! (PALISADE_TEST_REGISTRY, where `make chart` pushed it) with README.md's install
+//! command, and the images `make image-local` pushed there, which the kubelet pulls.
 //!
 //! One test drives the whole story in order (one chart install and one workload keep
 //! it within its time budget); the bad-input checks are separate tests. The release is
@@ -19,21 +22,25 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use palisade::api::Lease;
 use serde_json::json;
-use support::helm::{chart_dir, helm_command, with_helm_home};
+use support::helm::{chart_field, helm_command, oci_chart, test_registry, with_helm_home};
 use support::tools::{kubectl_command, text, tool};
 
 const RELEASE: &str = "palisade";
 const SYSTEM_NS: &str = "palisade-system";
 const LEDGER_NS: &str = "palisade-ledger";
 const NODE_NAME: &str = "palisade-node";
-const EXAMPLE_IMAGE: &str = "palisade.local/palisade-example:0.2.0";
+/// README.md's install command is the one helm command between these markers.
+const README_INSTALL_BEGIN: &str = "<!-- install-command:begin";
+const README_INSTALL_END: &str = "<!-- install-command:end -->";
+/// The registry README.md installs from; the tests swap in the cluster's.
+const PUBLISHED_REGISTRY: &str = "ghcr.io/palisade-dev";
 /// The example's Lease duration (examples/ledger/ledger.yaml).
 const LEASE_SECONDS: u64 = 5;
 
@@ -58,11 +65,177 @@ fn ok(program: &str, args: &[&str]) -> Output {
     out
 }
 
-fn example() -> String {
-    support::repo_root()
-        .join("examples/ledger/ledger.yaml")
-        .display()
-        .to_string()
+/// The digest `make image-local` recorded when it pushed image `name` to the registry.
+fn pushed_digest(name: &str) -> String {
+    let path = support::repo_root().join(format!("target/images/{name}.digest"));
+    let digest = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading {}: {e}; `make image-local` pushes the images to the registry and records their digests",
+            path.display()
+        )
+    });
+    let digest = digest.trim().to_string();
+    assert!(
+        digest.starts_with("sha256:"),
+        "{}: not a digest: {digest:?}",
+        path.display()
+    );
+    digest
+}
+
+/// The example image (palisade, kubectl, a POSIX shell) by the digest `make image-local`
+/// pushed: exactly that build, whichever build the tag names on the node.
+fn example_image() -> String {
+    format!(
+        "{}/palisade-example@{}",
+        test_registry(),
+        pushed_digest("palisade-example")
+    )
+}
+
+/// examples/ledger/ledger.yaml with its writer image replaced by `image`.
+fn ledger_example(image: &str) -> String {
+    let path = support::repo_root().join("examples/ledger/ledger.yaml");
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    let mut replaced = 0;
+    let out: Vec<String> = yaml
+        .lines()
+        .map(|l| match l.split_once("image: ") {
+            Some((indent, old)) if old.contains("/palisade-example") => {
+                replaced += 1;
+                format!("{indent}image: {image}")
+            }
+            _ => l.to_string(),
+        })
+        .collect();
+    assert_eq!(
+        replaced,
+        1,
+        "{}: expected one palisade-example image",
+        path.display()
+    );
+    out.join("\n")
+}
+
+/// README.md's install command as helm arguments (without `helm`), installing from the
+/// cluster's registry instead of the published one, over plain HTTP: a README change that
+/// breaks the install fails the test that runs it.
+fn readme_install_args() -> Vec<String> {
+    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
+    let block = readme
+        .split_once(README_INSTALL_BEGIN)
+        .and_then(|(_, rest)| rest.split_once(README_INSTALL_END))
+        .map(|(block, _)| block.replace("\\\n", " "))
+        .unwrap_or_else(|| {
+            panic!("README.md has no install command between {README_INSTALL_BEGIN} and {README_INSTALL_END}")
+        });
+    let commands: Vec<&str> = block
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("helm "))
+        .collect();
+    let [command] = commands[..] else {
+        panic!("README.md's install block must hold one helm command: {block}");
+    };
+    let registry = test_registry();
+    let mut args: Vec<String> = command
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.replace(PUBLISHED_REGISTRY, &registry))
+        .collect();
+    let (chart, version) = oci_chart();
+    let arg = |i: usize| args.get(i).map(String::as_str);
+    assert!(
+        arg(0) == Some("install") && arg(1) == Some(RELEASE) && arg(2) == Some(chart.as_str()),
+        "README.md's command must be `helm install {RELEASE} oci://{PUBLISHED_REGISTRY}/charts/palisade ...` \
+         (the test installs {chart} and checks release {RELEASE}): {command}"
+    );
+    let readme_version = args.iter().skip_while(|a| *a != "--version").nth(1);
+    assert_eq!(
+        readme_version,
+        Some(&version),
+        "README.md installs chart version {readme_version:?}, charts/palisade/Chart.yaml is {version}: \
+         update README.md's install command"
+    );
+    assert!(
+        args.windows(2).any(|w| w == ["--namespace", SYSTEM_NS]),
+        "README.md's command must install into --namespace {SYSTEM_NS}: {command}"
+    );
+    args.push("--plain-http".into());
+    args
+}
+
+/// The messages of the events about pod `name` with `reason` (Pulled, Failed, BackOff), as
+/// `kubectl get events` shows them.
+async fn pod_events(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<String> {
+    let lp = ListParams::default().fields(&format!(
+        "involvedObject.kind=Pod,involvedObject.name={name},reason={reason}"
+    ));
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.message)
+        .collect()
+}
+
+/// Waits (at most 30 s: the kubelet posts events on its own time) for an event about pod
+/// `name` with `reason` whose message names `image`, and returns that message.
+async fn event_naming(client: &Client, ns: &str, name: &str, reason: &str, image: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen = pod_events(client, ns, name, reason).await;
+        if let Some(m) = seen.iter().find(|m| m.contains(image)) {
+            return m.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} event of pod {ns}/{name} names {image} within 30s; its {reason} events: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The controller pods run `image` (as the Deployment names it), pulled from the registry:
+/// their imageID is `repository@digest`. Returns the kubelet's Pulled event of one of them.
+async fn check_controller_image(
+    client: &Client,
+    image: &str,
+    repository: &str,
+    digest: &str,
+) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=controller");
+    let running: Vec<Pod> = pods
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    assert_eq!(running.len(), 2, "expected 2 controller pods");
+    let pulled_id = format!("{repository}@{digest}");
+    for p in &running {
+        let spec = &p.spec.as_ref().unwrap().containers[0];
+        let status = &p
+            .status
+            .as_ref()
+            .unwrap()
+            .container_statuses
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(spec.image.as_deref(), Some(image), "pod {}", p.name_any());
+        assert!(
+            status.image_id.ends_with(&pulled_id),
+            "pod {} runs imageID {}, not {pulled_id} (what make image-local pushed)",
+            p.name_any(),
+            status.image_id
+        );
+    }
+    event_naming(client, SYSTEM_NS, &running[0].name_any(), "Pulled", image).await
 }
 
 /// A namespace whose pods run on the node, enforcing the `restricted` Pod Security Standard.
@@ -259,8 +432,30 @@ async fn ready_replicas(client: &Client) -> i32 {
     }
 }
 
+const CRDS: [&str; 2] = ["leases.palisade.dev", "leaseclaims.palisade.dev"];
+
+/// The suite applies the CRDs (`support::install_crds`) before any release installs them:
+/// mark them as this release's with the step docs/operating.md ("CRDs") gives users whose
+/// cluster has them, so README.md's command installs the chart whole, CRDs included.
+fn adopt_crds() {
+    let label = [
+        &["label", "--overwrite", "crd"][..],
+        &CRDS,
+        &["app.kubernetes.io/managed-by=Helm"],
+    ];
+    ok("kubectl", &label.concat());
+    let owner = [
+        format!("meta.helm.sh/release-name={RELEASE}"),
+        format!("meta.helm.sh/release-namespace={SYSTEM_NS}"),
+    ];
+    let owner: Vec<&str> = owner.iter().map(String::as_str).collect();
+    let annotate = [&["annotate", "--overwrite", "crd"][..], &CRDS, &owner];
+    ok("kubectl", &annotate.concat());
+}
+
 /// Uninstalls the release when the test ends, passed or not: a cluster-wide controller
-/// left running would interfere with the test binaries that run after this one.
+/// left running would interfere with the test binaries that run after this one. The
+/// CRDs it kept are left to no release, as the other tests expect them.
 struct Uninstall;
 
 impl Drop for Uninstall {
@@ -276,6 +471,15 @@ impl Drop for Uninstall {
                 "--wait=false",
             ],
         );
+        let release = [
+            &["annotate", "crd"][..],
+            &CRDS,
+            &[
+                "meta.helm.sh/release-name-",
+                "meta.helm.sh/release-namespace-",
+            ],
+        ];
+        let _ = run("kubectl", &release.concat());
     }
 }
 
@@ -306,28 +510,39 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         "node not Ready: {ready:?}"
     );
 
-    // The chart, with the image `make image-local` imported into the node.
+    // The chart from the registry, with README.md's command: the image by tag (the
+    // appVersion), which the kubelet pulls from the registry. Always: every `make
+    // image-local` pushes the tag again, as with any tag that moves.
     let _ = run("helm", &["uninstall", RELEASE, "-n", SYSTEM_NS, "--wait"]);
     pod_namespace(&client, SYSTEM_NS).await;
     pod_namespace(&client, LEDGER_NS).await;
-    let t0 = Instant::now();
-    ok(
-        "helm",
-        &[
-            "install",
-            RELEASE,
-            chart_dir().to_str().unwrap(),
-            "-n",
-            SYSTEM_NS,
+    support::install_crds().await;
+    adopt_crds();
+    let (chart, version) = oci_chart();
+    let repository = format!("{}/palisade", test_registry());
+    let digest = pushed_digest("palisade");
+    let mut install = readme_install_args();
+    install.extend(
+        [
+            "--timeout",
+            "150s",
             "--set",
-            "image.pullPolicy=Never",
+            &format!("image.repository={repository}"),
+            "--set",
+            "image.pullPolicy=Always",
             "--set",
             &format!("controller.watchNamespace={LEDGER_NS}"),
             "--set",
             &format!(
                 "policies.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={LEDGER_NS}"
             ),
-        ],
+        ]
+        .map(String::from),
+    );
+    let t0 = Instant::now();
+    let out = ok(
+        "helm",
+        &install.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     wait_until(
         "the controller Deployment 2/2 Ready",
@@ -336,8 +551,24 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
     )
     .await;
     println!(
-        "helm install to 2/2 Ready: {:.1}s",
+        "helm install {chart} --version {version} (README.md's command) to 2/2 Ready, pulling from the registry: {:.1}s",
         t0.elapsed().as_secs_f64()
+    );
+    let tagged = format!("{repository}:{}", chart_field("appVersion"));
+    let pulled = check_controller_image(&client, &tagged, &repository, &digest).await;
+    println!("by tag: the controller runs {tagged} = {digest}; kubelet: {pulled}");
+    let notes = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        [
+            "ImagePullBackOff",
+            "image.repository",
+            "image.tag",
+            "image.digest",
+            "imagePullSecrets"
+        ]
+        .iter()
+        .all(|w| notes.contains(w)),
+        "the install notes give no hint for image pull errors naming the values to fix: {notes}"
     );
     wait_until(
         "exactly one leader (palisade_is_leader)",
@@ -364,7 +595,13 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
             }
         })
     };
-    ok("kubectl", &["-n", LEDGER_NS, "apply", "-f", &example()]);
+    let ledger = ledger_example(&example_image());
+    let applied = support::tools::kubectl(&["-n", LEDGER_NS, "apply", "-f", "-"], Some(&ledger));
+    assert!(
+        applied.status.success(),
+        "kubectl apply of examples/ledger failed: {}",
+        text(&applied)
+    );
     let t1 = Instant::now();
     wait_until(
         "three critical sections in the ConfigMap",
@@ -483,17 +720,23 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         failover.elapsed().as_secs_f64()
     );
 
-    // helm upgrade with a changed value rolls the controller; tokens keep rising.
+    // helm upgrade to the image by digest (the one `make image-local` recorded) rolls the
+    // controller: the kubelet pulls it by digest (pullPolicy Always); tokens keep rising.
     let before = max_token(&history);
     ok(
         "helm",
         &[
             "upgrade",
             RELEASE,
-            chart_dir().to_str().unwrap(),
+            &chart,
+            "--version",
+            &version,
+            "--plain-http",
             "-n",
             SYSTEM_NS,
             "--reuse-values",
+            "--set",
+            &format!("image.digest={digest}"),
             "--set",
             "controller.logLevel=debug",
         ],
@@ -504,6 +747,9 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         || async { ready_replicas(&client).await == 2 },
     )
     .await;
+    let by_digest = format!("{repository}@{digest}");
+    let pulled = check_controller_image(&client, &by_digest, &repository, &digest).await;
+    println!("by digest: the controller runs {by_digest}; kubelet: {pulled}");
     wait_until(
         "grants after the upgrade",
         Duration::from_secs(60),
@@ -538,7 +784,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
         &PostParams::default(),
         &restricted_pod(
             "impostor",
-            EXAMPLE_IMAGE,
+            &example_image(),
             "ledger-writer",
             &["sh", "-c", &script],
         ),
@@ -585,6 +831,8 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
             .env("KUBECONFIG", support::kubeconfig_path())
             .env("KUBECTL", tool("kubectl"))
             .env("HELM", tool("helm"))
+            .env("PALISADE_IMAGE", &tagged)
+            .env("EXAMPLE_IMAGE", example_image())
             .env("DEMO_SYSTEM_NAMESPACE", SYSTEM_NS)
             .env("DEMO_NAMESPACE", "palisade-demo-test")
             .stdin(Stdio::null());
@@ -642,7 +890,7 @@ fn restricted_pod(name: &str, image: &str, sa: &str, command: &[&str]) -> Pod {
             "restartPolicy": "Never",
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
-                "name": "main", "image": image, "imagePullPolicy": "Never", "command": command,
+                "name": "main", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
                 "env": [
                     {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
@@ -655,8 +903,74 @@ fn restricted_pod(name: &str, image: &str, sa: &str, command: &[&str]) -> Pod {
     .unwrap()
 }
 
-/// Bad input fails with an error a user can act on, never a hang: a missing image, a chart
-/// value of the wrong type, a workload whose ServiceAccount lacks the client RoleBinding.
+/// An image the registry does not have, by tag or by digest: the pod waits in
+/// ErrImagePull or ImagePullBackOff, and both its status and the kubelet's event name the
+/// image, which is what a user fixes (image.repository, image.tag or image.digest, as the
+/// chart's notes and README.md say).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_tag_or_digest_fails_with_an_event_naming_the_image() {
+    const NS: &str = "palisade-pull-errors";
+    let client = support::client().await;
+    pod_namespace(&client, NS).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let registry = test_registry();
+    let missing = [
+        (
+            "missing-tag",
+            format!("{registry}/palisade-example:does-not-exist"),
+        ),
+        (
+            "missing-digest",
+            format!("{registry}/palisade-example@sha256:{}", "0".repeat(64)),
+        ),
+    ];
+    for (name, image) in &missing {
+        pods.create(
+            &PostParams::default(),
+            &restricted_pod(name, image, "default", &["true"]),
+        )
+        .await
+        .unwrap();
+    }
+    for (name, image) in &missing {
+        let p = wait_pod(
+            &client,
+            NS,
+            name,
+            "ErrImagePull or ImagePullBackOff",
+            Duration::from_secs(60),
+            |p| {
+                waiting_reason(p)
+                    .is_some_and(|(r, _)| r == "ErrImagePull" || r == "ImagePullBackOff")
+            },
+        )
+        .await;
+        let (reason, message) = waiting_reason(&p).unwrap();
+        assert!(
+            message.contains(image.as_str()),
+            "{name}: the pod's {reason} message does not name {image}: {message}"
+        );
+        let event = event_naming(&client, NS, name, "Failed", image).await;
+        println!("{name}: pod waits in {reason}; event: {event}");
+    }
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(NS, &DeleteParams::background())
+        .await;
+}
+
+/// The reason and message of the pod's first container while it waits.
+fn waiting_reason(p: &Pod) -> Option<(String, String)> {
+    let statuses = p.status.as_ref()?.container_statuses.as_ref()?;
+    let waiting = statuses.first()?.state.as_ref()?.waiting.as_ref()?;
+    Some((
+        waiting.reason.clone()?,
+        waiting.message.clone().unwrap_or_default(),
+    ))
+}
+
+/// Bad input fails with an error a user can act on, never a hang: a chart value of the
+/// wrong type, a workload whose ServiceAccount lacks the client RoleBinding (an image the
+/// registry lacks: a_missing_tag_or_digest_fails_with_an_event_naming_the_image).
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_input_in_the_cluster_fails_with_an_actionable_error() {
     const NS: &str = "palisade-bad-input";
@@ -666,51 +980,18 @@ async fn bad_input_in_the_cluster_fails_with_an_actionable_error() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let pp = PostParams::default();
 
-    // An image that is not on the node.
-    let missing = "palisade.local/palisade-example:does-not-exist";
-    pods.create(
-        &pp,
-        &restricted_pod("missing-image", missing, "default", &["true"]),
-    )
-    .await
-    .unwrap();
-    let p = wait_pod(
-        &client,
-        NS,
-        "missing-image",
-        "a waiting reason",
-        Duration::from_secs(60),
-        |p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|c| c[0].state.as_ref())
-                .and_then(|s| s.waiting.as_ref())
-                .is_some_and(|w| w.reason.as_deref() == Some("ErrImageNeverPull"))
-        },
-    )
-    .await;
-    let waiting = p.status.unwrap().container_statuses.unwrap()[0]
-        .state
-        .clone()
-        .unwrap()
-        .waiting
-        .unwrap();
-    let message = waiting.message.unwrap_or_default();
-    println!("missing image: {message}");
-    assert!(
-        message.contains(missing),
-        "the message does not name the image: {message}"
-    );
-
     // A chart value of the wrong type: refused before anything is created.
+    let (chart, version) = oci_chart();
     let t = Instant::now();
     let out = run(
         "helm",
         &[
             "install",
             "palisade-bad",
-            chart_dir().to_str().unwrap(),
+            &chart,
+            "--version",
+            &version,
+            "--plain-http",
             "-n",
             NS,
             "--set",
@@ -739,12 +1020,12 @@ async fn bad_input_in_the_cluster_fails_with_an_actionable_error() {
     );
 
     // `palisade lock` from a ServiceAccount without the palisade-client RoleBinding.
-    let image = EXAMPLE_IMAGE;
+    let image = example_image();
     pods.create(
         &pp,
         &restricted_pod(
             "no-rolebinding",
-            image,
+            &image,
             "default",
             &[
                 "palisade",
@@ -814,10 +1095,11 @@ async fn deleting_pods_keeps_the_other_pods_reaching_the_api_server() {
         if timeout 2 kubectl get --raw /readyz >/dev/null 2>&1; \
         then echo ok; else echo fail; fi; sleep 0.2; done";
     let names = ["p0", "p1", "p2", "survivor"];
+    let image = example_image();
     for name in names {
         pods.create(
             &PostParams::default(),
-            &restricted_pod(name, EXAMPLE_IMAGE, "default", &["/bin/sh", "-c", probe]),
+            &restricted_pod(name, &image, "default", &["/bin/sh", "-c", probe]),
         )
         .await
         .unwrap();

@@ -10,16 +10,19 @@
 # Exits non-zero with the reason on failure; removes its namespaces, release and keys.
 #
 # Needs: KUBECONFIG (make cluster, with its node), KUBECTL, HELM, redis-cli (REDIS_CLI)
-# and Redis on 127.0.0.1:REDIS_PORT (make databases), the palisade image with the agent
-# (PALISADE_IMAGE, as `make image-local` imports it) and palisade.local/go-leader-redis:1
-# (make example-go-image), both imported into the node.
+# and Redis on 127.0.0.1:REDIS_PORT (make databases), and two images the node pulls from
+# the cluster's registry (PALISADE_TEST_REGISTRY): the palisade image with the agent
+# (PALISADE_IMAGE, pushed by `make image-local`) and the example's (GO_IMAGE, pushed by
+# `make example-go-image`).
 set -euo pipefail
 
 : "${KUBECONFIG:?set KUBECONFIG}" "${KUBECTL:=kubectl}" "${HELM:=helm}" "${REDIS_CLI:=redis-cli}" "${REDIS_PORT:=16379}"
 export KUBECONFIG
 root=$(cd "$(dirname "$0")/../.." && pwd)
 app_version=$(awk '$1 == "appVersion:" {gsub(/"/, "", $2); print $2}' "$root/charts/palisade/Chart.yaml")
-PALISADE_IMAGE=${PALISADE_IMAGE:-ghcr.io/palisade-dev/palisade:$app_version}
+registry=${PALISADE_TEST_REGISTRY:-127.0.0.1:15005}
+PALISADE_IMAGE=${PALISADE_IMAGE:-$registry/palisade:$app_version}
+GO_IMAGE=${GO_IMAGE:-$registry/go-leader-redis:1}
 run=$(date +%s)
 NS=go-leader-redis-$run
 SYSTEM_NS=$NS-system
@@ -73,9 +76,13 @@ for ns in "$SYSTEM_NS" "$NS"; do
   k create namespace "$ns" >/dev/null
   k annotate namespace "$ns" --overwrite scheduler.alpha.kubernetes.io/node-selector= >/dev/null
 done
-"$HELM" upgrade --install "$RELEASE" "$root/charts/palisade" -n "$SYSTEM_NS" \
+# The CRDs outlive releases and other releases use them: applied here, not owned by this
+# release (crds.enabled=false, docs/operating.md "CRDs"). Always: `make image-local` and
+# `make example-go-image` push the same tags again with every build.
+k apply --server-side --force-conflicts -f "$root/crds/palisade.dev.yaml" >/dev/null
+"$HELM" upgrade --install "$RELEASE" "$root/charts/palisade" -n "$SYSTEM_NS" --set crds.enabled=false \
   --set image.repository="${PALISADE_IMAGE%:*}" --set image.tag="${PALISADE_IMAGE##*:}" \
-  --set image.pullPolicy=Never --set controller.watchNamespace="$NS" \
+  --set image.pullPolicy=Always --set controller.watchNamespace="$NS" \
   --set "policies.namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=$NS" \
   --wait --timeout 120s >/dev/null || fail "the chart did not install"
 step "controller ready in $SYSTEM_NS"
@@ -83,6 +90,8 @@ step "controller ready in $SYSTEM_NS"
 say "2. The example: 3 replicas, each with the agent as a native sidecar"
 sed -e "s|name: palisade-client|name: $RELEASE-palisade-client|" \
   -e "s|image: ghcr.io/palisade-dev/palisade:.*|image: $PALISADE_IMAGE|" \
+  -e "s|image: .*/go-leader-redis:.*|image: $GO_IMAGE|" \
+  -e "s|imagePullPolicy: IfNotPresent|imagePullPolicy: Always|" \
   "$root/examples/go-leader-redis/deployment.yaml" | k -n "$NS" apply -f - >/dev/null
 k -n "$NS" rollout status deployment/go-leader-redis --timeout 120s >/dev/null || fail "the deployment did not become ready"
 wait_for 90 "the leader's entries in $LIST" at_least 10

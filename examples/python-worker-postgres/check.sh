@@ -10,14 +10,15 @@
 # reason on failure.
 #
 # Needs: KUBECONFIG (make cluster, with its node), KUBECTL, HELM, IMAGE (the palisade
-# image, with `palisade agent`), the images imported into the node (make image-local
-# example-python-image), PostgreSQL on PG_HOST:PG_PORT (make databases) and psql.
+# image, with `palisade agent`) and WORKER_IMAGE, which the node pulls from the cluster's
+# registry (make image-local example-python-image push them), PostgreSQL on
+# PG_HOST:PG_PORT (make databases) and psql.
 set -euo pipefail
 
 : "${KUBECONFIG:?set KUBECONFIG}" "${KUBECTL:=kubectl}" "${HELM:=helm}" "${IMAGE:?set IMAGE (the palisade image)}"
 export KUBECONFIG
 PG_HOST=${PG_HOST:-127.0.0.1} PG_PORT=${PG_PORT:-15432} PG_USER=${PG_USER:-postgres}
-WORKER_IMAGE=${WORKER_IMAGE:-palisade.local/python-worker-postgres:1}
+WORKER_IMAGE=${WORKER_IMAGE:-${PALISADE_TEST_REGISTRY:-127.0.0.1:15005}/python-worker-postgres:1}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 suffix=$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
@@ -74,15 +75,20 @@ k create namespace "$NS" >/dev/null
 # hostNetwork (the node's PostgreSQL is on 127.0.0.1) needs Pod Security "privileged".
 k label namespace "$NS" pod-security.kubernetes.io/enforce=privileged >/dev/null
 k annotate namespace "$NS" scheduler.alpha.kubernetes.io/node-selector= >/dev/null
-"$HELM" install "$RELEASE" "$root/charts/palisade" -n "$NS" \
-  --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
-  --set controller.watchNamespace="$NS" \
+# The CRDs outlive releases and other releases use them: applied here, not owned by this
+# release (crds.enabled=false, docs/operating.md "CRDs"). Always: `make image-local` and
+# `make example-python-image` push the same tags again with every build.
+k apply --server-side --force-conflicts -f "$root/crds/palisade.dev.yaml" >/dev/null
+"$HELM" install "$RELEASE" "$root/charts/palisade" -n "$NS" --set crds.enabled=false \
+  --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
+  --set image.pullPolicy=Always --set controller.watchNamespace="$NS" \
   --set-json "policies.namespaceSelector={\"matchLabels\":{\"kubernetes.io/metadata.name\":\"$NS\"}}" \
   --wait --timeout 120s >/dev/null
 
 say "3. The workers: 3 pods, each with palisade agent as a native sidecar"
 sed -e "s|image: ghcr.io/palisade-dev/palisade:[^ ]*|image: $IMAGE|" \
-  -e "s|image: palisade.local/python-worker-postgres:1|image: $WORKER_IMAGE|" \
+  -e "s|image: .*/python-worker-postgres:.*|image: $WORKER_IMAGE|" \
+  -e "s|imagePullPolicy: IfNotPresent|imagePullPolicy: Always|" \
   -e "s|name: palisade-client|name: $RELEASE-client|" \
   -e "s|@127.0.0.1:15432/python_worker|@$PG_HOST:$PG_PORT/$DB|" \
   "$here/deployment.yaml" | k -n "$NS" apply -f - >/dev/null

@@ -4,7 +4,8 @@
 #
 #   cluster.sh up      start it, or reuse a healthy one; prints the KUBECONFIG line
 #   cluster.sh down    stop it and remove its state
-#   cluster.sh status  exit 0 when a healthy cluster is running
+#   cluster.sh status  exit 0 when a healthy cluster is running (with its registry and node);
+#                      lists the registry's repositories
 #   cluster.sh restart etcd|kube-apiserver
 #                      SIGKILL one component and start it again on the same state
 #                      (the fault-injection suite's crash of a control-plane process)
@@ -14,6 +15,11 @@
 #
 # Binaries come from BIN_DIR (built by `make controlplane-bins`). State, logs and
 # the admin kubeconfig live in STATE_DIR (target/cluster by default).
+#
+# With the single-server plane (not HA), an OCI registry on 127.0.0.1:REGISTRY_PORT
+# (`crane registry serve`, blobs in STATE_DIR/registry): make image-local and make chart
+# push to it, the node's containerd pulls from it (plain HTTP, loopback only). It keeps
+# tags and manifests in memory: after it restarted, push again (make image-local chart).
 #
 # HA=1: a replicated control plane instead, every link through palisade-linkproxy
 # (LINKPROXY, tests/support/bin/linkproxy.rs), on ports from HA_PORT_BASE (B):
@@ -40,6 +46,7 @@ ETCD_PORT=${ETCD_PORT:-23790}
 ETCD_PEER_PORT=${ETCD_PEER_PORT:-23800}
 APISERVER_PORT=${APISERVER_PORT:-16443}
 KCM_PORT=${KCM_PORT:-16257}
+REGISTRY_PORT=${REGISTRY_PORT:-15005}
 START_TIMEOUT=${START_TIMEOUT:-90}
 # NODE=1: also a node (kube-scheduler, containerd, kubelet; tests/controlplane/node.sh).
 NODE=${NODE:-1}
@@ -50,7 +57,7 @@ if [[ $HA == 1 ]]; then
   APISERVER_PORT=$((HA_PORT_BASE + 70))
 fi
 KUBERNETES_SERVICE_IP=${KUBERNETES_SERVICE_IP:-10.0.0.1}
-export STATE_DIR BIN_DIR APISERVER_PORT START_TIMEOUT KUBERNETES_SERVICE_IP
+export STATE_DIR BIN_DIR APISERVER_PORT START_TIMEOUT KUBERNETES_SERVICE_IP REGISTRY_PORT
 
 if [[ $HA == 1 ]]; then
   components=(linkproxy etcd-0 etcd-1 etcd-2 kube-apiserver-0 kube-apiserver-1 kube-controller-manager)
@@ -90,19 +97,24 @@ fail_with_log() { # component message
   exit 1
 }
 
+stop_component() { # component
+  local c=$1 pid
+  [[ -f $STATE_DIR/$c.pid ]] || return 0
+  pid=$(cat "$STATE_DIR/$c.pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    # Its ports must be free before anyone starts a new cluster.
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -f "$STATE_DIR/$c.pid"
+}
+
 stop_all() {
-  local c pid
-  for c in kube-controller-manager kube-apiserver kube-apiserver-0 kube-apiserver-1 etcd etcd-0 etcd-1 etcd-2 linkproxy; do
-    [[ -f $STATE_DIR/$c.pid ]] || continue
-    pid=$(cat "$STATE_DIR/$c.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -KILL "$pid" 2>/dev/null || true
-      # Its ports must be free before anyone starts a new cluster.
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    fi
-    rm -f "$STATE_DIR/$c.pid"
+  local c
+  for c in registry kube-controller-manager kube-apiserver kube-apiserver-0 kube-apiserver-1 etcd etcd-0 etcd-1 etcd-2 linkproxy; do
+    stop_component "$c"
   done
 }
 
@@ -218,6 +230,34 @@ EOF
     --endpoint-reconciler-type none --v 1
 }
 
+registry_answers() {
+  curl -sf --max-time 2 -o /dev/null "http://127.0.0.1:$REGISTRY_PORT/v2/"
+}
+
+registry_healthy() {
+  pid_alive registry && registry_answers
+}
+
+# The image registry, reused when healthy. A registry another cluster started on this
+# port (the chaos suite's plane runs next to `make cluster`'s) serves both, like any
+# shared registry; anything else on the port makes ours exit (its log says so) and `up` fail.
+start_registry() {
+  if registry_healthy; then
+    log "reusing the running registry on 127.0.0.1:$REGISTRY_PORT"
+    return 0
+  fi
+  if ! pid_alive registry && registry_answers; then
+    log "using the registry another cluster runs on 127.0.0.1:$REGISTRY_PORT"
+    return 0
+  fi
+  [[ -x $BIN_DIR/crane ]] || { log "missing $BIN_DIR/crane (run make controlplane-bins)"; exit 1; }
+  stop_component registry
+  mkdir -p "$STATE_DIR/registry"
+  start_as registry "$BIN_DIR/crane" registry serve --address "127.0.0.1:$REGISTRY_PORT" --disk "$STATE_DIR/registry"
+  wait_for registry "/v2/ on 127.0.0.1:$REGISTRY_PORT" registry_answers
+  log "registry on 127.0.0.1:$REGISTRY_PORT, no tags yet (make image-local and make chart push them)"
+}
+
 # The HA plane's links: every etcd peer port, every API server's etcd link and the
 # load balancers, through one palisade-linkproxy.
 start_linkproxy() {
@@ -323,6 +363,7 @@ up() {
     wait_for kube-controller-manager "the default ServiceAccount" default_sa_exists
     log "started in $((SECONDS - t0))s"
   fi
+  if [[ $HA != 1 ]]; then start_registry; fi
   if [[ $NODE == 1 ]]; then "$root/tests/controlplane/node.sh" up; fi
   echo "export KUBECONFIG=$STATE_DIR/kubeconfig"
 }
@@ -331,6 +372,17 @@ default_sa_exists() {
   curl -sf --max-time 2 --cacert "$STATE_DIR/pki/ca.crt" \
     --cert "$STATE_DIR/pki/admin.crt" --key "$STATE_DIR/pki/admin.key" \
     "https://127.0.0.1:$APISERVER_PORT/api/v1/namespaces/default/serviceaccounts/default" >/dev/null 2>&1
+}
+
+# Exit 0 when the plane, the registry (not HA) and the node (NODE=1) are healthy; says
+# what the registry holds, or that it does not answer.
+status() {
+  healthy || return 1
+  if [[ $HA != 1 ]]; then
+    registry_answers || { log "no registry answers on 127.0.0.1:$REGISTRY_PORT"; return 1; }
+    log "registry on 127.0.0.1:$REGISTRY_PORT: $(curl -sf --max-time 2 "http://127.0.0.1:$REGISTRY_PORT/v2/_catalog")"
+  fi
+  [[ $NODE != 1 ]] || "$root/tests/controlplane/node.sh" status
 }
 
 # SIGKILL, not SIGTERM: a crash, with whatever was in flight lost.
@@ -368,7 +420,7 @@ flock 9
 case ${1:-} in
   up) up ;;
   down) down ;;
-  status) healthy && { [[ $NODE != 1 ]] || "$root/tests/controlplane/node.sh" status; } ;;
+  status) status ;;
   kill | start)
     case ${2:-} in
       etcd-[012] | kube-apiserver-[01]) [[ $HA == 1 ]] || { log "$2: only with HA=1"; exit 2; } ;;

@@ -6,7 +6,11 @@
 #   node.sh up     start the node (the control plane must be up); waits for the node Ready
 #   node.sh down   delete every pod, stop kubelet, containers, shims, containerd, scheduler;
 #                  unmount what they mounted, remove the bridge and pod cgroups
-#   node.sh import TAR...   import image archives into the node's containerd (k8s.io)
+#   node.sh status exit 0 when the node is Ready
+#
+# Images: the kubelet pulls every workload image from the cluster's registry
+# (127.0.0.1:REGISTRY_PORT, cluster.sh; plain HTTP through containerd's hosts.toml). Only
+# the sandbox (pause) image is imported, from PAUSE_ARCHIVE, as node infrastructure.
 #
 # Network: pods get their own network namespace on the bridge palisade0 (POD_CIDR, no
 # uplink, no NAT, no default route in the pods): they can reach only this machine. The
@@ -31,7 +35,8 @@ BRIDGE=${BRIDGE:-palisade0}
 # the old gateway address cached (their API calls and the kubelet's probes fail for ~30 s).
 BRIDGE_MAC=${BRIDGE_MAC:-02:70:61:6c:00:01}
 PAUSE_IMAGE=${PAUSE_IMAGE:-palisade.local/pause:1}
-IMAGE_DIR=${IMAGE_DIR:-$STATE_DIR/../images}
+PAUSE_ARCHIVE=${PAUSE_ARCHIVE:-$STATE_DIR/../images/pause.tar}
+REGISTRY_PORT=${REGISTRY_PORT:-15005}
 START_TIMEOUT=${START_TIMEOUT:-90}
 
 N=$STATE_DIR/node
@@ -146,7 +151,14 @@ EOF
 }
 
 start_containerd() {
-  mkdir -p "$N/containerd"
+  local registry=127.0.0.1:$REGISTRY_PORT
+  mkdir -p "$N/containerd/certs.d/$registry"
+  # The registry speaks plain HTTP (loopback only): without this, containerd tries HTTPS.
+  cat >"$N/containerd/certs.d/$registry/hosts.toml" <<EOF
+server = "http://$registry"
+[host."http://$registry"]
+  capabilities = ["pull", "resolve"]
+EOF
   cat >"$N/containerd/config.toml" <<EOF
 version = 2
 root = "$N/containerd/root"
@@ -177,21 +189,22 @@ state = "$N/containerd/state"
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$N/cni/net.d"
     max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$N/containerd/certs.d"
 EOF
   start containerd "$(command -v containerd)" --config "$N/containerd/config.toml" --log-level warn
   wait_for containerd "its socket" ctr version
 }
 
-import_images() { # tar...
-  local t
-  for t in "$@"; do
-    [[ -f $t ]] || continue
-    ctr -n k8s.io images import "$t" >/dev/null || {
-      log "importing $t failed"
-      return 1
-    }
-    log "imported $(basename "$t")"
-  done
+# The sandbox image, imported on every start: no registry has it, and containerd 1.6
+# does not pin it against GC.
+import_pause_image() {
+  [[ -f $PAUSE_ARCHIVE ]] || { log "missing $PAUSE_ARCHIVE (make node-deps builds it)"; exit 1; }
+  ctr -n k8s.io images import "$PAUSE_ARCHIVE" >/dev/null || { log "importing $PAUSE_ARCHIVE failed"; exit 1; }
+  # grep reads to the end (no -q): an early exit would SIGPIPE ctr and, under pipefail,
+  # fail the check although the image is there.
+  ctr -n k8s.io images ls -q | grep -x "$PAUSE_IMAGE" >/dev/null ||
+    { log "the sandbox image $PAUSE_IMAGE is not in $PAUSE_ARCHIVE"; exit 1; }
 }
 
 start_scheduler() {
@@ -227,7 +240,8 @@ podLogsDir: $N/pod-logs
 podCIDR: $POD_CIDR
 resolvConf: ""
 clusterDomain: cluster.local
-# Images are imported here, never pulled: the image GC must not remove them.
+# Workload images are pulled from the cluster's registry; the sandbox image is imported
+# (no registry has it): the image GC must not remove it.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "50Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
@@ -284,7 +298,6 @@ take_over_stale_owner() {
 up() {
   local t0=$SECONDS
   if healthy; then
-    import_images "$IMAGE_DIR"/*.tar
     log "reusing the running node"
     return 0
   fi
@@ -306,12 +319,7 @@ up() {
   start apiserver-proxy "$(command -v socat)" \
     "TCP-LISTEN:443,bind=$KUBERNETES_SERVICE_IP,reuseaddr,fork" "TCP:127.0.0.1:$APISERVER_PORT"
   start_containerd
-  # Re-imported on every start: containerd 1.6 does not pin the sandbox image against GC.
-  import_images "$IMAGE_DIR"/*.tar
-  # grep reads to the end (no -q): an early exit would SIGPIPE ctr and, under pipefail,
-  # fail the check although the image is there.
-  ctr -n k8s.io images ls -q | grep -x "$PAUSE_IMAGE" >/dev/null ||
-    { log "the sandbox image $PAUSE_IMAGE is not in containerd (make node-deps builds it into $IMAGE_DIR)"; exit 1; }
+  import_pause_image
   start_kubelet
   wait_for kubelet "node $NODE_NAME Ready" node_ready
   log "node $NODE_NAME Ready in $((SECONDS - t0))s"
@@ -397,12 +405,8 @@ case ${1:-} in
   up) up ;;
   down) down ;;
   status) healthy ;;
-  import)
-    shift
-    import_images "$@"
-    ;;
   *)
-    echo "usage: $0 up|down|status|import TAR..." >&2
+    echo "usage: $0 up|down|status" >&2
     exit 2
     ;;
 esac

@@ -5,14 +5,19 @@
 #   the frozen pod resumes, its write is refused by the API server, its `palisade lock`
 #   exits 75, and the kubelet restarts the container, which competes again.
 #
-# Needs: KUBECONFIG (make cluster, with its node), KUBECTL, HELM, the images from
-# `make image-local`, and root (the freezer is the node's cgroup v1 freezer).
+# Needs: KUBECONFIG (make cluster, with its node), KUBECTL, HELM, the images `make
+# image-local` pushes to the cluster's registry (PALISADE_TEST_REGISTRY; PALISADE_IMAGE and
+# EXAMPLE_IMAGE name them), and root (the freezer is the node's cgroup v1 freezer).
 # Exits 0 only when every step of the story happened.
 set -euo pipefail
 
 : "${KUBECONFIG:?set KUBECONFIG}" "${KUBECTL:=kubectl}" "${HELM:=helm}"
 export KUBECONFIG
 root=$(cd "$(dirname "$0")/../.." && pwd)
+app_version=$(awk '$1 == "appVersion:" {gsub(/"/, "", $2); print $2}' "$root/charts/palisade/Chart.yaml")
+registry=${PALISADE_TEST_REGISTRY:-127.0.0.1:15005}
+PALISADE_IMAGE=${PALISADE_IMAGE:-$registry/palisade:$app_version}
+EXAMPLE_IMAGE=${EXAMPLE_IMAGE:-$registry/palisade-example:$app_version}
 SYSTEM_NS=${DEMO_SYSTEM_NAMESPACE:-palisade-system}
 NS=${DEMO_NAMESPACE:-palisade-demo-cluster}
 FREEZER=/sys/fs/cgroup/freezer
@@ -54,8 +59,12 @@ fi
 k delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
 pod_ns "$SYSTEM_NS"
 pod_ns "$NS"
-"$HELM" upgrade --install palisade "$root/charts/palisade" -n "$SYSTEM_NS" \
-  --set image.pullPolicy=Never --set controller.watchNamespace="$NS" \
+# The CRDs outlive releases and the tests apply them too: applied here, not owned by the
+# release (crds.enabled=false, docs/operating.md "CRDs").
+k apply --server-side --force-conflicts -f "$root/crds/palisade.dev.yaml" >/dev/null
+"$HELM" upgrade --install palisade "$root/charts/palisade" -n "$SYSTEM_NS" --set crds.enabled=false \
+  --set image.repository="${PALISADE_IMAGE%:*}" --set image.tag="${PALISADE_IMAGE##*:}" \
+  --set controller.watchNamespace="$NS" \
   --set "policies.namespaceSelector.matchLabels.kubernetes\.io/metadata\.name=$NS" \
   --wait --timeout 120s >/dev/null
 step "$(k -n "$SYSTEM_NS" get deployment palisade --no-headers | awk '{print "deployment palisade: " $2 " ready"}')"
@@ -63,6 +72,7 @@ step "$(k -n "$SYSTEM_NS" get deployment palisade --no-headers | awk '{print "de
 say "2. The workload: examples/ledger, 3 pods contending for Lease ledger"
 # The example as is, with a longer critical section so the holder can be frozen inside it.
 awk '/name: WORK_SECONDS/ {print; getline; sub(/"2"/, "\"4\"")} {print}' "$root/examples/ledger/ledger.yaml" |
+  sed "s|image: .*/palisade-example:.*|image: $EXAMPLE_IMAGE|" |
   k -n "$NS" apply -f - >/dev/null
 k -n "$NS" rollout status deployment/ledger-writer --timeout 120s >/dev/null
 wait_for 60 "a holder in its critical section" bash -c "[[ \$($KUBECTL -n $NS get configmap ledger -o jsonpath='{.data.phase}') == enter ]]"

@@ -87,6 +87,10 @@ impl Release {
             &ns.name,
             "--set-json",
             &selector,
+            // The suite applies the CRDs (`apply_crds`) and many releases run at once: one
+            // release cannot own them. tests/chart_upgrade.rs tests the chart's CRDs.
+            "--set",
+            "crds.enabled=false",
         ];
         args.extend_from_slice(extra);
         let out = helm_ok(true, &args);
@@ -122,4 +126,40 @@ impl Drop for Release {
         ]);
         let _ = run(cmd, None);
     }
+}
+
+/// A top-level field of charts/palisade/Chart.yaml, unquoted: `version`, `appVersion`.
+pub fn chart_field(key: &str) -> String {
+    let path = chart_dir().join("Chart.yaml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("{} has no `{key}:`", path.display()))
+}
+
+/// The cluster's image registry, `host:port` (PALISADE_TEST_REGISTRY, which the Makefile
+/// exports), where `make chart` pushes the chart and `make image-local` the images.
+pub fn test_registry() -> String {
+    std::env::var("PALISADE_TEST_REGISTRY")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| {
+            panic!(
+                "PALISADE_TEST_REGISTRY is not set: it names the cluster's image registry \
+                 (host:port, 127.0.0.1:15005 by default) that `make chart` pushes the chart to \
+                 and `make image-local` the images; run the tests through `make test`, or \
+                 export it after `make cluster chart image-local`"
+            )
+        })
+}
+
+/// The chart as `make chart` pushed it: `oci://<registry>/charts/palisade`, and its
+/// version (Chart.yaml's), for `helm install <ref> --version <version> --plain-http`.
+pub fn oci_chart() -> (String, String) {
+    (
+        format!("oci://{}/charts/palisade", test_registry()),
+        chart_field("version"),
+    )
 }
