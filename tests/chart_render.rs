@@ -1070,7 +1070,7 @@ fn network_policy_allows_the_api_server_and_the_metrics_scrapers_only() {
 }
 
 /// `helm test` runs `palisade check` in a restricted pod, with a Role that allows only
-/// what the check does, all of it deleted once the test passes.
+/// what the check does, kept until the next `helm test` (for `--logs`).
 #[test]
 fn helm_test_pod_runs_palisade_check_with_its_own_least_privilege_role() {
     let objects = render("rel", "ns", &[]);
@@ -1085,8 +1085,8 @@ fn helm_test_pod_runs_palisade_check_with_its_own_least_privilege_role() {
         let annotations = &object["metadata"]["annotations"];
         assert_eq!(annotations["helm.sh/hook"], "test", "{}", object["kind"]);
         assert_eq!(
-            annotations["helm.sh/hook-delete-policy"],
-            "before-hook-creation,hook-succeeded"
+            annotations["helm.sh/hook-delete-policy"], "before-hook-creation",
+            "kept for helm test --logs, replaced by the next helm test"
         );
     }
     let container = &pod["spec"]["containers"][0];
@@ -1118,6 +1118,31 @@ fn helm_test_pod_runs_palisade_check_with_its_own_least_privilege_role() {
         "the claim is bound to the test pod"
     );
     assert_eq!(pod["spec"]["serviceAccountName"], name);
+    assert_eq!(pod["metadata"]["namespace"], "ns");
+    // In the one namespace the controller watches, or where tests.namespace says.
+    for (extra, namespace) in [
+        (&["--set", "controller.watchNamespace=apps"][..], "apps"),
+        (
+            &[
+                "--set",
+                "controller.watchNamespace=apps",
+                "--set",
+                "tests.namespace=team",
+            ],
+            "team",
+        ),
+    ] {
+        let objects = render("rel", "ns", extra);
+        for kind in ["Pod", "ServiceAccount", "Role", "RoleBinding"] {
+            assert_eq!(
+                find(&objects, kind, name)["metadata"]["namespace"],
+                namespace,
+                "{kind}"
+            );
+        }
+        let binding = find(&objects, "RoleBinding", name);
+        assert_eq!(binding["subjects"][0]["namespace"], namespace);
+    }
     assert_eq!(
         rule_set(find(&objects, "Role", name)),
         rules(&[

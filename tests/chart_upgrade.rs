@@ -9,9 +9,10 @@
 
 use std::path::Path;
 
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use palisade::api::Lease;
 use serde::Deserialize;
 use support::claims::{create_claim, create_lease, delete_claim, wait_holder};
@@ -26,6 +27,7 @@ const LEASE_SECONDS: i64 = 3600;
 #[tokio::test]
 async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
     let ns = setup("chart-upgrade").await;
+    run_pods_in(&ns).await;
     let (chart, version) = oci_chart();
     let work = tempdir();
     let previous = push_released_chart(work.path());
@@ -158,6 +160,20 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
             .expect("helm uninstall keeps the Leases");
     }
     release_crds();
+}
+
+/// Lets pods of `ns` run on the node (cluster.sh keeps other namespaces' pods off it),
+/// under the `restricted` Pod Security Standard, as the controller's and helm test's
+/// pods must pass.
+async fn run_pods_in(ns: &TestNamespace) {
+    let patch = serde_json::json!({"metadata": {
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+        "annotations": {"scheduler.alpha.kubernetes.io/node-selector": ""},
+    }});
+    Api::<Namespace>::all(ns.client.clone())
+        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("patching the test namespace");
 }
 
 struct Released {

@@ -434,6 +434,36 @@ async fn ready_replicas(client: &Client) -> i32 {
 
 const CRDS: [&str; 2] = ["leases.palisade.dev", "leaseclaims.palisade.dev"];
 
+/// `helm test`: the chart's check pod (`palisade check`, in the watched namespace) is
+/// granted a Lease by the installed controller and finds both admission policies enforced.
+fn helm_test(when: &str) {
+    let t0 = Instant::now();
+    ok(
+        "helm",
+        &["test", RELEASE, "-n", SYSTEM_NS, "--timeout", "3m"],
+    );
+    // The pod runs in the watched namespace, where `helm test --logs` does not look.
+    let out = ok(
+        "kubectl",
+        &["logs", "-n", LEDGER_NS, &format!("{RELEASE}-test")],
+    );
+    let logs = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "ok: lease",
+        "ok: object fencing refused",
+        "ok: claim identity refused",
+    ] {
+        assert!(
+            logs.contains(line),
+            "helm test {when}: no {line:?} in\n{logs}"
+        );
+    }
+    println!(
+        "helm test {when}: passed in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
 /// The suite applies the CRDs (`support::install_crds`) before any release installs them:
 /// mark them as this release's with the step docs/operating.md ("CRDs") gives users whose
 /// cluster has them, so README.md's command installs the chart whole, CRDs included.
@@ -557,6 +587,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
     let tagged = format!("{repository}:{}", chart_field("appVersion"));
     let pulled = check_controller_image(&client, &tagged, &repository, &digest).await;
     println!("by tag: the controller runs {tagged} = {digest}; kubelet: {pulled}");
+    helm_test("after the install");
     let notes = String::from_utf8_lossy(&out.stdout);
     assert!(
         [
@@ -750,6 +781,7 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
     let by_digest = format!("{repository}@{digest}");
     let pulled = check_controller_image(&client, &by_digest, &repository, &digest).await;
     println!("by digest: the controller runs {by_digest}; kubelet: {pulled}");
+    helm_test("after the upgrade");
     wait_until(
         "grants after the upgrade",
         Duration::from_secs(60),
