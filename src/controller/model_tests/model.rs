@@ -251,9 +251,18 @@ async fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
             let index = c.core.index();
             let walked = index.counts_by_walking();
             prop_assert_eq!(
-                (index.lease_count(), index.held_count()),
-                (walked.leases, walked.held),
+                (
+                    index.lease_count(),
+                    index.held_count(),
+                    index.waiting_count()
+                ),
+                (walked.leases, walked.held, walked.waiting),
                 "running counts drifted"
+            );
+            prop_assert_eq!(
+                index.longest_queue(),
+                index.longest_queue_by_walking(),
+                "the longest queue drifted"
             );
         }
         let violations = std::mem::take(&mut model.0.lock().unwrap().violations);
