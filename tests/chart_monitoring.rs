@@ -24,22 +24,7 @@ const JOB: &str = "palisade-metrics";
 
 /// `helm template` of the chart with `extra` flags, parsed into its objects.
 fn render(extra: &[&str]) -> Vec<Value> {
-    use serde::Deserialize;
-    let chart = chart_dir();
-    let mut args = vec![
-        "template",
-        RELEASE,
-        chart.to_str().unwrap(),
-        "--namespace",
-        NAMESPACE,
-    ];
-    args.extend_from_slice(extra);
-    let out = helm_ok(false, &args);
-    let yaml = String::from_utf8(out.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&yaml)
-        .map(|doc| Value::deserialize(doc).expect("helm renders valid YAML"))
-        .filter(|v| !v.is_null())
-        .collect()
+    support::helm::render(RELEASE, NAMESPACE, extra)
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str) -> Option<&'a Value> {

@@ -5,31 +5,8 @@
 use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
-use support::helm::{chart_dir, helm_command, helm_ok};
-use support::tools::{run, text};
-
-/// `helm template` of the chart, parsed into its objects.
-fn render(release: &str, namespace: &str, extra: &[&str]) -> Vec<Value> {
-    let chart = chart_dir();
-    let mut args = vec![
-        "template",
-        release,
-        chart.to_str().unwrap(),
-        "--namespace",
-        namespace,
-    ];
-    args.extend_from_slice(extra);
-    let out = helm_ok(false, &args);
-    parse_objects(&String::from_utf8(out.stdout).unwrap())
-}
-
-fn parse_objects(yaml: &str) -> Vec<Value> {
-    use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|doc| Value::deserialize(doc).expect("helm renders valid YAML"))
-        .filter(|v| !v.is_null())
-        .collect()
-}
+use support::helm::{chart_dir, helm_command, helm_ok, parse_objects, render};
+use support::tools::{git, run, text};
 
 fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
@@ -1176,14 +1153,6 @@ fn release_version(version: &str) -> (u64, u64, u64) {
         [x, y, z] => (x, y, z),
         _ => panic!("version {version:?} is not x.y.z"),
     }
-}
-
-fn git(args: &[&str]) -> String {
-    let mut cmd = std::process::Command::new("git");
-    cmd.current_dir(support::repo_root()).args(args);
-    let out = run(cmd, None);
-    assert!(out.status.success(), "git {args:?} failed:\n{}", text(&out));
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// Every change to the chart comes with a new chart version: against the last released

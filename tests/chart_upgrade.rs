@@ -16,11 +16,13 @@ use kube::api::{Patch, PatchParams, PostParams};
 use palisade::api::Lease;
 use serde::Deserialize;
 use support::claims::{create_claim, create_lease, delete_claim, wait_holder};
-use support::helm::{chart_field, helm_ok, oci_chart, test_registry};
-use support::tools::{kubectl, text};
+use support::helm::{
+    CRDS, adopt_crds, assert_check_passed, chart_field, helm_ok, oci_chart, release_crds,
+    test_registry,
+};
+use support::tools::{git, kubectl_ok, text};
 use support::{TestNamespace, setup, token};
 
-const CRDS: [&str; 2] = ["leases.palisade.dev", "leaseclaims.palisade.dev"];
 /// Long enough that no test grant expires (claims here are never renewed).
 const LEASE_SECONDS: i64 = 3600;
 
@@ -97,7 +99,7 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
         columns.contains(&"Duration".to_string()),
         "the upgraded CRD serves the new column: {columns:?}"
     );
-    let table = text(&ok_kubectl(&["get", "pl", "-n", &ns.name]));
+    let table = text(&kubectl_ok(&["get", "pl", "-n", &ns.name]));
     assert!(
         table.contains("DURATION"),
         "kubectl get pl shows the new column:\n{table}"
@@ -124,16 +126,7 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
     let tested = helm_ok(true, &["test", &release, "--namespace", &ns.name, "--logs"]);
     let logs = text(&tested);
     println!("helm test after the upgrade:\n{logs}");
-    for line in [
-        "ok: lease",
-        "ok: object fencing refused",
-        "ok: claim identity refused",
-    ] {
-        assert!(
-            logs.contains(line),
-            "helm test's check printed no {line:?}:\n{logs}"
-        );
-    }
+    assert_check_passed(&logs, "after the upgrade");
 
     helm_ok(
         true,
@@ -246,41 +239,6 @@ async fn hold_leases(ns: &TestNamespace) -> (Vec<String>, Vec<(String, i64)>) {
     (leases, held)
 }
 
-/// What a user upgrading from a chart whose CRDs Helm never owned runs once: the
-/// ownership metadata that lets this release take them over.
-fn adopt_crds(release: &str, namespace: &str) {
-    for crd in CRDS {
-        ok_kubectl(&[
-            "label",
-            "--overwrite",
-            "crd",
-            crd,
-            "app.kubernetes.io/managed-by=Helm",
-        ]);
-        ok_kubectl(&[
-            "annotate",
-            "--overwrite",
-            "crd",
-            crd,
-            &format!("meta.helm.sh/release-name={release}"),
-            &format!("meta.helm.sh/release-namespace={namespace}"),
-        ]);
-    }
-}
-
-/// Leaves the kept CRDs to no release, as other tests (and a reinstall) find them first.
-fn release_crds() {
-    for crd in CRDS {
-        ok_kubectl(&[
-            "annotate",
-            "crd",
-            crd,
-            "meta.helm.sh/release-name-",
-            "meta.helm.sh/release-namespace-",
-        ]);
-    }
-}
-
 /// Sets each CRD in `yaml` to exactly that (no Helm metadata), as an install of a chart
 /// with a crds/ directory leaves them. An update, not a delete: Leases of the cluster stay.
 async fn replace_crds(yaml: &str) {
@@ -314,26 +272,6 @@ fn helm(command: &[&[&str]], values: &[String]) {
     let mut args: Vec<&str> = command.concat();
     args.extend(values.iter().map(String::as_str));
     helm_ok(true, &args);
-}
-
-fn ok_kubectl(args: &[&str]) -> std::process::Output {
-    let out = kubectl(args, None);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed:\n{}",
-        text(&out)
-    );
-    out
-}
-
-fn git(args: &[&str]) -> String {
-    let out = std::process::Command::new("git")
-        .args(args)
-        .current_dir(support::repo_root())
-        .output()
-        .expect("git");
-    assert!(out.status.success(), "git {args:?}: {}", text(&out));
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// A directory of this test's own, removed when dropped.

@@ -29,7 +29,10 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use palisade::api::Lease;
 use serde_json::json;
-use support::helm::{chart_field, helm_command, oci_chart, test_registry, with_helm_home};
+use support::helm::{
+    adopt_crds, assert_check_passed, chart_field, helm_command, oci_chart, release_crds,
+    test_registry, with_helm_home,
+};
 use support::tools::{kubectl_command, text, tool};
 
 const RELEASE: &str = "palisade";
@@ -432,8 +435,6 @@ async fn ready_replicas(client: &Client) -> i32 {
     }
 }
 
-const CRDS: [&str; 2] = ["leases.palisade.dev", "leaseclaims.palisade.dev"];
-
 /// `helm test`: the chart's check pod (`palisade check`, in the watched namespace) is
 /// granted a Lease by the installed controller and finds both admission policies enforced.
 fn helm_test(when: &str) {
@@ -448,39 +449,11 @@ fn helm_test(when: &str) {
         &["logs", "-n", LEDGER_NS, &format!("{RELEASE}-test")],
     );
     let logs = String::from_utf8_lossy(&out.stdout);
-    for line in [
-        "ok: lease",
-        "ok: object fencing refused",
-        "ok: claim identity refused",
-    ] {
-        assert!(
-            logs.contains(line),
-            "helm test {when}: no {line:?} in\n{logs}"
-        );
-    }
+    assert_check_passed(&logs, when);
     println!(
         "helm test {when}: passed in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
-}
-
-/// The suite applies the CRDs (`support::install_crds`) before any release installs them:
-/// mark them as this release's with the step docs/operating.md ("CRDs") gives users whose
-/// cluster has them, so README.md's command installs the chart whole, CRDs included.
-fn adopt_crds() {
-    let label = [
-        &["label", "--overwrite", "crd"][..],
-        &CRDS,
-        &["app.kubernetes.io/managed-by=Helm"],
-    ];
-    ok("kubectl", &label.concat());
-    let owner = [
-        format!("meta.helm.sh/release-name={RELEASE}"),
-        format!("meta.helm.sh/release-namespace={SYSTEM_NS}"),
-    ];
-    let owner: Vec<&str> = owner.iter().map(String::as_str).collect();
-    let annotate = [&["annotate", "--overwrite", "crd"][..], &CRDS, &owner];
-    ok("kubectl", &annotate.concat());
 }
 
 /// Uninstalls the release when the test ends, passed or not: a cluster-wide controller
@@ -501,15 +474,7 @@ impl Drop for Uninstall {
                 "--wait=false",
             ],
         );
-        let release = [
-            &["annotate", "crd"][..],
-            &CRDS,
-            &[
-                "meta.helm.sh/release-name-",
-                "meta.helm.sh/release-namespace-",
-            ],
-        ];
-        let _ = run("kubectl", &release.concat());
+        release_crds();
     }
 }
 
@@ -547,7 +512,9 @@ async fn controller_and_workload_run_as_pods_on_the_node() {
     pod_namespace(&client, SYSTEM_NS).await;
     pod_namespace(&client, LEDGER_NS).await;
     support::install_crds().await;
-    adopt_crds();
+    // The suite applied the CRDs before: README.md's command installs the chart whole,
+    // CRDs included, once they are marked as this release's.
+    adopt_crds(RELEASE, SYSTEM_NS);
     let (chart, version) = oci_chart();
     let repository = format!("{}/palisade", test_registry());
     let digest = pushed_digest("palisade");

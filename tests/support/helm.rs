@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::TestNamespace;
-use super::tools::{run, text, tool};
+use super::tools::{kubectl_ok, run, text, tool};
 
 pub fn chart_dir() -> PathBuf {
     super::repo_root().join("charts/palisade")
@@ -162,4 +162,79 @@ pub fn oci_chart() -> (String, String) {
         format!("oci://{}/charts/palisade", test_registry()),
         chart_field("version"),
     )
+}
+
+/// `helm template` of the chart, parsed into its objects.
+pub fn render(release: &str, namespace: &str, extra: &[&str]) -> Vec<Value> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        release,
+        chart.to_str().unwrap(),
+        "--namespace",
+        namespace,
+    ];
+    args.extend_from_slice(extra);
+    let out = helm_ok(false, &args);
+    parse_objects(&String::from_utf8(out.stdout).unwrap())
+}
+
+/// The objects of a multi-document YAML stream.
+pub fn parse_objects(yaml: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).expect("valid YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The chart's CRDs.
+pub const CRDS: [&str; 2] = ["leases.palisade.dev", "leaseclaims.palisade.dev"];
+
+/// Marks the CRDs as `release`'s, the step docs/operating.md ("CRDs") gives users whose
+/// cluster has them already (applied by hand, or left by chart 0.2.0): Helm then takes
+/// them over instead of refusing the install.
+pub fn adopt_crds(release: &str, namespace: &str) {
+    let owner = [
+        format!("meta.helm.sh/release-name={release}"),
+        format!("meta.helm.sh/release-namespace={namespace}"),
+    ];
+    let owner: Vec<&str> = owner.iter().map(String::as_str).collect();
+    kubectl_ok(
+        &[
+            &["label", "--overwrite", "crd"][..],
+            &CRDS,
+            &["app.kubernetes.io/managed-by=Helm"],
+        ]
+        .concat(),
+    );
+    kubectl_ok(&[&["annotate", "--overwrite", "crd"][..], &CRDS, &owner].concat());
+}
+
+/// Leaves the (kept) CRDs to no release, as the suite's other tests and a later install
+/// expect them. Best effort: it runs from test clean-ups.
+pub fn release_crds() {
+    let release = [
+        &["annotate", "crd"][..],
+        &CRDS,
+        &[
+            "meta.helm.sh/release-name-",
+            "meta.helm.sh/release-namespace-",
+        ],
+    ];
+    let _ = super::tools::kubectl(&release.concat(), None);
+}
+
+/// Asserts that the log of `helm test`'s pod (`palisade check`) reports each check passed.
+pub fn assert_check_passed(logs: &str, when: &str) {
+    for line in [
+        "ok: lease",
+        "ok: object fencing refused",
+        "ok: claim identity refused",
+    ] {
+        assert!(
+            logs.contains(line),
+            "helm test {when}: no {line:?} in\n{logs}"
+        );
+    }
 }

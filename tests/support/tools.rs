@@ -1,5 +1,5 @@
 //! The external tools the chart and node tests run (the pinned helm and kubectl that
-//! `make test` puts first on PATH), and how their output is shown when they fail.
+//! `make test` puts first on PATH, and git), and how their output is shown when they fail.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -68,4 +68,24 @@ pub fn kubectl(args: &[&str], stdin: Option<&str>) -> Output {
     let mut cmd = kubectl_command();
     cmd.args(args);
     run(cmd, stdin)
+}
+
+/// kubectl `args` against the test cluster, which must succeed.
+pub fn kubectl_ok(args: &[&str]) -> Output {
+    let out = kubectl(args, None);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed:\n{}",
+        text(&out)
+    );
+    out
+}
+
+/// git `args` in the repository, which must succeed; its standard output.
+pub fn git(args: &[&str]) -> String {
+    let mut cmd = Command::new("git");
+    cmd.current_dir(super::repo_root()).args(args);
+    let out = run(cmd, None);
+    assert!(out.status.success(), "git {args:?} failed:\n{}", text(&out));
+    String::from_utf8(out.stdout).unwrap()
 }
