@@ -56,6 +56,30 @@ fn rule_set(role: &Value) -> BTreeSet<(String, String, String, String)> {
     set
 }
 
+/// What a workload may do: the `<fullname>-client` ClusterRole's rules.
+const CLIENT_RULES: &[Rule] = &[
+    (
+        "palisade.dev",
+        "leases",
+        &["create", "get", "list", "watch"],
+        "",
+    ),
+    (
+        "palisade.dev",
+        "leaseclaims",
+        &["create", "get", "list", "watch", "patch", "delete"],
+        "",
+    ),
+];
+
+/// (apiGroup, resource, verbs, resourceName).
+type Rule = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+);
+
 fn rules(spec: &[(&str, &str, &[&str], &str)]) -> BTreeSet<(String, String, String, String)> {
     spec.iter()
         .flat_map(|(g, r, verbs, name)| {
@@ -571,23 +595,7 @@ fn rendered_rbac_grants_exactly_the_calls_the_controller_and_clients_make() {
     );
     find(&objects, "RoleBinding", "palisade-election");
     let client = find(&objects, "ClusterRole", "palisade-client");
-    assert_eq!(
-        rule_set(client),
-        rules(&[
-            (
-                "palisade.dev",
-                "leases",
-                &["create", "get", "list", "watch"],
-                ""
-            ),
-            (
-                "palisade.dev",
-                "leaseclaims",
-                &["create", "get", "list", "watch", "patch", "delete"],
-                ""
-            ),
-        ])
-    );
+    assert_eq!(rule_set(client), rules(CLIENT_RULES));
     assert_eq!(
         client["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"],
         "true"
@@ -1122,21 +1130,14 @@ fn helm_test_pod_runs_palisade_check_with_its_own_least_privilege_role() {
     }
     assert_eq!(
         rule_set(find(&objects, "Role", name)),
-        rules(&[
-            (
-                "palisade.dev",
-                "leases",
-                &["create", "get", "list", "watch"],
-                ""
-            ),
-            (
-                "palisade.dev",
-                "leaseclaims",
-                &["create", "get", "list", "watch", "patch", "delete"],
-                ""
-            ),
-            ("", "configmaps", &["create", "get", "patch", "delete"], ""),
-        ])
+        // A workload's rules, and the fenced ConfigMap the check writes and deletes.
+        rules(
+            &[
+                CLIENT_RULES,
+                &[("", "configmaps", &["create", "get", "patch", "delete"], "")],
+            ]
+            .concat()
+        )
     );
 }
 
