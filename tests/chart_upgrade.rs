@@ -53,11 +53,8 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
     // A cluster on the released chart: its CRDs, as its crds/ directory installed them.
     let old_crds = work.path().join("charts/palisade/crds/palisade.dev.yaml");
     replace_crds(&std::fs::read_to_string(old_crds).expect("the released chart's crds/")).await;
-    assert!(
-        !printer_columns("leases.palisade.dev")
-            .await
-            .contains(&"Duration".to_string())
-    );
+    let columns_before = printer_columns("leases.palisade.dev").await;
+    assert!(!columns_before.contains(&"Duration".to_string()));
     helm(
         &[
             &[
@@ -98,6 +95,10 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
     assert!(
         columns.contains(&"Duration".to_string()),
         "the upgraded CRD serves the new column: {columns:?}"
+    );
+    println!(
+        "leases.palisade.dev columns: chart {} {columns_before:?} -> chart {version} {columns:?}",
+        previous.version
     );
     let table = text(&kubectl_ok(&["get", "pl", "-n", &ns.name]));
     assert!(
