@@ -15,6 +15,7 @@
 #   make node-deps      what the node needs: containerd/runc/CNI packages, kubelet, the pause image
 #   make image-local    the images without a Docker engine, pushed to the registry (the kubelet pulls them)
 #   make chart          helm package charts/palisade into target/charts/, helm push to oci://<registry>/charts
+#   make chart-release  record Chart.yaml's version as released: charts/released/palisade-<version>.tgz
 #   make demo-cluster   the fencing story with real pods on the node
 #   make cluster-down   stop it and remove its state (and the databases')
 #   make databases      start (or reuse) PostgreSQL and Redis on 127.0.0.1 (PG_PORT, REDIS_PORT)
@@ -89,7 +90,7 @@ endif
 
 .PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test check crds cluster cluster-down cluster-status \
-	controlplane-bins linkproxy node-deps node-packages image-local chart demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
+	controlplane-bins linkproxy node-deps node-packages image-local chart chart-release demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
 	conformance
 
 all: build
@@ -256,6 +257,13 @@ chart: controlplane-bins
 	PATH="$(PALISADE_BIN_DIR):$$PATH" helm package charts/palisade -d target/charts
 	PATH="$(PALISADE_BIN_DIR):$$PATH" helm push target/charts/palisade-$(CHART_VERSION).tgz \
 		oci://$(PALISADE_TEST_REGISTRY)/charts --plain-http
+
+# A released chart is kept as it was packaged: the version-bump test compares the chart
+# with it, and tests/chart_upgrade.rs upgrades from the newest one before Chart.yaml's.
+chart-release: controlplane-bins
+	@test ! -e charts/released/palisade-$(CHART_VERSION).tgz || { echo "chart-release: chart" \
+		"$(CHART_VERSION) is released already (charts/released/); bump Chart.yaml's version" >&2; exit 1; }
+	PATH="$(PALISADE_BIN_DIR):$$PATH" helm package charts/palisade -d charts/released
 
 $(STATIC_BIN): Cargo.toml Cargo.lock $(shell find src -name '*.rs')
 	RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked --bin palisade --target $(STATIC_TARGET)

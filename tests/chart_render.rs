@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 use support::helm::{chart_dir, helm_command, helm_ok, parse_objects, render};
-use support::tools::{git, run, text};
+use support::tools::{run, text};
 
 fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
@@ -1141,24 +1141,9 @@ fn helm_test_pod_runs_palisade_check_with_its_own_least_privilege_role() {
     );
 }
 
-/// `x.y.z` of a SemVer version without pre-release or build parts (the chart's versions).
-fn release_version(version: &str) -> (u64, u64, u64) {
-    let parts: Vec<u64> = version
-        .split('.')
-        .map(|p| {
-            p.parse()
-                .unwrap_or_else(|_| panic!("version {version:?} is not x.y.z"))
-        })
-        .collect();
-    match parts[..] {
-        [x, y, z] => (x, y, z),
-        _ => panic!("version {version:?} is not x.y.z"),
-    }
-}
-
-/// Every change to the chart comes with a new chart version: against the last released
-/// chart (the newest `chart-v*` tag), a chart that differs has a higher version, and
-/// CHANGELOG.md has an entry for it; the app version is the crate's.
+/// Every change to the chart comes with a new chart version: a version that is released
+/// (charts/released/) is exactly the released chart, any other is above the newest
+/// released one, and CHANGELOG.md has an entry for it; the app version is the crate's.
 #[test]
 fn chart_changes_come_with_a_version_bump_and_a_changelog_entry() {
     let chart = support::helm::chart_field("version");
@@ -1168,22 +1153,41 @@ fn chart_changes_come_with_a_version_bump_and_a_changelog_entry() {
         env!("CARGO_PKG_VERSION"),
         "appVersion is the crate's version"
     );
-    let tags = git(&["tag", "--list", "chart-v*", "--sort=-v:refname"]);
-    let last = tags.lines().next().unwrap_or_else(|| {
-        panic!(
-            "no chart-v* tag in this clone: each released chart is tagged chart-v<version>, \
-             and this test compares the chart against the last one (git fetch --tags)"
-        )
-    });
-    let released = last.trim_start_matches("chart-v");
-    let changed = git(&["diff", "--name-only", last, "--", "charts/palisade"]);
-    if !changed.trim().is_empty() {
-        assert!(
-            release_version(&chart) > release_version(released),
-            "charts/palisade changed since {last} ({}) but Chart.yaml's version is {chart}: \
-             bump it (SemVer: minor for new values or objects, patch for fixes)",
-            changed.split_whitespace().collect::<Vec<_>>().join(", ")
-        );
+    let released = support::helm::released_charts();
+    let (newest, _) = released
+        .first()
+        .expect("charts/released/ holds at least one released chart");
+    match released.iter().find(|(version, _)| *version == chart) {
+        Some((_, package)) => {
+            let scratch = tempfile::tempdir().unwrap();
+            let dir = |name: &str| {
+                let dir = scratch.path().join(name);
+                std::fs::create_dir(&dir).unwrap();
+                dir
+            };
+            let was = support::helm::packaged_files(package, &dir("released"));
+            let current = support::helm::package_chart(&dir("package"));
+            let now = support::helm::packaged_files(&current, &dir("current"));
+            let paths: BTreeSet<_> = was.keys().chain(now.keys()).collect();
+            let changed: Vec<String> = paths
+                .into_iter()
+                .filter(|path| was.get(*path) != now.get(*path))
+                .map(|path| path.display().to_string())
+                .collect();
+            assert!(
+                changed.is_empty(),
+                "charts/palisade differs from the released chart {chart} \
+                 (charts/released/palisade-{chart}.tgz) in {}: bump Chart.yaml's version \
+                 (SemVer: minor for new values or objects, patch for fixes) and add its \
+                 CHANGELOG.md entry",
+                changed.join(", ")
+            );
+        }
+        None => assert!(
+            support::helm::chart_version(&chart) > support::helm::chart_version(newest),
+            "Chart.yaml's version {chart} is not released and not above the newest released \
+             chart, {newest} (charts/released/)"
+        ),
     }
     let changelog = std::fs::read_to_string(support::repo_root().join("CHANGELOG.md")).unwrap();
     assert!(

@@ -1,5 +1,5 @@
 //! The chart's upgrade path on the node, as a cluster meets it: the last released chart
-//! (the newest `chart-v*` tag) installed from the registry, Leases granted by its
+//! before this one (charts/released/) installed from the registry, Leases granted by its
 //! controller, then `helm upgrade` to this chart: the CRDs change (they are templates
 //! now, so Helm upgrades them), every Lease keeps its holder and token, tokens keep
 //! rising, `helm test` passes, and `helm uninstall` keeps the CRDs and the Leases.
@@ -17,10 +17,10 @@ use palisade::api::Lease;
 use serde::Deserialize;
 use support::claims::{create_claim, create_lease, delete_claim, wait_holder};
 use support::helm::{
-    CRDS, adopt_crds, assert_check_passed, chart_field, helm_ok, oci_chart, release_crds,
-    test_registry,
+    CRDS, adopt_crds, assert_check_passed, chart_field, chart_version, helm_ok, oci_chart,
+    packaged_files, release_crds, released_charts, test_registry,
 };
-use support::tools::{git, kubectl_ok, text};
+use support::tools::{kubectl_ok, text};
 use support::{TestNamespace, setup, token};
 
 /// Long enough that no test grant expires (claims here are never renewed).
@@ -31,7 +31,7 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
     let ns = setup("chart-upgrade").await;
     run_pods_in(&ns).await;
     let (chart, version) = oci_chart();
-    let work = tempdir();
+    let work = tempfile::tempdir().unwrap();
     let previous = push_released_chart(work.path());
     let release = format!("palisade-{}", ns.name.trim_start_matches("t-"));
     let registry = test_registry();
@@ -50,11 +50,14 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
         "3m".to_string(),
     ];
 
-    // A cluster on the released chart: its CRDs, as its crds/ directory installed them.
-    let old_crds = work.path().join("charts/palisade/crds/palisade.dev.yaml");
-    replace_crds(&std::fs::read_to_string(old_crds).expect("the released chart's crds/")).await;
+    // A cluster on the released chart: its CRDs, as it installed them (chart 0.2.0 from
+    // crds/, which Helm never owns; a later chart from its templates, as the release's).
+    replace_crds(&previous.crds).await;
     let columns_before = printer_columns("leases.palisade.dev").await;
-    assert!(!columns_before.contains(&"Duration".to_string()));
+    assert_eq!(columns_before, lease_columns(&previous.crds));
+    if !previous.crds_in_crds_dir {
+        adopt_crds(&release, &ns.name);
+    }
     helm(
         &[
             &[
@@ -91,20 +94,27 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
         &values,
     );
 
+    let current_crds = std::fs::read_to_string(support::repo_root().join("crds/palisade.dev.yaml"))
+        .expect("crds/palisade.dev.yaml");
     let columns = printer_columns("leases.palisade.dev").await;
-    assert!(
-        columns.contains(&"Duration".to_string()),
-        "the upgraded CRD serves the new column: {columns:?}"
+    assert_eq!(
+        columns,
+        lease_columns(&current_crds),
+        "the upgraded CRD is this chart's"
     );
     println!(
         "leases.palisade.dev columns: chart {} {columns_before:?} -> chart {version} {columns:?}",
         previous.version
     );
-    let table = text(&kubectl_ok(&["get", "pl", "-n", &ns.name]));
-    assert!(
-        table.contains("DURATION"),
-        "kubectl get pl shows the new column:\n{table}"
-    );
+    let table = kubectl_ok(&["get", "pl", "-n", &ns.name]).stdout;
+    let table = String::from_utf8_lossy(&table);
+    let header = table.lines().next().unwrap_or_default();
+    for column in &columns {
+        assert!(
+            header.contains(&column.to_uppercase()),
+            "kubectl get pl shows the column {column}:\n{table}"
+        );
+    }
     for (lease, (holder, token_before)) in leases.iter().zip(&before) {
         let now = wait_holder(&ns, lease, holder).await;
         assert_eq!(
@@ -172,54 +182,34 @@ async fn run_pods_in(ns: &TestNamespace) {
 
 struct Released {
     version: String,
+    /// Its CRDs' YAML.
+    crds: String,
     /// Whether it ships its CRDs in crds/ (chart 0.2.0), which Helm never owns.
     crds_in_crds_dir: bool,
 }
 
-/// The newest `chart-v*` tag's chart, packaged and pushed to the registry, unpacked in `dir`.
-fn push_released_chart(dir: &Path) -> Released {
-    let tags = git(&["tag", "--list", "chart-v*", "--sort=-v:refname"]);
-    let current = chart_field("version");
-    let tag = tags
-        .lines()
-        .find(|t| t.trim_start_matches("chart-v") != current)
-        .expect("a chart-v* tag of an earlier chart version (git fetch --tags)")
-        .to_string();
-    let archive = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "git archive {tag} charts/palisade | tar -x -C '{}'",
-            dir.display()
-        ))
-        .current_dir(support::repo_root())
-        .output()
-        .expect("git archive | tar");
-    assert!(
-        archive.status.success(),
-        "unpacking {tag}: {}",
-        text(&archive)
-    );
-    let chart_dir = dir.join("charts/palisade");
-    let dest = dir.to_str().unwrap();
-    helm_ok(
-        false,
-        &[
-            "package",
-            chart_dir.to_str().unwrap(),
-            "--destination",
-            dest,
-        ],
-    );
-    let version = tag.trim_start_matches("chart-v").to_string();
-    let package = dir.join(format!("palisade-{version}.tgz"));
+/// The newest released chart older than this one (charts/released/), pushed to the
+/// registry as it was released; its files unpacked under `scratch`.
+fn push_released_chart(scratch: &Path) -> Released {
+    let current = chart_version(&chart_field("version"));
+    let (version, package) = released_charts()
+        .into_iter()
+        .find(|(version, _)| chart_version(version) < current)
+        .expect("charts/released/ holds a chart older than Chart.yaml's version");
     let target = format!("oci://{}/charts", test_registry());
     helm_ok(
         false,
         &["push", package.to_str().unwrap(), &target, "--plain-http"],
     );
+    let files = packaged_files(&package, scratch);
+    let in_crds_dir = files.get(Path::new("palisade/crds/palisade.dev.yaml"));
+    let crds = in_crds_dir
+        .or_else(|| files.get(Path::new("palisade/files/crds.yaml")))
+        .unwrap_or_else(|| panic!("{} has no CRDs", package.display()));
     Released {
         version,
-        crds_in_crds_dir: chart_dir.join("crds").is_dir(),
+        crds: String::from_utf8(crds.clone()).unwrap(),
+        crds_in_crds_dir: in_crds_dir.is_some(),
     }
 }
 
@@ -258,6 +248,22 @@ async fn replace_crds(yaml: &str) {
     }
 }
 
+/// The printer columns of leases.palisade.dev in CRD YAML.
+fn lease_columns(yaml: &str) -> Vec<String> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| CustomResourceDefinition::deserialize(doc).expect("a CRD"))
+        .find(|crd| crd.metadata.name.as_deref() == Some("leases.palisade.dev"))
+        .expect("leases.palisade.dev")
+        .spec
+        .versions[0]
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+/// The printer columns `crd` is served with.
 async fn printer_columns(crd: &str) -> Vec<String> {
     let crds: Api<CustomResourceDefinition> = Api::all(support::client().await);
     let crd = crds.get(crd).await.expect("the CRD exists");
@@ -273,25 +279,4 @@ fn helm(command: &[&[&str]], values: &[String]) {
     let mut args: Vec<&str> = command.concat();
     args.extend(values.iter().map(String::as_str));
     helm_ok(true, &args);
-}
-
-/// A directory of this test's own, removed when dropped.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempdir() -> TempDir {
-    let dir = std::env::temp_dir().join(format!("palisade-chart-upgrade-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    TempDir(dir)
 }

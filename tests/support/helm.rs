@@ -1,7 +1,8 @@
 //! The Helm chart (charts/palisade): helm with a home of its own, and a release
 //! installed into a test namespace and uninstalled when the test ends.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
@@ -137,6 +138,81 @@ pub fn chart_field(key: &str) -> String {
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .map(|v| v.trim().trim_matches('"').to_string())
         .unwrap_or_else(|| panic!("{} has no `{key}:`", path.display()))
+}
+
+/// `x.y.z` of a chart version (no pre-release or build parts), comparable.
+pub fn chart_version(version: &str) -> (u64, u64, u64) {
+    let parts: Vec<u64> = version
+        .split('.')
+        .map(|p| {
+            p.parse()
+                .unwrap_or_else(|_| panic!("chart version {version:?} is not x.y.z"))
+        })
+        .collect();
+    match parts[..] {
+        [x, y, z] => (x, y, z),
+        _ => panic!("chart version {version:?} is not x.y.z"),
+    }
+}
+
+/// The released charts as `make chart-release` keeps them in the repository
+/// (charts/released/palisade-<version>.tgz): version and package, newest first.
+pub fn released_charts() -> Vec<(String, PathBuf)> {
+    let dir = super::repo_root().join("charts/released");
+    let entries = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e} (the released charts)", dir.display()));
+    let mut charts: Vec<(String, PathBuf)> = entries
+        .map(|entry| entry.unwrap().path())
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?;
+            let version = name.strip_prefix("palisade-")?.strip_suffix(".tgz")?;
+            Some((version.to_string(), path.clone()))
+        })
+        .collect();
+    charts.sort_by_key(|(version, _)| std::cmp::Reverse(chart_version(version)));
+    charts
+}
+
+/// `helm package` of charts/palisade into `dir`; the package's path.
+pub fn package_chart(dir: &Path) -> PathBuf {
+    let chart = chart_dir();
+    helm_ok(
+        false,
+        &[
+            "package",
+            chart.to_str().unwrap(),
+            "--destination",
+            dir.to_str().unwrap(),
+        ],
+    );
+    dir.join(format!("palisade-{}.tgz", chart_field("version")))
+}
+
+/// Every file of a packaged chart (a `helm package` .tgz) by its path in the package.
+pub fn packaged_files(package: &Path, scratch: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut cmd = Command::new("tar");
+    cmd.arg("-xzf").arg(package).arg("-C").arg(scratch);
+    let out = run(cmd, None);
+    assert!(
+        out.status.success(),
+        "unpacking {}: {}",
+        package.display(),
+        text(&out)
+    );
+    let mut files = BTreeMap::new();
+    let mut dirs = vec![scratch.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                files.insert(path.strip_prefix(scratch).unwrap().to_path_buf(), bytes);
+            }
+        }
+    }
+    files
 }
 
 /// The cluster's image registry, `host:port` (PALISADE_TEST_REGISTRY, which the Makefile

@@ -1,5 +1,5 @@
 //! The external tools the chart and node tests run (the pinned helm and kubectl that
-//! `make test` puts first on PATH, and git), and how their output is shown when they fail.
+//! `make test` puts first on PATH), and how their output is shown when they fail.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -79,13 +79,4 @@ pub fn kubectl_ok(args: &[&str]) -> Output {
         text(&out)
     );
     out
-}
-
-/// git `args` in the repository, which must succeed; its standard output.
-pub fn git(args: &[&str]) -> String {
-    let mut cmd = Command::new("git");
-    cmd.current_dir(super::repo_root()).args(args);
-    let out = run(cmd, None);
-    assert!(out.status.success(), "git {args:?} failed:\n{}", text(&out));
-    String::from_utf8(out.stdout).unwrap()
 }
