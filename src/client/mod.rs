@@ -75,8 +75,8 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The server-side timeout of the watch a waiter learns of its grant from: a watch
 /// that died silently is noticed within this plus `object_watch::SILENCE_MARGIN` (2 s),
-/// so a waiter whose connection died sees its grant within about 7 s. Each waiter's
-/// quiet watch costs one request per period.
+/// and resumed on another connection (5 s more, under [`CALL_TIMEOUT`], for each pooled
+/// one that died too). Each waiter's quiet watch costs one request per period.
 pub const GRANT_WATCH_TIMEOUT_SECS: u32 = 5;
 
 /// The server-side timeout of every other watch: a holder's (its renewals, each under
