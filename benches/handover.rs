@@ -459,11 +459,11 @@ async fn api_cost(
 ) -> Cost {
     // The holder and the waiters send through a client of their own that counts.
     let sent = requests::Recorded::default();
-    let counted = kube::client::ClientBuilder::try_from(config)
+    let counted = palisade::kube_client::builder(config)
         .unwrap()
         .with_layer(&sent)
         .build();
-    let leases = &LeaseClient::new(counted, ns);
+    let leases = &LeaseClient::on_pinged_connections(counted, ns);
     let (baseline_rate, baseline_window) = request_rate(client, baseline).await;
     leases
         .ensure_lease("steady", STEADY_LEASE_SECS)

@@ -1,5 +1,5 @@
 //! The Kubernetes client of the controller and the client library: kube's, with
-//! `TCP_NODELAY` on its connections.
+//! `TCP_NODELAY` on its connections, and PINGed HTTP/2 ones for the library.
 //!
 //! kube 5 leaves Nagle's algorithm on (kube-rs issue 2056). A request written in
 //! two pieces then waits for the API server's delayed ACK of the first, about 40 ms,
@@ -19,34 +19,69 @@
 //! on a healthy but quiet watch, so a dead watch is noticed within
 //! [`READ_TIMEOUT`] too. [`within`] puts a deadline on a whole call, for the
 //! configurations where we do not build the connector ourselves.
+//!
+//! The client library's and the agent's connections ([`client`]) speak HTTP/2
+//! where the API server offers it (kube offers HTTP/1.1 only), and are PINGed every
+//! [`PING_INTERVAL`], idle or not; one whose PING goes unanswered for
+//! [`PING_TIMEOUT`] is closed, failing every request and watch on it. That is how a
+//! quiet watch is known alive without a request (DESIGN.md, "Client API deadlines").
 
 use std::future::Future;
 use std::time::Duration;
 
+use http::{Request, Response};
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use kube::client::ConfigExt;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::retry::RetryPolicy;
+use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
 use kube::{Client, Config};
-use tower::ServiceBuilder;
 use tower::retry::RetryLayer;
+use tower::util::BoxService;
+use tower::{BoxError, ServiceBuilder, ServiceExt};
 
-/// The client for this configuration, with `TCP_NODELAY` where we can set it.
+/// The service under a [`Client`] of [`builder`], whichever stack it is.
+pub type Transport = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
+
+/// The client for this configuration, with `TCP_NODELAY` and PINGed HTTP/2
+/// connections where [`pings`] says we build them.
 pub fn client(config: Config) -> Result<Client, kube::Error> {
-    if config.proxy_url.is_some() || config.auth_info.exec.is_some() {
-        return Client::try_from(config);
+    Ok(builder(config)?.build())
+}
+
+/// Whether [`client`] builds this configuration's connections itself (TCP_NODELAY,
+/// HTTP/2 PINGs), rather than handing it to kube unchanged.
+pub fn pings(config: &Config) -> bool {
+    config.proxy_url.is_none()
+        && config.auth_info.exec.is_none()
+        && config.tls_server_name.is_none()
+}
+
+/// [`client`]'s stack, for callers that add a layer of their own.
+pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> {
+    stack(config, true)
+}
+
+/// The stack of [`builder`]; `http2`: offer HTTP/2 (and PING its connections).
+fn stack(config: Config, http2: bool) -> Result<ClientBuilder<Transport>, kube::Error> {
+    if !pings(&config) {
+        return ClientBuilder::try_from(config);
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    let https = config.rustls_https_connector_with_connector(http)?;
+    let https = https_connector(&config, http, http2)?;
     let mut connector = hyper_timeout::TimeoutConnector::new(https);
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_read_timeout(config.read_timeout);
     connector.set_write_timeout(config.write_timeout);
     connector.set_reset_reader_on_write(config.reset_reader_on_write);
-    let transport =
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+    let transport = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .http2_keep_alive_interval(PING_INTERVAL)
+        .http2_keep_alive_timeout(PING_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+        .build(connector);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(
@@ -56,15 +91,44 @@ pub fn client(config: Config) -> Result<Client, kube::Error> {
         )
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
-        .map_err(tower::BoxError::from)
-        .service(transport);
-    Ok(Client::new(service, config.default_namespace))
+        .map_err(BoxError::from)
+        .service(transport)
+        .map_response(|response| {
+            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+        });
+    Ok(ClientBuilder::new(
+        BoxService::new(service),
+        config.default_namespace,
+    ))
 }
 
-/// [`client`] for the inferred configuration (kubeconfig, or in-cluster).
-pub async fn try_default() -> Result<Client, kube::Error> {
-    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    client(config)
+/// kube's TLS connector, offering HTTP/2 as well when `http2` (kube's offers HTTP/1.1 only).
+fn https_connector(
+    config: &Config,
+    http: HttpConnector,
+    http2: bool,
+) -> Result<hyper_rustls::HttpsConnector<HttpConnector>, kube::Error> {
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config.rustls_client_config()?)
+        .https_or_http()
+        .enable_http1();
+    Ok(if http2 {
+        connector.enable_http2().wrap_connector(http)
+    } else {
+        connector.wrap_connector(http)
+    })
+}
+
+/// How often an HTTP/2 connection is PINGed, idle or not.
+pub const PING_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How long a PING may go unanswered before its connection is closed, and every
+/// request and watch on it fails (to be retried or resumed on a new one).
+pub const PING_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The inferred configuration (kubeconfig, or in-cluster).
+pub async fn infer() -> Result<Config, kube::Error> {
+    Config::infer().await.map_err(kube::Error::InferConfig)
 }
 
 /// How long a controller connection may deliver nothing after a request was written
@@ -84,7 +148,9 @@ pub async fn controller_default() -> Result<Client, kube::Error> {
     let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     config.read_timeout = Some(READ_TIMEOUT);
     config.reset_reader_on_write = true;
-    client(config)
+    // HTTP/1.1: the controller's dead connections are found by the read timeout, one
+    // request each, and its write pass is measured on them (`make bench`).
+    Ok(stack(config, false)?.build())
 }
 
 /// Error of a call that did not finish within its deadline.

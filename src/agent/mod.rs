@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use kube::Client;
+
 use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -76,7 +76,8 @@ pub enum StartError {
 
 /// The agent's state, shared by its handlers and tasks.
 pub struct Agent {
-    kube: Client,
+    /// In the default namespace; the others' are made from it.
+    kube: LeaseClient,
     default_namespace: String,
     clients: Mutex<HashMap<String, LeaseClient>>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
@@ -91,7 +92,7 @@ impl Agent {
         let mut clients = self.clients.lock().unwrap();
         clients
             .entry(namespace.to_string())
-            .or_insert_with(|| LeaseClient::new(self.kube.clone(), namespace))
+            .or_insert_with(|| self.kube.in_namespace(namespace))
             .clone()
     }
 
@@ -263,7 +264,7 @@ fn new_id() -> String {
 
 /// Runs the agent until `shutdown`, then releases every grant and returns.
 pub async fn run(
-    kube: Client,
+    kube: LeaseClient,
     config: AgentConfig,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Threads, block_on, init_logging};
 use crate::agent::{self, AgentConfig, DEFAULT_SOCKET, DEFAULT_TOKEN_DIR};
+use crate::client::LeaseClient;
 
 const AFTER_HELP: &str = "\
 Run it as a native sidecar (an init container with restartPolicy: Always) with the
@@ -52,7 +53,7 @@ pub struct AgentArgs {
 pub fn run(args: AgentArgs) -> ExitCode {
     init_logging("info", args.log_json);
     block_on("agent", Threads::One, async move {
-        let client = match crate::kube_client::try_default().await {
+        let client = match LeaseClient::try_default(args.namespace.as_deref()).await {
             Ok(c) => c,
             Err(e) => {
                 eprintln!(
@@ -61,10 +62,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let namespace = args
-            .namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_string());
+        let namespace = client.namespace().to_string();
         let config = AgentConfig {
             namespace,
             socket: args.socket,

@@ -3,9 +3,9 @@
 //! this process, only API access to `leases` and `leaseclaims`.
 //!
 //! ```no_run
-//! # async fn demo(client: kube::Client) -> Result<(), palisade::client::Error> {
+//! # async fn demo() -> Result<(), palisade::client::Error> {
 //! use palisade::client::{AcquireOptions, LeaseClient};
-//! let leases = LeaseClient::new(client, "payments");
+//! let leases = LeaseClient::try_default(Some("payments")).await?;
 //! let grant = leases.acquire("billing-cron", AcquireOptions::default()).await?;
 //! let token = grant.token(); // pass it along with every write to the protected resource
 //! tokio::select! {
@@ -49,8 +49,8 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use kube::Client;
 use kube::api::Api;
+use kube::{Client, Config};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
@@ -73,16 +73,38 @@ pub const CLIENT_MANAGER: &str = "palisade-client";
 /// are bounded by their server-side timeout instead (`object_watch`).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The server-side timeout of the watch a waiter learns of its grant from: a watch
-/// that died silently is noticed within this plus `object_watch::SILENCE_MARGIN` (2 s),
-/// and resumed on another connection (5 s more, under [`CALL_TIMEOUT`], for each pooled
-/// one that died too). Each waiter's quiet watch costs one request per period.
-pub const GRANT_WATCH_TIMEOUT_SECS: u32 = 5;
+/// How long each watch stays open before the API server ends it (`timeoutSeconds`)
+/// and the client resumes it: what a quiet watch costs, one request per period, and,
+/// on connections nobody health-checks, how soon a silently dead one is noticed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WatchPeriods {
+    /// The Lease watch a waiter learns of its grant from.
+    pub(crate) grant_secs: u32,
+    /// Every other watch: a holder's (its renewals, each under [`CALL_TIMEOUT`] and
+    /// judged on the claim they return, notice an ended grant without them) and a
+    /// waiter's watch of its own claim (which only ends a wait early).
+    pub(crate) quiet_secs: u32,
+}
 
-/// The server-side timeout of every other watch: a holder's (its renewals, each under
-/// [`CALL_TIMEOUT`] and judged on the claim they return, notice an ended grant without
-/// them) and a waiter's watch of its own claim (which only ends the wait early).
-pub const QUIET_WATCH_TIMEOUT_SECS: u32 = 60;
+/// On a `kube::Client` of the caller's ([`LeaseClient::new`]), whose connections may
+/// die silently and stay open: a watch silent for `object_watch::SILENCE_MARGIN` (2 s)
+/// past its period is dropped with its connection, so a waiter's watch is noticed
+/// dead within 7 s and resumed on another connection (5 s more, under
+/// [`CALL_TIMEOUT`], for each pooled one that died too).
+pub(crate) const UNCHECKED_CONNECTIONS: WatchPeriods = WatchPeriods {
+    grant_secs: 5,
+    quiet_secs: 60,
+};
+
+/// On connections `kube_client` built: HTTP/2, PINGed every
+/// [`PING_INTERVAL`](crate::kube_client::PING_INTERVAL) and closed when a PING goes
+/// unanswered for [`PING_TIMEOUT`](crate::kube_client::PING_TIMEOUT), which fails every
+/// watch on them at once. The period only bounds how long a watch lasts; five minutes,
+/// like client-go's reflectors, so a waiter costs under one request a minute.
+pub(crate) const PINGED_CONNECTIONS: WatchPeriods = WatchPeriods {
+    grant_secs: 300,
+    quiet_secs: 300,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -232,28 +254,68 @@ pub struct LeaseClient {
     namespace: String,
     leases: Api<Lease>,
     claims: Api<LeaseClaim>,
+    watch_periods: WatchPeriods,
     /// Claim creations and the deletions spawned from `Drop`, so that `flush` can wait for them.
     cleanup: TaskTracker,
 }
 
 impl LeaseClient {
+    /// A client on `client`'s connections. Nothing is known of their health, so a
+    /// waiter's Lease watch is ended and resumed every 5 s, the sign of life a silently
+    /// dead connection cannot give; [`LeaseClient::from_config`] waits for free.
     pub fn new(client: Client, namespace: &str) -> Self {
+        Self::with_periods(client, namespace, UNCHECKED_CONNECTIONS)
+    }
+
+    /// A client on connections that `kube_client::client` or `kube_client::builder`
+    /// built for a configuration `kube_client::pings` accepts (HTTP/2, PINGed): its
+    /// watches stay open for minutes. Any other `kube::Client` belongs in
+    /// [`LeaseClient::new`], or a dead connection goes unnoticed for as long.
+    pub fn on_pinged_connections(client: Client, namespace: &str) -> Self {
+        Self::with_periods(client, namespace, PINGED_CONNECTIONS)
+    }
+
+    fn with_periods(client: Client, namespace: &str, watch_periods: WatchPeriods) -> Self {
         Self {
             namespace: namespace.to_string(),
             leases: Api::namespaced(client.clone(), namespace),
             claims: Api::namespaced(client, namespace),
+            watch_periods,
             cleanup: TaskTracker::new(),
         }
     }
 
-    /// A client from `KUBECONFIG` (or the in-cluster config), in `namespace` or else
-    /// the configuration's default namespace.
-    pub async fn try_default(namespace: Option<&str>) -> Result<Self, kube::Error> {
-        let client = crate::kube_client::try_default().await?;
+    /// A client on connections of its own for `config` (`kube_client::client`): HTTP/2,
+    /// PINGed, so its watches stay open for minutes, in `namespace` or else the
+    /// configuration's default namespace.
+    pub fn from_config(config: Config, namespace: Option<&str>) -> Result<Self, kube::Error> {
+        let periods = if crate::kube_client::pings(&config) {
+            PINGED_CONNECTIONS
+        } else {
+            UNCHECKED_CONNECTIONS
+        };
+        let client = crate::kube_client::client(config)?;
         let namespace = namespace
             .map(str::to_string)
             .unwrap_or_else(|| client.default_namespace().to_string());
-        Ok(Self::new(client, &namespace))
+        Ok(Self::with_periods(client, &namespace, periods))
+    }
+
+    /// [`LeaseClient::from_config`] with `KUBECONFIG` (or the in-cluster config).
+    pub async fn try_default(namespace: Option<&str>) -> Result<Self, kube::Error> {
+        Self::from_config(crate::kube_client::infer().await?, namespace)
+    }
+
+    /// This client (its connections and cleanup) in another namespace.
+    pub fn in_namespace(&self, namespace: &str) -> Self {
+        let client = self.leases.clone().into_client();
+        Self {
+            namespace: namespace.to_string(),
+            leases: Api::namespaced(client.clone(), namespace),
+            claims: Api::namespaced(client, namespace),
+            watch_periods: self.watch_periods,
+            cleanup: self.cleanup.clone(),
+        }
     }
 
     pub fn namespace(&self) -> &str {
@@ -309,6 +371,7 @@ impl LeaseClient {
             &self.claims,
             lease,
             guard,
+            self.watch_periods,
             deadline,
             timed_out,
         )

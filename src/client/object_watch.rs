@@ -16,7 +16,8 @@
 //! [`SILENCE_MARGIN`] past its timeout is dropped with its connection. Either way
 //! it resumes from the last resourceVersion seen, without a list; only an expired
 //! resourceVersion (410 Gone) lists again. A quiet watch so costs one request per
-//! `timeout`, and a dead one is noticed within `timeout` plus the margin.
+//! `timeout`, and a dead one is noticed within `timeout` plus the margin, or sooner
+//! when its connection is PINGed (`kube_client`), which fails the stream itself.
 
 use std::fmt;
 use std::time::Duration;

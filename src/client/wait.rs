@@ -12,7 +12,7 @@ use tokio::time::{Instant, timeout_at};
 use super::claim::ClaimGuard;
 use super::clock::BootInstant;
 use super::object_watch::{Events, watch_one};
-use super::{Error, GRANT_WATCH_TIMEOUT_SECS, LostReason, QUIET_WATCH_TIMEOUT_SECS};
+use super::{Error, LostReason, WatchPeriods};
 use crate::api::{ClaimPhase, Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS};
 
 /// A grant, as the wait saw it: the claim (guarded), the Lease that names it, when
@@ -33,12 +33,13 @@ pub(super) async fn await_grant(
     claims: &Api<LeaseClaim>,
     lease: &str,
     guard: ClaimGuard,
+    periods: WatchPeriods,
     deadline: Option<Instant>,
     timed_out: impl FnOnce() -> Error,
 ) -> Result<Granted, Error> {
     // Watch both before deciding anything: the first event of each is the current state.
-    let mut lease_events = watch_one(leases.clone(), lease, GRANT_WATCH_TIMEOUT_SECS);
-    let mut claim_events = watch_one(claims.clone(), &guard.name, QUIET_WATCH_TIMEOUT_SECS);
+    let mut lease_events = watch_one(leases.clone(), lease, periods.grant_secs);
+    let mut claim_events = watch_one(claims.clone(), &guard.name, periods.quiet_secs);
     let waited = until_deadline(
         deadline,
         wait_for_grant(lease, &guard, &mut lease_events, &mut claim_events),
@@ -60,7 +61,7 @@ pub(super) async fn await_grant(
     // The holder's Lease watch on the slower period: its first event is the Lease
     // now, so nothing since the grant is missed.
     drop(lease_events);
-    let lease_events = watch_one(leases.clone(), lease, QUIET_WATCH_TIMEOUT_SECS);
+    let lease_events = watch_one(leases.clone(), lease, periods.quiet_secs);
     Ok(Granted {
         guard,
         lease: granted,
