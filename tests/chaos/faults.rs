@@ -216,6 +216,7 @@ pub struct HeldGrant {
     pub identity: String,
     pub lease: String,
     pub claim_uid: String,
+    pub token: u64,
 }
 
 /// [`pick_holder`], with the Lease and the claim.
@@ -229,13 +230,15 @@ pub async fn pick_grant(
     for lease in ctx.leases {
         // Bounded: behind a partitioned etcd member a read can hang for long.
         if let Ok(Ok(l)) = tokio::time::timeout(Duration::from_secs(2), api.get(lease)).await
-            && let Some(h) = l.status.and_then(|s| s.holder)
+            && let Some(status) = l.status
+            && let Some(h) = status.holder
             && procs.worker_pid(&h.identity).is_some()
         {
             holders.push(HeldGrant {
                 identity: h.identity,
                 lease: lease.clone(),
                 claim_uid: h.claim_uid,
+                token: status.fencing_token.unwrap_or(0) as u64,
             });
         }
     }
