@@ -3,8 +3,9 @@
 //! Latency: from the moment the holder lets go (its release request is sent, its
 //! Pod object is deleted, or its lease duration runs out) to the moment the next
 //! holder's process observes its grant (its `acquire` returns). Release and Pod
-//! deletion run one handover at a time on one Lease; expiry (2 s lease duration,
-//! reported as the time past the duration) runs `--expiry-lanes` independent
+//! deletion run one handover at a time on one Lease; expiry (2 s lease duration, a
+//! holder that renews once when it sees its grant and then falls silent, reported as
+//! the time past its renewal + the duration) runs `--expiry-lanes` independent
 //! Leases side by side, `--expiry-rounds` handovers each, so that 200 of them take
 //! about 30 s.
 //!
@@ -33,10 +34,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, Config, ResourceExt};
-use palisade::api::LeaseClaim;
+use palisade::api::{LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
 use serde_json::json;
 
@@ -355,10 +358,12 @@ async fn expiry_lanes(
     samples
 }
 
-/// The holder is a bare claim that never renews; its grant is observed at `granted`,
-/// and it expires 2 s after the controller granted it: report the time past
-/// `granted + 2 s`, signed. The grant is observed after it was made, so a handover
-/// can land before that point: such a sample is negative and reported as it is.
+/// The holder is a bare claim that renews once, the moment its grant is observed, as
+/// the client library's `acquire` does, naming the grant's token; then it falls
+/// silent. It expires 2 s after the controller observed that renewal: report the
+/// time past the renewal's response + 2 s, signed. The controller observes the
+/// renewal a little after it landed, so a handover can come before that point: such
+/// a sample is negative and reported as it is.
 async fn expiry(
     client: &Client,
     leases: &LeaseClient,
@@ -382,17 +387,31 @@ async fn expiry(
             .await
             .unwrap();
         let mut stream = watcher::watch_object(leases.leases().clone(), &lease).boxed();
-        let granted = tokio::time::timeout(WAIT_LIMIT, async {
+        let token = tokio::time::timeout(WAIT_LIMIT, async {
             loop {
-                let l = stream.next().await.unwrap().unwrap().unwrap();
-                if l.status.and_then(|s| s.holder).map(|h| h.claim_uid) == silent.metadata.uid {
-                    break Instant::now();
+                let status = stream.next().await.unwrap().unwrap().unwrap().status;
+                let status = status.unwrap_or_default();
+                if status.holder.map(|h| h.claim_uid) == silent.metadata.uid {
+                    break status.fencing_token.unwrap_or_default();
                 }
             }
         })
         .await
         .unwrap_or_else(|_| panic!("{lease}: the silent claim not granted within {WAIT_LIMIT:?}"));
         drop(stream);
+        let renewal = json!({
+            "metadata": {"annotations": {RENEWED_TOKEN_ANNOTATION: token.to_string()}},
+            "spec": {"renewTime": MicroTime(Timestamp::now())},
+        });
+        claims
+            .patch(
+                &silent.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&renewal),
+            )
+            .await
+            .unwrap();
+        let renewed = Instant::now();
         let next = leases
             .acquire(
                 &lease,
@@ -401,7 +420,7 @@ async fn expiry(
             .await
             .unwrap();
         // Signed milliseconds: never clamped to 0.
-        samples.push((granted.elapsed().as_secs_f64() - 2.0) * 1e3);
+        samples.push((renewed.elapsed().as_secs_f64() - 2.0) * 1e3);
         next.release().await.unwrap();
         let _ = claims
             .delete(&silent.name_any(), &DeleteParams::default())

@@ -14,6 +14,12 @@ pub const GROUP: &str = "palisade.dev";
 pub const VERSION: &str = "v1alpha1";
 /// Annotation that carries a fencing token on a fenced Kubernetes object.
 pub const FENCING_TOKEN_ANNOTATION: &str = "palisade.dev/fencing-token";
+/// Set on a LeaseClaim by each of its holder's renewals: the fencing token of the
+/// grant renewed. Its holder has seen that grant, and its first renewal of it has
+/// landed (DESIGN "Expiry is one write"). An annotation, not a spec field, so that
+/// controllers and clients of earlier versions, which refuse unknown spec fields,
+/// read the claims of later clients.
+pub const RENEWED_TOKEN_ANNOTATION: &str = "palisade.dev/renewed-token";
 /// Label that puts a Kubernetes object under fencing by the named Lease.
 pub const FENCED_BY_LABEL: &str = "palisade.dev/fenced-by";
 /// Field manager of every write the controller makes.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
-use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
+use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase, RENEWED_TOKEN_ANNOTATION};
 use palisade::client::{AcquireOptions, Error, Grant, LeaseClient, LostReason, PodBinding};
 use support::proxy::{Mode, Proxy};
 use support::{ControllerProcess, TestNamespace, WAIT, claim_names, wait_for};
@@ -168,6 +168,12 @@ async fn a_renewing_holder_keeps_a_short_lease_for_several_durations() {
         .await
         .unwrap();
     assert!(claim.spec.renew_time.is_some(), "renewTime is written");
+    // The renewal names the grant it renews (DESIGN "Expiry is one write").
+    let renewed = grant.token().to_string();
+    assert_eq!(
+        claim.annotations().get(RENEWED_TOKEN_ANNOTATION),
+        Some(&renewed)
+    );
     assert_eq!(controller.metric("palisade_expirations_total").await, 0.0);
     grant.release().await.unwrap();
 }
@@ -692,7 +698,8 @@ async fn acquire_never_returns_a_grant_the_controller_already_ended() {
 
 /// In a storm the controller writes the new holder's `Granted` mirror after
 /// every pending grant, possibly later than the holder's deadline. Its renewals must
-/// count meanwhile (every ending marks the claim first, so an unmirrored claim is not
+/// count meanwhile (an ending marks the claim first unless the claim shows a renewal
+/// of the grant, so an unmirrored claim whose first renewal is still to come is not
 /// an ended one), and an ending marked later must still be the loss. No controller
 /// runs here: the test writes the Lease as the controller would and leaves the mirror.
 #[tokio::test]

@@ -69,9 +69,13 @@ pub async fn delete_namespace(client: &Client, ns: &str) {
 }
 
 /// `palisade controller` for `ns` (the binary of the bench's profile: release under
-/// `cargo bench`, debug under the smoke run of `make test`), and its admin port.
+/// `cargo bench`, debug under the smoke run of `make test`; or, for a before figure,
+/// the one `PALISADE_CONTROLLER_BIN` names), and its admin port.
 pub async fn start_controller(kubeconfig: &PathBuf, ns: &str) -> (tokio::process::Child, u16) {
-    let controller_bin = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
+    let controller_bin = std::env::var_os("PALISADE_CONTROLLER_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_palisade")),
+        PathBuf::from,
+    );
     let admin_port = support::free_port();
     let controller = tokio::process::Command::new(&controller_bin)
         .args([

@@ -95,7 +95,10 @@
 //!    Peak RSS is the higher VmHWM of the two controller processes. Then the
 //!    controller is killed and the renewals stop for good.
 //! 7. **Storm**: every holder silent at the same moment, each Lease with a waiter
-//!    (`w-i` where `h-i` still holds, else a new claim `s-i`). How they come due at
+//!    (`w-i` where `h-i` still holds, else a new claim `s-i`). Each holder then renews
+//!    once, naming its grant's token as every renewal of the client library does (the
+//!    renewer of the earlier phases does not know the tokens), so their expiries are
+//!    one write each (DESIGN "Expiry is one write"). How they come due at
 //!    one instant without N renewals: the controller gives every held grant a fresh
 //!    full duration when it takes over (DESIGN rule 4; a restart is a takeover), so a
 //!    controller started with no holder renewing makes all N due one lease duration
@@ -163,7 +166,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, CustomResourceExt, Resource, ResourceExt};
-use palisade::api::{Lease, LeaseClaim};
+use palisade::api::{Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use palisade::client::CLIENT_MANAGER;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

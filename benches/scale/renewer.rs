@@ -119,7 +119,7 @@ pub(crate) async fn renew_loop(
                     } else {
                         pair.holder.clone()
                     };
-                    running.push(renew(claims.clone(), name, uid));
+                    running.push(renew(claims.clone(), name, uid, None));
                 }
             }
             Some(result) = running.next(), if !running.is_empty() => {
@@ -135,16 +135,22 @@ pub(crate) async fn renew_loop(
     }
 }
 
-/// What the client library does to renew: one merge patch of `spec.renewTime`.
+/// What the client library does to renew: one merge patch of `spec.renewTime`, and
+/// of the annotation that names the grant renewed, when the renewer knows its token
+/// (the library always does; the bench's renewer knows it only in the storm).
 pub(crate) async fn renew(
     claims: Api<LeaseClaim>,
     name: String,
     uid: String,
+    token: Option<i64>,
 ) -> Result<(), kube::Error> {
-    let patch = json!({
+    let mut patch = json!({
         "metadata": {"uid": uid},
         "spec": {"renewTime": MicroTime(Timestamp::now())},
     });
+    if let Some(token) = token {
+        patch["metadata"]["annotations"] = json!({RENEWED_TOKEN_ANNOTATION: token.to_string()});
+    }
     let params = PatchParams {
         field_manager: Some(CLIENT_MANAGER.to_string()),
         ..PatchParams::default()

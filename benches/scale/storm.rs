@@ -29,15 +29,20 @@ pub(crate) async fn storm(
     let leases = s.leases.clone();
     let claims = s.claims.clone();
 
-    // 1. Who holds each Lease; a waiter for each: w-i where h-i still holds, else a new s-i.
-    let mut holders: HashMap<String, (Option<String>, String)> = HashMap::new();
+    // 1. Who holds each Lease (claim, UID, token); a waiter for each: w-i where h-i
+    // still holds, else a new s-i.
+    type Held = Option<(String, String, i64)>;
+    let mut holders: HashMap<String, (Held, String)> = HashMap::new();
     let mut lp = ListParams::default().limit(2000);
     loop {
         let page = leases.list(&lp).await?;
         for l in page.items {
             let rv = l.metadata.resource_version.clone().unwrap_or_default();
-            let holder = l.status.and_then(|s| s.holder).map(|h| h.claim);
-            holders.insert(l.metadata.name.unwrap_or_default(), (holder, rv));
+            let held = l.status.and_then(|s| {
+                let h = s.holder?;
+                Some((h.claim, h.claim_uid, s.fencing_token?))
+            });
+            holders.insert(l.metadata.name.unwrap_or_default(), (held, rv));
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = ListParams::default().limit(2000).continue_token(&c),
@@ -49,7 +54,7 @@ pub(crate) async fn storm(
     for i in 0..n {
         let name = lease_name(i);
         let holder = match holders.get(&name) {
-            Some((Some(h), _)) => h.clone(),
+            Some((Some((h, _, _)), _)) => h.clone(),
             _ => bail!("storm: {name} has no holder after the handover phase"),
         };
         let waiter = if holder == format!("h-{i:05}") {
@@ -75,6 +80,20 @@ pub(crate) async fn storm(
         .await
         .context("creating the storm's waiter claims")?;
     let created_s = t.elapsed().as_secs_f64();
+    // Each holder's last renewal, as the client library sends every one: it names
+    // the grant renewed (DESIGN "Expiry is one write").
+    let held: Vec<(String, String, i64)> = holders.values().filter_map(|h| h.0.clone()).collect();
+    stream::iter(held)
+        .map(|(claim, uid, token)| {
+            let claims = claims.clone();
+            async move {
+                with_retry(|| renew(claims.clone(), claim.clone(), uid.clone(), Some(token))).await
+            }
+        })
+        .buffer_unordered(s.args.inflight)
+        .try_collect::<Vec<_>>()
+        .await
+        .context("the holders' last renewals")?;
 
     // 2. The floor: one status write per Lease, no controller running, 16 in flight
     // (the controller's --concurrency). It is also what sets the grants' recorded
@@ -200,7 +219,7 @@ pub(crate) async fn storm(
     let rate = n as f64 / span;
     let writes_per_s = (writes_1 - writes_0) / window.secs;
     let how = format!(
-        "{n} holders silent at once (no renewals), each Lease with one waiter; lease duration {d} s; due {d} s after the controller's sync (a restarted controller gives every held grant a fresh full duration, DESIGN rule 4), the sync taken as /readyz turning true ({:.2} s after spawn; the true instant is a little earlier, so the delays are a little short); re-grant = the Lease naming the waiter, as the bench's Lease watch saw it (its delay included); one replica, leader election off (no flaps to count); {busy_note}; grants before the due instant: {early_grants}; expirations counted by the controller: {expirations}{}",
+        "{n} holders silent at once (each had renewed its grant once, naming its token as the client library does, then none renews), each Lease with one waiter; lease duration {d} s; due {d} s after the controller's sync (a restarted controller gives every held grant a fresh full duration, DESIGN rule 4), the sync taken as /readyz turning true ({:.2} s after spawn; the true instant is a little earlier, so the delays are a little short); re-grant = the Lease naming the waiter, as the bench's Lease watch saw it (its delay included); one replica, leader election off (no flaps to count); {busy_note}; grants before the due instant: {early_grants}; expirations counted by the controller: {expirations}{}",
         (ready - t_spawn).as_secs_f64(),
         if expirations > n as f64 {
             " (more than N: a waiter granted early had its own grant expire before the last re-grant, nobody renewing it; those writes fell into the storm too)"

@@ -24,7 +24,7 @@ use super::clock::{BootInstant, BootTimer};
 use super::object_watch::Events;
 use super::wait::{Granted, claim_ending, holds_grant, lease_duration};
 use super::{CALL_TIMEOUT, CLIENT_MANAGER, Error, LostReason};
-use crate::api::{ClaimPhase, Lease, LeaseClaim};
+use crate::api::{ClaimPhase, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use crate::api_error::ApiErrorKind;
 
 /// A held Lease. Renewed in the background until released, dropped or lost.
@@ -401,8 +401,13 @@ impl Keeper {
             async move {
                 let sent_at = BootInstant::now();
                 // The UID makes the patch fail (422: immutable) on another object of the same name.
+                // The token says the renewal is of this grant, which this process has
+                // seen (DESIGN "Expiry is one write").
                 let patch = serde_json::json!({
-                    "metadata": {"uid": uid},
+                    "metadata": {
+                        "uid": uid,
+                        "annotations": {RENEWED_TOKEN_ANNOTATION: token.to_string()},
+                    },
                     "spec": {"renewTime": MicroTime(Timestamp::now())},
                 });
                 let params = PatchParams {
@@ -480,7 +485,9 @@ fn judge_renewal(claim: &LeaseClaim, uid: &str, token: i64) -> Result<(), Renewa
         // Pending or no status (final phases returned above): not mirrored yet, since
         // the Lease is written first and in a storm the mirror waits behind every
         // pending grant. The grant has not ended: the controller marks the claim
-        // before it hands the Lease on (DESIGN "Endings are confirmed").
+        // before it hands the Lease on (DESIGN "Endings are confirmed"), unless this
+        // client had renewed the grant, whose later renewals come after its local
+        // deadline by then ("Expiry is one write").
         _ => Ok(()),
     }
 }

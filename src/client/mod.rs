@@ -22,7 +22,8 @@
 //!   when `status.holder.claimUID` is its UID, and the token is
 //!   `status.fencingToken`. The claim's status is only read for *why* a grant ended.
 //! - Waiting for the grant and noticing its loss use watches, never polling (rule 5).
-//! - Renewal is one merge patch of the claim's `spec.renewTime` (rule 4) every
+//! - Renewal is one merge patch of the claim's `spec.renewTime` (rule 4), with the
+//!   grant's token in the annotation `palisade.dev/renewed-token`, every
 //!   third of `leaseDurationSeconds`, and the grant is given up on this process's
 //!   own clock (`CLOCK_BOOTTIME`, `src/client/clock.rs`) before the controller can
 //!   hand the lease on: the rule and its proof are DESIGN.md, "Client deadlines".

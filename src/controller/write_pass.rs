@@ -132,6 +132,7 @@ impl<S: ApiServer> WritePass<S> {
                 .await?;
             self.record_lease_write(&written, decision, dirty_since);
             outcome.learned.lease = Some(written);
+            outcome.learned.expired_unmarked = decision.expired_unmarked.clone();
             outcome.wrote_lease = true;
         }
         outcome.mirrors_due = !decision.mirrors.is_empty();
@@ -339,6 +340,19 @@ impl<S: ApiServer> WritePass<S> {
                     && PodEntry::of(&pod).problem(uid.as_deref()).is_none()
                 {
                     learned.read_pods.push(pod);
+                    return Ok(false);
+                }
+            }
+            Check::NotRenewed {
+                name,
+                uid,
+                renew_time,
+            } => {
+                if let Some(claim) = self.api.get_claim(namespace, name).await?
+                    && claim.uid().as_deref() == Some(uid.as_str())
+                    && claim.spec.renew_time.as_ref().map(|t| t.0) != *renew_time
+                {
+                    learned.read_claims.push(claim);
                     return Ok(false);
                 }
             }

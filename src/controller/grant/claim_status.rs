@@ -5,7 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::{Check, ClaimUpdate, Decision, Ending, held_a_deleted_lease, is_pending};
+use super::{Check, ClaimUpdate, Decision, Ending, held_a_deleted_lease, is_pending, marks_first};
 use crate::api::{ClaimPhase, LeaseClaimStatus, LeaseStatus};
 use crate::conditions::{messages, reasons, types};
 use crate::controller::index::{ClaimView, LeaseView, PodProblem};
@@ -36,8 +36,9 @@ pub(super) fn mirror_waiters(
 }
 
 /// Phase 5b: every other claim that is not final yet: the holder's grant, the end of
-/// the grant that ended (conditioned on the claim's resourceVersion), a grant that a
-/// later one superseded, and a pending claim whose pod is gone.
+/// the grant that ended (conditioned on the claim's resourceVersion when it is marked
+/// before the Lease), an expiry written earlier without a mark, a grant that a later
+/// one superseded, and a pending claim whose pod is gone.
 pub(super) fn mirror_claims(
     view: &LeaseView<'_>,
     claims: &[&ClaimView<'_>],
@@ -64,7 +65,14 @@ pub(super) fn mirror_claims(
                 .expect("ended_uid implies ended")
                 .how;
             let mark = ended(c, how, wall);
-            decision.end_holder = claim_update(c, mark, Some(c.claim.resource_version.clone()));
+            if marks_first(view, how) {
+                decision.end_holder = claim_update(c, mark, Some(c.claim.resource_version.clone()));
+            } else {
+                decision.expired_unmarked = Some(uid.to_string());
+                push_mirror(decision, c, mark);
+            }
+        } else if view.expired_holders.iter().any(|u| u == uid) {
+            push_mirror(decision, c, ended(c, &Ending::Expired, wall));
         } else if held_a_deleted_lease(view, c) {
             // The Lease it held was deleted (this one is a new object of the name).
             let why = messages::LEASE_DELETED;

@@ -91,6 +91,13 @@ pub enum Check {
     /// `Superseded` without a Lease write: the Lease still has the resourceVersion
     /// the decision was computed from.
     LeaseUnchanged,
+    /// `Expired`, its mark deferred: the holder's claim (this UID) still shows the
+    /// renewal last observed, or is gone.
+    NotRenewed {
+        name: String,
+        uid: String,
+        renew_time: Option<Timestamp>,
+    },
 }
 
 /// A decision is a write plan: its steps are its fields, in the order DESIGN
@@ -105,6 +112,9 @@ pub struct Decision {
     pub end_holder: Option<ClaimUpdate>,
     /// 3. The new Lease status (compare-and-swap), when it differs from the observed one.
     pub lease_status: Option<LeaseStatus>,
+    /// 3a. Once the Lease is written: the expired holder's claim whose mark is among
+    ///    the deferred mirrors, for the index to remember how its grant ended.
+    pub expired_unmarked: Option<String>,
     /// 4. Every other claim's status mirror, deferred to a pass of their own.
     pub mirrors: Vec<ClaimUpdate>,
     /// What the Lease write does, for its events and metrics.
@@ -239,7 +249,16 @@ fn holder_ending(
                 &pod.map_or_else(|| h.identity.clone(), |p| p.name.clone()),
             )))
         }
-        _ if view.holder_deadline.is_some_and(|d| now >= d) => Some(Ending::Expired),
+        _ if view.holder_deadline.is_some_and(|d| now >= d) => {
+            if !marks_first(view, &Ending::Expired) {
+                decision.check(Check::NotRenewed {
+                    name: c.claim.name.clone(),
+                    uid: c.claim.uid.clone(),
+                    renew_time: c.claim.renew_time,
+                });
+            }
+            Some(Ending::Expired)
+        }
         _ => c
             .claim
             .status
@@ -247,6 +266,16 @@ fn holder_ending(
             .filter(|p| p.is_final())
             .map(|phase| Ending::Revoked(messages::already_marked(&c.claim.name, phase))),
     }
+}
+
+/// Whether the ended holder's claim is marked before the Lease is handed on (DESIGN
+/// "Endings are confirmed"): always, except an expiry whose holder's claim shows a
+/// renewal of this grant ("Expiry is one write"). That holder's client has counted
+/// its first renewal or given up, so a renewal landing after the quorum read comes
+/// after its local deadline and counts for nothing; the claim's `Expired` is then an
+/// ordinary deferred mirror, and the Lease the one urgent write.
+pub(super) fn marks_first(view: &LeaseView<'_>, how: &Ending) -> bool {
+    !(*how == Ending::Expired && view.holder_renewed)
 }
 
 /// Phase 2: the claims that wait, in grant order: pending, pods alive (or not seen

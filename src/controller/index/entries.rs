@@ -44,6 +44,8 @@ pub struct ClaimEntry {
     pub holder_identity: String,
     pub pod: Option<PodRef>,
     pub renew_time: Option<Timestamp>,
+    /// The token of the grant its holder last renewed (`palisade.dev/renewed-token`).
+    pub renewed_token: Option<i64>,
     pub deleting: bool,
     pub status: LeaseClaimStatus,
     pub resource_version: String,
@@ -129,6 +131,9 @@ pub(super) struct LeaseEntry {
     /// replaced by a re-created one): revoked even if their `Granted` mirror never
     /// landed, and never granted by a later Lease of the name.
     pub(super) deleted_holders: Vec<String>,
+    /// Claims whose grant this controller ended as expired without marking them
+    /// first (DESIGN "Expiry is one write"): their deferred mirror says `Expired`.
+    pub(super) expired_holders: Vec<String>,
 }
 
 impl LeaseEntry {
@@ -151,24 +156,35 @@ impl LeaseEntry {
         let uid = last
             .and_then(holder)
             .or_else(|| self.lease.as_deref().and_then(holder));
-        let claims = &self.claims;
-        self.deleted_holders.retain(|u| {
-            claims
-                .iter()
-                .any(|c| c.uid == *u && !c.status.phase.is_some_and(|p| p.is_final()))
-        });
-        if let Some(uid) = uid
-            && !self.deleted_holders.contains(&uid)
-        {
-            self.deleted_holders.push(uid);
+        if let Some(uid) = uid {
+            remember(&mut self.deleted_holders, &self.claims, uid);
         }
         self.lease = None;
         self.holder_since = None;
     }
 
+    /// This controller handed the Lease on from `uid`'s expired grant without
+    /// marking its claim first.
+    pub(super) fn expired_unmarked(&mut self, uid: String) {
+        remember(&mut self.expired_holders, &self.claims, uid);
+    }
+
     pub(super) fn take_claim(&mut self, name: &str) -> Option<Box<ClaimEntry>> {
         let position = self.claims.iter().position(|c| c.name == name)?;
         Some(self.claims.swap_remove(position))
+    }
+}
+
+/// Adds `uid` to a list of claims whose deferred mirror must say how their grant
+/// ended, first forgetting those that are gone or already final.
+fn remember(list: &mut Vec<String>, claims: &[Box<ClaimEntry>], uid: String) {
+    list.retain(|u| {
+        claims
+            .iter()
+            .any(|c| c.uid == *u && !c.status.phase.is_some_and(|p| p.is_final()))
+    });
+    if !list.contains(&uid) {
+        list.push(uid);
     }
 }
 

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
-use crate::api::{Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS};
+use crate::api::{Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS, RENEWED_TOKEN_ANNOTATION};
 use crate::token::resource_version_newer;
 
 mod entries;
@@ -47,10 +47,15 @@ pub struct LeaseView<'a> {
     pub claims: Vec<ClaimView<'a>>,
     /// When the current holder's grant expires on the controller's clock.
     pub holder_deadline: Option<Instant>,
+    /// The holder's claim shows a renewal of this very grant (its token in
+    /// `palisade.dev/renewed-token`): its client's first renewal of it has landed.
+    pub holder_renewed: bool,
     /// When a claim whose pod has not been seen yet stops waiting for it.
     pub pod_recheck: Option<Instant>,
     /// UIDs of claims that held a Lease object of this name that is gone.
     pub deleted_holders: &'a [String],
+    /// UIDs of claims whose expiry this controller wrote without marking them first.
+    pub expired_holders: &'a [String],
 }
 
 /// What a write pass wrote, or read with a quorum read, of one Lease's objects:
@@ -70,6 +75,8 @@ pub struct Learned {
     /// Claims and pods as a quorum read showed them when it refuted an ending.
     pub read_claims: Vec<LeaseClaim>,
     pub read_pods: Vec<Pod>,
+    /// The Lease write ended this claim's grant as expired, its mark deferred.
+    pub expired_unmarked: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -289,6 +296,10 @@ impl Index {
             holder_identity: claim.spec.holder_identity.clone(),
             pod: claim.spec.pod.clone(),
             renew_time,
+            renewed_token: claim
+                .annotations()
+                .get(RENEWED_TOKEN_ANNOTATION)
+                .and_then(|t| t.parse().ok()),
             deleting: claim.metadata.deletion_timestamp.is_some(),
             status: claim.status.clone().unwrap_or_default(),
             resource_version: claim.metadata.resource_version.clone().unwrap_or_default(),
@@ -448,6 +459,11 @@ impl Index {
             if let Some(lease) = learned.lease {
                 // Its new version, or (read after a failed write) its successor.
                 self.apply_lease(lease, now);
+                if let Some(uid) = learned.expired_unmarked
+                    && let Some(entry) = self.leases.get_mut(key)
+                {
+                    entry.expired_unmarked(uid);
+                }
             } else if learned.lease_gone
                 && let Some(lease) = self.lease(key).map(|l| (**l).clone())
             {
@@ -511,8 +527,10 @@ impl Index {
             lease: entry.lease.as_deref(),
             claims,
             holder_deadline,
+            holder_renewed: holder_renewed(entry),
             pod_recheck,
             deleted_holders: &entry.deleted_holders,
+            expired_holders: &entry.expired_holders,
         })
     }
 
@@ -551,4 +569,18 @@ impl Index {
             .clamp(1, MAX_LEASE_DURATION_SECONDS);
         Some(last_seen_alive + Duration::from_secs(seconds as u64))
     }
+}
+
+/// Whether the holder's claim shows a renewal of the Lease's current grant.
+fn holder_renewed(entry: &LeaseEntry) -> bool {
+    let Some(status) = entry.lease.as_ref().and_then(|l| l.status.as_ref()) else {
+        return false;
+    };
+    let (Some(holder), Some(token)) = (&status.holder, status.fencing_token) else {
+        return false;
+    };
+    entry
+        .claims
+        .iter()
+        .any(|c| c.uid == holder.claim_uid && c.renewed_token == Some(token))
 }

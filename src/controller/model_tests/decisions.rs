@@ -5,9 +5,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{ClaimPhase, LeasePhase};
-use crate::controller::grant::{Ending, decide};
-use crate::controller::index::{Index, POD_GRACE};
+use kube::ResourceExt;
+
+use crate::api::{ClaimPhase, LeaseClaim, LeasePhase, RENEWED_TOKEN_ANNOTATION};
+use crate::conditions::{reasons, types};
+use crate::controller::grant::{Check, Ending, decide};
+use crate::controller::index::{Index, Learned, POD_GRACE};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder, PodBuilder};
 
 use super::{NAME, key};
@@ -103,6 +106,8 @@ fn a_renewal_changes_nothing_but_the_deadline() {
 
     let later = now + Duration::from_millis(1500);
     c.spec.renew_time = Some(MicroTime(Timestamp::now()));
+    renewed_token(&mut c, 11);
+    let c_renewed = c.clone();
     index.apply_claim(c, later);
     let view = index.view(&k, now).unwrap();
     assert_eq!(view.holder_deadline, Some(later + Duration::from_secs(2)));
@@ -112,9 +117,90 @@ fn a_renewal_changes_nothing_but_the_deadline() {
         d.lease_status.is_none() && d.claim_updates().is_empty() && d.ended.is_none(),
         "{d:?}"
     );
-    // Past the new deadline: expired.
+    // Past the new deadline: expired. The holder was seen renewing, so one quorum
+    // read of its claim, then the Lease; its `Expired` waits with the mirrors.
     let d = decide(&view, later + Duration::from_secs(2), Timestamp::now());
-    assert_eq!(d.ended.unwrap().how, Ending::Expired);
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(
+        d.confirm,
+        vec![Check::NotRenewed {
+            name: "a".into(),
+            uid: "u1".into(),
+            renew_time: c_renewed.spec.renew_time.map(|t| t.0),
+        }]
+    );
+    assert_eq!(d.end_holder, None);
+    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
+    assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
+    assert_eq!(mark.condition_on, None);
+}
+
+/// What the client library's renewal of the grant with `token` adds to its claim.
+fn renewed_token(claim: &mut LeaseClaim, token: i64) {
+    claim
+        .annotations_mut()
+        .insert(RENEWED_TOKEN_ANNOTATION.into(), token.to_string());
+}
+
+#[test]
+fn an_expiry_written_without_its_mark_is_mirrored_as_expired_not_superseded() {
+    let now = Instant::now();
+    let mut index = Index::default();
+    let k = key();
+    let mut lease = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(60)
+        .generation(1)
+        .duration(2)
+        .phase(LeasePhase::Held)
+        .holder("a", "u1", "a")
+        .token(50)
+        .grants(3)
+        .build();
+    index.apply_lease(lease.clone(), now);
+    let mut a = ClaimBuilder::new("a", NAME)
+        .uid("u1")
+        .resource_version(1)
+        .created(0)
+        .build();
+    let mut mirror = a.status.clone().unwrap_or_default();
+    mirror.phase = Some(ClaimPhase::Granted);
+    mirror.fencing_token = Some(50);
+    a.status = Some(mirror);
+    index.apply_claim(a.clone(), now);
+    let renewed = now + Duration::from_millis(500);
+    a.spec.renew_time = Some(MicroTime(Timestamp::now()));
+    renewed_token(&mut a, 50);
+    a.metadata.resource_version = Some("2".into());
+    index.apply_claim(a, renewed);
+    let expiry = renewed + Duration::from_secs(2);
+    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
+    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    // The Lease write lands (freed: nobody waits), and the index learns it.
+    lease.status = d.lease_status.clone();
+    lease.metadata.resource_version = Some("61".into());
+    let learned = Learned {
+        lease_uid: Some("L".into()),
+        lease: Some(lease),
+        expired_unmarked: d.expired_unmarked.clone(),
+        ..Learned::default()
+    };
+    index.apply_outcome(&k, learned, expiry);
+    // The mirrors' own pass, decided afresh: the claim shows `Granted` and the Lease
+    // names nobody, yet its grant expired (it was not superseded) and needs no read.
+    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
+    assert_eq!(d.lease_status, None);
+    assert!(d.confirm.is_empty(), "{:?}", d.confirm);
+    let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
+    assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
+    let granted = mark
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::GRANTED)
+        .unwrap();
+    assert_eq!(granted.reason, reasons::EXPIRED);
 }
 
 #[test]
@@ -162,6 +248,13 @@ fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_writ
     assert_eq!(status.grants, Some(4));
     let a = updates.iter().find(|u| u.name == "a").unwrap();
     assert_eq!(a.status.phase, Some(ClaimPhase::Expired));
+    // Never seen renewing since the grant (its client may not have counted its first
+    // renewal yet): its claim is marked first, conditioned on its resourceVersion.
+    let mark = d.end_holder.as_ref().unwrap();
+    assert_eq!(mark.name, "a");
+    assert_eq!(mark.condition_on.as_deref(), Some("1"));
+    assert!(d.confirm.is_empty(), "{:?}", d.confirm);
+    assert_eq!(d.expired_unmarked, None);
 }
 
 #[test]

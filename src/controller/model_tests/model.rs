@@ -12,15 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
 use kube::core::DeserializeGuard;
 use kube::runtime::watcher::Event;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use crate::admin::Readiness;
-use crate::api::Lease;
+use crate::api::{ClaimPhase, Lease};
 use crate::controller::events::Publisher;
 use crate::controller::metrics::Metrics;
 use crate::controller::write_pass::Outcome;
@@ -38,6 +36,8 @@ enum Op {
     DeleteClaim(usize),
     DeletePod(usize),
     Renew(usize),
+    /// A renewal that lands between a pass's next claim read and its writes.
+    RenewAfterNextRead(usize),
     AdvanceMs(u64),
     RecreateLease,
     /// Someone edits `spec.leaseDurationSeconds` (to 1..=4 s).
@@ -57,7 +57,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<bool>().prop_map(|with_pod| Op::AddClaim { with_pod }),
         2 => (0usize..8).prop_map(Op::DeleteClaim),
         1 => (0usize..8).prop_map(Op::DeletePod),
-        2 => (0usize..8).prop_map(Op::Renew),
+        3 => (0usize..8).prop_map(Op::Renew),
+        1 => (0usize..8).prop_map(Op::RenewAfterNextRead),
         2 => (0u64..3000).prop_map(Op::AdvanceMs),
         1 => Just(Op::RecreateLease),
         1 => (1i64..=4).prop_map(Op::SetDuration),
@@ -187,7 +188,115 @@ proptest! {
     }
 }
 
-async fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// Runs one sequence of steps through the model, as the property test does, and
+/// returns the model server's world as they left it.
+fn run_ops(ops: Vec<Op>) -> Result<World, TestCaseError> {
+    let model = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+        .block_on(run_model(ops))?;
+    let world = std::mem::replace(&mut *model.0.lock().unwrap(), World::new(clock()));
+    Ok(world)
+}
+
+/// The Lease's holder (its claim's name), and the phase of claim `name`.
+fn holder_and_phase(world: &World, name: &str) -> (Option<String>, Option<ClaimPhase>) {
+    let holder = world
+        .lease
+        .as_ref()
+        .and_then(|l| l.status.as_ref()?.holder.as_ref())
+        .map(|h| h.claim.clone());
+    let phase = world.claims[name].status.as_ref().and_then(|s| s.phase);
+    (holder, phase)
+}
+
+/// Two claims; controller 0 grants the first, writes its mirrors, and sees its
+/// holder's first renewal (the Lease's duration is 2 s).
+fn granted_and_renewed_once() -> Vec<Op> {
+    vec![
+        Op::AddClaim { with_pod: false },
+        Op::AddClaim { with_pod: false },
+        Op::Sync(0),
+        Op::Finish(0),
+        Op::Sync(0),
+        Op::Finish(0),
+        Op::Renew(0),
+        Op::Sync(0),
+        Op::Finish(0),
+    ]
+}
+
+/// The holder renews again within its local deadline, and the controller's claim
+/// watch has not delivered it when the expiry it last knew of comes due: the quorum
+/// read sees the renewal and the grant is kept.
+#[test]
+fn a_renewal_the_watch_has_not_delivered_keeps_an_expiring_grant() {
+    let mut ops = granted_and_renewed_once();
+    ops.extend([
+        Op::AdvanceMs(1000),
+        Op::Renew(0),
+        Op::AdvanceMs(1100),
+        Op::Finish(0),
+    ]);
+    let world = run_ops(ops).unwrap();
+    assert_eq!(
+        holder_and_phase(&world, "c000"),
+        (Some("c000".into()), Some(ClaimPhase::Granted))
+    );
+}
+
+/// The expiry of a holder that renewed is one write: a quorum read of its claim,
+/// then the Lease, its claim's `Expired` left to the mirrors. A renewal that lands
+/// between the read and the Lease write comes after the holder's local deadline,
+/// and counts for nothing.
+#[test]
+fn an_expiry_after_renewals_is_one_write_and_a_racing_renewal_counts_for_nothing() {
+    let mut ops = granted_and_renewed_once();
+    ops.extend([Op::RenewAfterNextRead(0), Op::AdvanceMs(2100)]);
+    let world = run_ops(ops).unwrap();
+    assert_eq!(
+        holder_and_phase(&world, "c000"),
+        (Some("c001".into()), Some(ClaimPhase::Granted))
+    );
+    assert_eq!(world.renew_after_read, None, "the expiry read no claim");
+    let uid = world.claims["c000"].metadata.uid.clone().unwrap();
+    assert!(world.beliefs[&uid].gave_up);
+
+    let mut ops = granted_and_renewed_once();
+    ops.extend([Op::AdvanceMs(2100), Op::Finish(0), Op::Finish(0)]);
+    let world = run_ops(ops).unwrap();
+    assert_eq!(
+        holder_and_phase(&world, "c000"),
+        (Some("c001".into()), Some(ClaimPhase::Expired))
+    );
+}
+
+/// A holder that never renewed may be a client whose first renewal, after a watch
+/// replayed its grant late, counts whenever it comes: its claim is marked before
+/// the Lease is handed on, so a first renewal after the expiry finds it ended.
+#[test]
+fn a_first_renewal_after_an_expiry_finds_the_claim_marked() {
+    let world = run_ops(vec![
+        Op::AddClaim { with_pod: false },
+        Op::AddClaim { with_pod: false },
+        Op::Sync(0),
+        Op::Finish(0),
+        Op::Sync(0),
+        Op::Finish(0),
+        Op::Finish(0),
+        Op::AdvanceMs(2100),
+        Op::Renew(0),
+    ])
+    .unwrap();
+    assert_eq!(
+        holder_and_phase(&world, "c000"),
+        (Some("c001".into()), Some(ClaimPhase::Expired))
+    );
+}
+
+async fn run_model(ops: Vec<Op>) -> Result<Model, TestCaseError> {
     let start = clock();
     let model = Model(Arc::new(Mutex::new(World::new(start))), 0);
     {
@@ -253,7 +362,7 @@ async fn run_model(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let violations = std::mem::take(&mut model.0.lock().unwrap().violations);
         prop_assert!(violations.is_empty(), "{:?}", violations);
     }
-    Ok(())
+    Ok(model)
 }
 
 /// The index's running counts (the gauges' source) are what a walk of it finds.
@@ -334,18 +443,8 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
                 world.broadcast(Change::Pod(p, true));
             }
         }
-        Op::Renew(i) => {
-            if let Some(name) = world.claims.keys().nth(i).cloned() {
-                let rv = world.bump();
-                let c = world.claims.get_mut(&name).unwrap();
-                let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
-                c.spec.renew_time = Some(MicroTime(renew_time));
-                c.metadata.resource_version = Some(rv.to_string());
-                let c = c.clone();
-                world.renewals.insert(renew_time, now);
-                world.broadcast(Change::Claim(c, false));
-            }
-        }
+        Op::Renew(i) => world.renew(i),
+        Op::RenewAfterNextRead(i) => world.renew_after_read = Some(i),
         Op::RecreateLease => {
             // A claim granted on the old Lease may wait again on the new one.
             world.mirror_ranks.clear();

@@ -6,9 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{ClaimPhase, Lease, LeaseClaim};
+use kube::ResourceExt;
+
+use crate::api::{ClaimPhase, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use crate::controller::api_server::ApiServer;
 use crate::controller::grant::ClaimUpdate;
 use crate::controller::index::LeaseKey;
@@ -35,6 +38,14 @@ pub(super) struct World {
     pub(super) grants: HashMap<String, Option<(Instant, u64)>>,
     /// A renewal (by the `renewTime` it wrote) -> when its holder sent it.
     pub(super) renewals: HashMap<Timestamp, Instant>,
+    /// Claim uid -> the Lease object (uid) and token of its grant, and what its
+    /// client believes (see [`Belief`]).
+    pub(super) granted: HashMap<String, (String, i64)>,
+    pub(super) beliefs: HashMap<String, Belief>,
+    /// A claim (by its index among the claims) to renew right after the next claim
+    /// read a controller makes: a renewal racing a pass between its quorum read and
+    /// its Lease write.
+    pub(super) renew_after_read: Option<usize>,
     /// What the server saw go wrong (checked after every step).
     pub(super) violations: Vec<String>,
     /// Per controller and claim uid: how far along its lifecycle the last status that
@@ -43,6 +54,18 @@ pub(super) struct World {
     /// Claim uids deleted, and those each controller has been told are deleted.
     pub(super) deleted_claims: HashSet<String>,
     pub(super) seen_deleted: [HashSet<String>; 2],
+}
+
+/// What a holder's client believes, by the client library's rule (DESIGN "Client
+/// deadlines"): a renewal counts when its response shows the grant not ended, the
+/// first one after seeing the grant whenever it comes (the model lets every client
+/// see its grant as late as a replayed watch could), each later one only before the
+/// local deadline, two thirds of the duration after the last one that counted. One
+/// that does not count ends the belief for good.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(super) struct Belief {
+    pub(super) last_counted: Option<Instant>,
+    pub(super) gave_up: bool,
 }
 
 /// Where a claim status stands in the lifecycle the controller moves it along:
@@ -80,6 +103,9 @@ impl World {
             published: Vec::new(),
             grants: HashMap::new(),
             renewals: HashMap::new(),
+            granted: HashMap::new(),
+            beliefs: HashMap::new(),
+            renew_after_read: None,
             violations: Vec::new(),
             mirror_ranks: HashMap::new(),
             deleted_claims: HashSet::new(),
@@ -130,6 +156,9 @@ impl World {
             self.violations.push(format!("token {token} issued twice"));
         }
         self.published.push(token);
+        let lease_uid = written.metadata.uid.clone().unwrap_or_default();
+        self.granted
+            .insert(holder.claim_uid.clone(), (lease_uid, token));
         let secs = written.spec.lease_duration_seconds as u64;
         let now = self.now;
         self.grants
@@ -138,13 +167,28 @@ impl World {
             .or_insert(Some((now, secs)));
     }
 
-    /// The timing contract, checked when the holder's claim is marked expired: its
+    /// The timing contract, checked when the holder's claim is marked expired before
+    /// the Lease is handed on: its
     /// client believes in at most the duration its grant was made with, counted from
     /// its last successful renewal's sending; the controller must not expire it before
     /// that. (The write is conditioned on the claim's resourceVersion, so the claim
     /// here carries the holder's last renewal.)
     pub(super) fn check_expiry(&mut self, claim: &LeaseClaim, update: &ClaimUpdate) {
         if update.status.phase != Some(ClaimPhase::Expired) {
+            return;
+        }
+        if update.condition_on.is_none() {
+            // A deferred mark: the Lease was handed on first ([`World::check_unmarked_expiry`]).
+            let holder = self
+                .lease
+                .as_ref()
+                .and_then(|l| l.status.as_ref()?.holder.as_ref());
+            if holder.is_some_and(|h| h.claim_uid == update.uid) {
+                self.violations.push(format!(
+                    "{} marked Expired while the Lease names it",
+                    update.name
+                ));
+            }
             return;
         }
         let Some(Some((granted_at, secs))) = self.grants.get(&update.uid).cloned() else {
@@ -160,6 +204,120 @@ impl World {
             self.violations.push(format!(
                 "{} expired {:?} after its last renewal, granted for {secs}s",
                 update.name,
+                self.now - alive
+            ));
+        }
+    }
+}
+
+impl World {
+    /// A renewal of the `i`th claim (in name order) lands now, sent now; its
+    /// response is the claim as it is, and its client counts it or gives up.
+    pub(super) fn renew(&mut self, i: usize) {
+        let Some(name) = self.claims.keys().nth(i).cloned() else {
+            return;
+        };
+        let uid = self.claims[&name].metadata.uid.clone().unwrap_or_default();
+        // Only a client that has seen its grant renews (its claim's first renewal
+        // comes after the grant: DESIGN "Expiry is one write").
+        let Some(Some((_, secs))) = self.grants.get(&uid).cloned() else {
+            return;
+        };
+        let (now, rv) = (self.now, self.bump());
+        let c = self.claims.get_mut(&name).unwrap();
+        let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
+        c.spec.renew_time = Some(MicroTime(renew_time));
+        c.metadata.resource_version = Some(rv.to_string());
+        if let Some((_, token)) = self.granted.get(&uid) {
+            c.annotations_mut()
+                .insert(RENEWED_TOKEN_ANNOTATION.into(), token.to_string());
+        }
+        let c = c.clone();
+        self.renewals.insert(renew_time, now);
+        self.count_renewal(&c, secs);
+        self.broadcast(Change::Claim(c, false));
+    }
+
+    /// The client's side of a renewal whose response shows `claim`.
+    fn count_renewal(&mut self, claim: &LeaseClaim, secs: u64) {
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let Some((lease_uid, token)) = self.granted.get(&uid).cloned() else {
+            return;
+        };
+        let status = claim.status.clone().unwrap_or_default();
+        let not_ended = match status.phase {
+            None | Some(ClaimPhase::Pending) => true,
+            Some(ClaimPhase::Granted) => status.fencing_token == Some(token),
+            Some(_) => false,
+        };
+        let now = self.now;
+        let belief = self.beliefs.entry(uid.clone()).or_default();
+        let before_deadline = !belief.gave_up
+            && belief
+                .last_counted
+                .is_none_or(|last| now < last + Duration::from_secs(secs) * 2 / 3);
+        if !(not_ended && before_deadline) {
+            belief.gave_up = true;
+            return;
+        }
+        belief.last_counted = Some(now);
+        let holder = self
+            .lease
+            .as_ref()
+            .filter(|l| l.metadata.uid.as_deref() == Some(lease_uid.as_str()))
+            .and_then(|l| l.status.as_ref()?.holder.as_ref());
+        if let Some(h) = holder
+            && h.claim_uid != uid
+        {
+            self.violations.push(format!(
+                "{} counted a renewal while the Lease names {} (token {token} ended)",
+                claim.metadata.name.as_deref().unwrap_or_default(),
+                h.claim
+            ));
+        }
+    }
+
+    /// A Lease write that takes the grant from a claim that still exists unmarked
+    /// (its pod, if any, alive): an expiry whose mark is deferred. Its client
+    /// believes until two thirds of the duration after its last renewal that
+    /// counted; the controller's contract is to wait a full duration after it.
+    pub(super) fn check_unmarked_expiry(&mut self, before: &Lease, written: &Lease) {
+        let holder_uid = |l: &Lease| Some(l.status.as_ref()?.holder.as_ref()?.claim_uid.clone());
+        let Some(uid) = holder_uid(before) else {
+            return;
+        };
+        if holder_uid(written).as_ref() == Some(&uid) {
+            return;
+        }
+        let Some(claim) = self
+            .claims
+            .values()
+            .find(|c| c.metadata.uid.as_deref() == Some(uid.as_str()))
+        else {
+            return;
+        };
+        let final_phase = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p.is_final());
+        let pod_alive = claim
+            .spec
+            .pod
+            .as_ref()
+            .is_none_or(|p| self.pods.contains_key(&p.name));
+        let Some(Some((granted_at, secs))) = self.grants.get(&uid).cloned() else {
+            return;
+        };
+        if final_phase || !pod_alive {
+            return;
+        }
+        let last_counted = self.beliefs.get(&uid).and_then(|b| b.last_counted);
+        let alive = last_counted.map_or(granted_at, |last| last.max(granted_at));
+        if self.now < alive + Duration::from_secs(secs) {
+            self.violations.push(format!(
+                "{} handed on unmarked {:?} after its last renewal that counted, granted for {secs}s",
+                claim.metadata.name.as_deref().unwrap_or_default(),
                 self.now - alive
             ));
         }
@@ -187,7 +345,12 @@ impl ApiServer for Model {
         _namespace: &str,
         name: &str,
     ) -> controller::Result<Option<LeaseClaim>> {
-        Ok(self.0.lock().unwrap().claims.get(name).cloned())
+        let mut world = self.0.lock().unwrap();
+        let read = world.claims.get(name).cloned();
+        if let Some(i) = world.renew_after_read.take() {
+            world.renew(i);
+        }
+        Ok(read)
     }
 
     async fn get_pod(&self, _namespace: &str, name: &str) -> controller::Result<Option<Pod>> {
@@ -213,6 +376,7 @@ impl ApiServer for Model {
         world.lease = Some(written.clone());
         world.broadcast(Change::Lease(None, Some(written.clone())));
         world.check_grant(&current, &written);
+        world.check_unmarked_expiry(&current, &written);
         Ok(written)
     }
 
