@@ -143,9 +143,10 @@ async fn main() {
     cluster::delete_namespace(&client, &ns).await;
 
     let expiry_note = format!(
-        "2 s lease duration; time from the grant observed + 2 s to the next holder's acquire returning, \
-         signed (negative: the handover landed before the duration as the bench saw the grant); \
-         {} Leases side by side, {} handovers each",
+        "2 s lease duration; the holder renews once when it sees its grant (naming its token, \
+         as the library's acquire does) and falls silent; time from that renewal's response + 2 s \
+         to the next holder's acquire returning, signed (negative: the handover landed before \
+         the duration as the bench measured it); {} Leases side by side, {} handovers each",
         args.expiry_lanes, args.expiry_rounds
     );
     let latency = vec![
