@@ -80,6 +80,23 @@ fn mirror_rank(status: &crate::api::LeaseClaimStatus) -> (u8, i64) {
     }
 }
 
+/// The CRD's transition rules on a claim's status (DESIGN "Claim mirrors"), which
+/// the API server enforces whoever writes: a status never leaves a final phase, never
+/// goes from `Granted` back to `Pending`, and never changes a fencing token once set.
+fn moves_back(
+    old: Option<&crate::api::LeaseClaimStatus>,
+    new: &crate::api::LeaseClaimStatus,
+) -> bool {
+    let Some(old) = old else {
+        return false;
+    };
+    let left_final = old.phase.is_some_and(|p| p.is_final()) && new.phase != old.phase;
+    let ungranted =
+        old.phase == Some(ClaimPhase::Granted) && new.phase == Some(ClaimPhase::Pending);
+    let token_changed = old.fencing_token.is_some() && new.fencing_token != old.fencing_token;
+    left_final || ungranted || token_changed
+}
+
 #[derive(Clone)]
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Change {
@@ -401,7 +418,7 @@ impl ApiServer for Model {
             .condition_on
             .as_ref()
             .is_some_and(|rv| claim.metadata.resource_version.as_ref() != Some(rv));
-        if uid_differs || rv_differs {
+        if uid_differs || rv_differs || moves_back(claim.status.as_ref(), &update.status) {
             return Err(refusal("patch LeaseClaim status", 422));
         }
         world.check_expiry(&claim, update);
