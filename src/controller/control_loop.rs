@@ -206,7 +206,7 @@ impl<S: ApiServer> Loop<S> {
             // older than a write already made, and never a claim deleted since.
             let decision = grant::decide(&view, now, Timestamp::now());
             let lease = view.lease.cloned();
-            let wake_at = earliest(view.holder_deadline, view.pod_recheck);
+            let wake_at = view.wake_at();
             let pass = match (decision.work(), pass) {
                 (Work::Urgent, _) => Pass::Decision,
                 (Work::Mirrors, Pass::Mirrors) => Pass::Mirrors,
@@ -269,19 +269,9 @@ impl<S: ApiServer> Loop<S> {
             Next::Refuted => self.queue.schedule(&key, Some(now + Next::AFTER_REFUTED)),
             Next::AfterError => self.queue.schedule(&key, Some(now + Next::AFTER_ERROR)),
             Next::AtDeadline => {
-                let deadline = self
-                    .index
-                    .view(&key, now)
-                    .and_then(|v| earliest(v.holder_deadline, v.pod_recheck));
+                let deadline = self.index.view(&key, now).and_then(|v| v.wake_at());
                 self.queue.schedule(&key, deadline);
             }
         }
-    }
-}
-
-fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }

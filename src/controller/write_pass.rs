@@ -14,7 +14,7 @@ use super::api_server::ApiServer;
 use super::error::Result;
 use super::events::{self, Publisher};
 use super::grant::{Check, ClaimUpdate, Decision, Ending};
-use super::index::{Learned, LeaseKey, PodEntry};
+use super::index::{ExpiryConfirmed, Learned, LeaseKey, PodEntry};
 use super::metrics::{Metrics, WriteLabels};
 use crate::api::{Lease, LeaseStatus};
 use crate::api_error::ApiErrorKind::{Conflict, Invalid, NotFound};
@@ -116,8 +116,11 @@ impl<S: ApiServer> WritePass<S> {
         dirty_since: Instant,
         outcome: &mut Outcome,
     ) -> Step {
-        self.confirm(lease, &decision.confirm, &mut outcome.learned)
-            .await?;
+        let checks: Vec<Check> = (decision.confirm.iter())
+            .chain(&decision.confirm_expiry_early)
+            .cloned()
+            .collect();
+        self.confirm(lease, &checks, &mut outcome.learned).await?;
         if outcome.pass == Pass::Mirrors {
             return self
                 .write_mirrors(&decision.mirrors, &mut outcome.learned)
@@ -347,6 +350,7 @@ impl<S: ApiServer> WritePass<S> {
                 name,
                 uid,
                 renew_time,
+                token,
             } => {
                 if let Some(claim) = self.api.get_claim(namespace, name).await?
                     && claim.uid().as_deref() == Some(uid.as_str())
@@ -355,6 +359,11 @@ impl<S: ApiServer> WritePass<S> {
                     learned.read_claims.push(claim);
                     return Ok(false);
                 }
+                learned.expiry_confirmed = Some(ExpiryConfirmed {
+                    uid: uid.clone(),
+                    renew_time: *renew_time,
+                    token: *token,
+                });
             }
             // The index missed it: wait for the Lease watch to deliver it.
             Check::LeaseGone => return Ok(self.api.get_lease(key).await?.is_none()),

@@ -92,11 +92,14 @@ pub enum Check {
     /// the decision was computed from.
     LeaseUnchanged,
     /// `Expired`, its mark deferred: the holder's claim (this UID) still shows the
-    /// renewal last observed, or is gone.
+    /// renewal last observed, or is gone. Made in the holder's last sixth, ahead of
+    /// the expiry, or at it if the early read did not happen.
     NotRenewed {
         name: String,
         uid: String,
         renew_time: Option<Timestamp>,
+        /// The token of the grant it ends, for the index to keep the answer by.
+        token: i64,
     },
 }
 
@@ -107,6 +110,9 @@ pub enum Check {
 pub struct Decision {
     /// 1. What a quorum read confirms before anything is written (each at most once).
     pub confirm: Vec<Check>,
+    /// 1a. The holder keeps the grant, but its expiry can be confirmed now, ahead of
+    ///    it, so that the expiry itself is the Lease write alone.
+    pub confirm_expiry_early: Option<Check>,
     /// 2. The ended holder's claim, marked before the Lease and conditioned on its
     ///    resourceVersion ([`ClaimUpdate::condition_on`]).
     pub end_holder: Option<ClaimUpdate>,
@@ -141,7 +147,10 @@ impl Decision {
     }
 
     pub fn work(&self) -> Work {
-        if self.lease_status.is_some() || self.end_holder.is_some() {
+        if self.lease_status.is_some()
+            || self.end_holder.is_some()
+            || self.confirm_expiry_early.is_some()
+        {
             Work::Urgent
         } else if !self.mirrors.is_empty() {
             Work::Mirrors
@@ -250,21 +259,30 @@ fn holder_ending(
             )))
         }
         _ if view.holder_deadline.is_some_and(|d| now >= d) => {
-            if !marks_first(view, &Ending::Expired) {
-                decision.check(Check::NotRenewed {
-                    name: c.claim.name.clone(),
-                    uid: c.claim.uid.clone(),
-                    renew_time: c.claim.renew_time,
-                });
+            if !marks_first(view, &Ending::Expired) && !view.expiry_confirmed {
+                decision.check(not_renewed(view, c));
             }
             Some(Ending::Expired)
         }
-        _ => c
-            .claim
-            .status
-            .phase
-            .filter(|p| p.is_final())
-            .map(|phase| Ending::Revoked(messages::already_marked(&c.claim.name, phase))),
+        _ => {
+            let marked = c.claim.status.phase.filter(|p| p.is_final());
+            if marked.is_none() && view.expiry_check_at.is_some_and(|at| now >= at) {
+                decision.confirm_expiry_early = Some(not_renewed(view, c));
+            }
+            marked.map(|phase| Ending::Revoked(messages::already_marked(&c.claim.name, phase)))
+        }
+    }
+}
+
+/// The quorum read that confirms the holder's claim `c` was not renewed since the
+/// index last observed it.
+fn not_renewed(view: &LeaseView<'_>, c: &ClaimView<'_>) -> Check {
+    let token = view.lease.and_then(|l| l.status.as_ref()?.fencing_token);
+    Check::NotRenewed {
+        name: c.claim.name.clone(),
+        uid: c.claim.uid.clone(),
+        renew_time: c.claim.renew_time,
+        token: token.unwrap_or_default(),
     }
 }
 

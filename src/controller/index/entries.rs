@@ -134,6 +134,19 @@ pub(super) struct LeaseEntry {
     /// Claims whose grant this controller ended as expired without marking them
     /// first (DESIGN "Expiry is one write"): their deferred mirror says `Expired`.
     pub(super) expired_holders: Vec<String>,
+    /// A quorum read made in the holder's last sixth found its claim not renewed
+    /// (DESIGN "Expiry is one write"): boxed, since most entries never have one.
+    pub(super) expiry_confirmed: Option<Box<ExpiryConfirmed>>,
+}
+
+/// What a quorum read found: the holder's claim (this UID) still showing this
+/// `renewTime`, while the Lease granted it this token. It holds as long as the
+/// index sees the same three.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiryConfirmed {
+    pub uid: String,
+    pub renew_time: Option<Timestamp>,
+    pub token: i64,
 }
 
 impl LeaseEntry {
@@ -161,6 +174,7 @@ impl LeaseEntry {
         }
         self.lease = None;
         self.holder_since = None;
+        self.expiry_confirmed = None;
     }
 
     /// This controller handed the Lease on from `uid`'s expired grant without

@@ -27,7 +27,7 @@ mod tests;
 mod watched;
 
 pub(crate) use entries::PodEntry;
-pub use entries::{ClaimEntry, Counts, LeaseKey, POD_GRACE, PodProblem};
+pub use entries::{ClaimEntry, Counts, ExpiryConfirmed, LeaseKey, POD_GRACE, PodProblem};
 use entries::{LeaseEntry, Totals};
 use watched::Relist;
 pub use watched::Watched;
@@ -50,12 +50,29 @@ pub struct LeaseView<'a> {
     /// The holder's claim shows a renewal of this very grant (its token in
     /// `palisade.dev/renewed-token`): its client's first renewal of it has landed.
     pub holder_renewed: bool,
+    /// When the quorum read that confirms the holder's expiry ahead of it is due
+    /// (DESIGN "Expiry is one write"): for a renewed holder not yet confirmed.
+    pub expiry_check_at: Option<Instant>,
+    /// A quorum read made since [`LeaseView::expiry_check_at`] found the holder's
+    /// claim as the index shows it: its expiry needs no read of its own.
+    pub expiry_confirmed: bool,
     /// When a claim whose pod has not been seen yet stops waiting for it.
     pub pod_recheck: Option<Instant>,
     /// UIDs of claims that held a Lease object of this name that is gone.
     pub deleted_holders: &'a [String],
     /// UIDs of claims whose expiry this controller wrote without marking them first.
     pub expired_holders: &'a [String],
+}
+
+impl LeaseView<'_> {
+    /// When to decide this Lease again if nothing changes: its holder's expiry, the
+    /// read ahead of it, or a pod recheck, whichever comes first.
+    pub fn wake_at(&self) -> Option<Instant> {
+        [self.holder_deadline, self.expiry_check_at, self.pod_recheck]
+            .into_iter()
+            .flatten()
+            .min()
+    }
 }
 
 /// What a write pass wrote, or read with a quorum read, of one Lease's objects:
@@ -77,6 +94,8 @@ pub struct Learned {
     pub read_pods: Vec<Pod>,
     /// The Lease write ended this claim's grant as expired, its mark deferred.
     pub expired_unmarked: Option<String>,
+    /// A quorum read found the holder's claim not renewed.
+    pub expiry_confirmed: Option<ExpiryConfirmed>,
 }
 
 #[derive(Debug, Default)]
@@ -456,6 +475,11 @@ impl Index {
     pub fn apply_outcome(&mut self, key: &LeaseKey, learned: Learned, now: Instant) -> bool {
         let held = self.lease(key).map(|l| l.metadata.uid.clone());
         if held.is_some() && held == Some(learned.lease_uid) {
+            if let Some(confirmed) = learned.expiry_confirmed
+                && let Some(entry) = self.leases.get_mut(key)
+            {
+                entry.expiry_confirmed = Some(Box::new(confirmed));
+            }
             if let Some(lease) = learned.lease {
                 // Its new version, or (read after a failed write) its successor.
                 self.apply_lease(lease, now);
@@ -521,13 +545,19 @@ impl Index {
             .filter(|c| c.pod_problem == Some(PodProblem::NotSeenYet))
             .map(|c| c.claim.first_seen + POD_GRACE)
             .min();
-        let holder_deadline = self.holder_deadline(entry);
+        let holder_clock = holder_clock(entry);
+        let holder_renewed = holder_renewed(entry);
+        let expiry_confirmed = expiry_confirmed(entry);
         Some(LeaseView {
             key,
             lease: entry.lease.as_deref(),
             claims,
-            holder_deadline,
-            holder_renewed: holder_renewed(entry),
+            holder_deadline: holder_clock.map(|(alive, duration)| alive + duration),
+            holder_renewed,
+            expiry_check_at: holder_clock
+                .filter(|_| holder_renewed && !expiry_confirmed)
+                .map(|(alive, duration)| alive + duration * 5 / 6),
+            expiry_confirmed,
             pod_recheck,
             deleted_holders: &entry.deleted_holders,
             expired_holders: &entry.expired_holders,
@@ -545,30 +575,47 @@ impl Index {
             Some(p) => p.problem(pod_ref.uid.as_deref()),
         }
     }
+}
 
-    /// The holder expires a lease duration after the later of: when the index
-    /// first saw it hold the lease (so a restarted controller gives it a fresh full
-    /// duration), and its last observed renewal. The duration is the longer of `leaseDurationSeconds` now and
-    /// the one the grant was made with (`status.holder.leaseDurationSeconds`): the
-    /// holder's client keeps the latter, so a shortened spec must not cut its grant
-    /// short, while a lengthened one may extend it on this side only.
-    fn holder_deadline(&self, entry: &LeaseEntry) -> Option<Instant> {
-        let lease = entry.lease.as_ref()?;
-        let (uid, since) = entry.holder_since.as_ref()?;
-        let claim = entry.claims.iter().find(|c| &c.uid == uid);
-        let last_seen_alive = claim.map_or(*since, |c| c.renew_observed_at.max(*since));
-        let granted_with = lease
-            .status
-            .as_ref()
-            .and_then(|s| s.holder.as_ref())
-            .and_then(|h| h.lease_duration_seconds);
-        let seconds = lease
-            .spec
-            .lease_duration_seconds
-            .max(granted_with.unwrap_or(0))
-            .clamp(1, MAX_LEASE_DURATION_SECONDS);
-        Some(last_seen_alive + Duration::from_secs(seconds as u64))
-    }
+/// The holder expires a lease duration after the later of: when the index
+/// first saw it hold the lease (so a restarted controller gives it a fresh full
+/// duration), and its last observed renewal. The duration is the longer of `leaseDurationSeconds` now and
+/// the one the grant was made with (`status.holder.leaseDurationSeconds`): the
+/// holder's client keeps the latter, so a shortened spec must not cut its grant
+/// short, while a lengthened one may extend it on this side only.
+/// Returns that instant of last sight and the duration.
+fn holder_clock(entry: &LeaseEntry) -> Option<(Instant, Duration)> {
+    let lease = entry.lease.as_ref()?;
+    let (uid, since) = entry.holder_since.as_ref()?;
+    let claim = entry.claims.iter().find(|c| &c.uid == uid);
+    let last_seen_alive = claim.map_or(*since, |c| c.renew_observed_at.max(*since));
+    let granted_with = lease
+        .status
+        .as_ref()
+        .and_then(|s| s.holder.as_ref())
+        .and_then(|h| h.lease_duration_seconds);
+    let seconds = lease
+        .spec
+        .lease_duration_seconds
+        .max(granted_with.unwrap_or(0))
+        .clamp(1, MAX_LEASE_DURATION_SECONDS);
+    Some((last_seen_alive, Duration::from_secs(seconds as u64)))
+}
+
+/// Whether an early quorum read confirmed the holder's claim as the index shows it,
+/// under the Lease's current token.
+fn expiry_confirmed(entry: &LeaseEntry) -> bool {
+    let Some(confirmed) = &entry.expiry_confirmed else {
+        return false;
+    };
+    let status = entry.lease.as_ref().and_then(|l| l.status.as_ref());
+    let holder = status.and_then(|s| s.holder.as_ref());
+    holder.is_some_and(|h| h.claim_uid == confirmed.uid)
+        && status.and_then(|s| s.fencing_token) == Some(confirmed.token)
+        && entry
+            .claims
+            .iter()
+            .any(|c| c.uid == confirmed.uid && c.renew_time == confirmed.renew_time)
 }
 
 /// Whether the holder's claim shows a renewal of the Lease's current grant.

@@ -7,10 +7,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use kube::ResourceExt;
 
-use crate::api::{ClaimPhase, LeaseClaim, LeasePhase, RENEWED_TOKEN_ANNOTATION};
+use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase, RENEWED_TOKEN_ANNOTATION};
 use crate::conditions::{reasons, types};
-use crate::controller::grant::{Check, Ending, decide};
-use crate::controller::index::{Index, Learned, POD_GRACE};
+use crate::controller::grant::{Check, Ending, Work, decide};
+use crate::controller::index::{ExpiryConfirmed, Index, Learned, POD_GRACE};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder, PodBuilder};
 
 use super::{NAME, key};
@@ -127,6 +127,7 @@ fn a_renewal_changes_nothing_but_the_deadline() {
             name: "a".into(),
             uid: "u1".into(),
             renew_time: c_renewed.spec.renew_time.map(|t| t.0),
+            token: 11,
         }]
     );
     assert_eq!(d.end_holder, None);
@@ -143,12 +144,12 @@ fn renewed_token(claim: &mut LeaseClaim, token: i64) {
         .insert(RENEWED_TOKEN_ANNOTATION.into(), token.to_string());
 }
 
-#[test]
-fn an_expiry_written_without_its_mark_is_mirrored_as_expired_not_superseded() {
-    let now = Instant::now();
+/// A Lease held by claim `a` (token 50, 2 s) whose holder renewed this grant
+/// 500 ms after the index first saw it. Returns the index, the Lease, and when the
+/// renewal was observed.
+fn renewed_holder(now: Instant) -> (Index, Lease, Instant) {
     let mut index = Index::default();
-    let k = key();
-    let mut lease = LeaseBuilder::new(NAME)
+    let lease = LeaseBuilder::new(NAME)
         .uid("L")
         .resource_version(60)
         .generation(1)
@@ -174,6 +175,113 @@ fn an_expiry_written_without_its_mark_is_mirrored_as_expired_not_superseded() {
     renewed_token(&mut a, 50);
     a.metadata.resource_version = Some("2".into());
     index.apply_claim(a, renewed);
+    (index, lease, renewed)
+}
+
+#[test]
+fn an_expiry_confirmed_in_the_holders_last_sixth_is_the_lease_write_alone() {
+    let now = Instant::now();
+    let (mut index, _, renewed) = renewed_holder(now);
+    let k = key();
+    let view = index.view(&k, now).unwrap();
+    let check_at = renewed + Duration::from_secs(2) * 5 / 6;
+    assert_eq!(view.expiry_check_at, Some(check_at));
+    assert_eq!(view.wake_at(), Some(check_at));
+    // Before the holder's last sixth: nothing to do, not even a read.
+    let early = check_at - Duration::from_millis(1);
+    let d = decide(&view, early, Timestamp::now());
+    assert_eq!(d.confirm_expiry_early, None);
+    // In it: the holder keeps its grant, and the read is due, urgent.
+    let d = decide(&view, check_at, Timestamp::now());
+    let read = d.confirm_expiry_early.clone().expect("an early read");
+    assert_eq!(d.work(), Work::Urgent);
+    assert!(d.ended.is_none() && d.confirm.is_empty());
+    let Check::NotRenewed {
+        uid,
+        renew_time,
+        token,
+        ..
+    } = read
+    else {
+        panic!("{read:?}")
+    };
+    assert_eq!(token, 50);
+    // What the read found, as the pass reports it.
+    let learned = Learned {
+        lease_uid: Some("L".into()),
+        expiry_confirmed: Some(ExpiryConfirmed {
+            uid,
+            renew_time,
+            token,
+        }),
+        ..Learned::default()
+    };
+    index.apply_outcome(&k, learned, check_at);
+    let view = index.view(&k, check_at).unwrap();
+    assert!(view.expiry_confirmed);
+    assert_eq!(view.expiry_check_at, None);
+    assert_eq!(view.wake_at(), view.holder_deadline);
+    // At the expiry: the Lease write, with nothing to read first.
+    let expiry = renewed + Duration::from_secs(2);
+    let d = decide(&view, expiry, Timestamp::now());
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert!(d.confirm.is_empty(), "{:?}", d.confirm);
+    assert_eq!(d.confirm_expiry_early, None);
+    assert_eq!(d.end_holder, None);
+    assert!(d.lease_status.is_some());
+}
+
+#[test]
+fn a_renewal_after_the_early_read_voids_it() {
+    let now = Instant::now();
+    let (mut index, _, renewed) = renewed_holder(now);
+    let k = key();
+    let check_at = renewed + Duration::from_secs(2) * 5 / 6;
+    let view = index.view(&k, now).unwrap();
+    let Some(Check::NotRenewed {
+        uid,
+        renew_time,
+        token,
+        ..
+    }) = decide(&view, check_at, Timestamp::now()).confirm_expiry_early
+    else {
+        panic!("no early read")
+    };
+    let confirmed = ExpiryConfirmed {
+        uid,
+        renew_time,
+        token,
+    };
+    let learned = Learned {
+        lease_uid: Some("L".into()),
+        expiry_confirmed: Some(confirmed),
+        ..Learned::default()
+    };
+    index.apply_outcome(&k, learned, check_at);
+    // A renewal the watch delivers after the read (it counted for nothing, but the
+    // index cannot tell): the holder's clock restarts, and so does the read.
+    let mut a = ClaimBuilder::new("a", NAME)
+        .uid("u1")
+        .resource_version(3)
+        .created(0)
+        .build();
+    a.spec.renew_time = Some(MicroTime(Timestamp::now() + Duration::from_secs(1)));
+    renewed_token(&mut a, 50);
+    let seen = check_at + Duration::from_millis(100);
+    index.apply_claim(a, seen);
+    let view = index.view(&k, seen).unwrap();
+    assert!(!view.expiry_confirmed);
+    assert_eq!(view.holder_deadline, Some(seen + Duration::from_secs(2)));
+    let d = decide(&view, seen + Duration::from_secs(2), Timestamp::now());
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(d.confirm.len(), 1, "{:?}", d.confirm);
+}
+
+#[test]
+fn an_expiry_written_without_its_mark_is_mirrored_as_expired_not_superseded() {
+    let now = Instant::now();
+    let k = key();
+    let (mut index, mut lease, renewed) = renewed_holder(now);
     let expiry = renewed + Duration::from_secs(2);
     let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
     assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));

@@ -273,6 +273,48 @@ fn an_expiry_after_renewals_is_one_write_and_a_racing_renewal_counts_for_nothing
     );
 }
 
+/// In the holder's last sixth a quorum read confirms its expiry ahead of it, so
+/// the expiry itself reads nothing: the renewal queued for the next claim read is
+/// still waiting after it. A renewal landing after the early read comes after the
+/// holder's local deadline and counts for nothing.
+#[test]
+fn an_expiry_confirmed_ahead_reads_nothing_when_it_comes() {
+    let mut ops = granted_and_renewed_once();
+    ops.extend([
+        Op::AdvanceMs(1700),
+        Op::Finish(0),
+        Op::Renew(0),
+        Op::RenewAfterNextRead(0),
+        Op::AdvanceMs(400),
+    ]);
+    let world = run_ops(ops).unwrap();
+    assert_eq!(holder_and_phase(&world, "c000").0, Some("c001".into()));
+    assert_eq!(world.renew_after_read, Some(0), "the expiry read a claim");
+    let uid = world.claims["c000"].metadata.uid.clone().unwrap();
+    assert!(world.beliefs[&uid].gave_up);
+}
+
+/// A renewal within the holder's local deadline, that the controller's watch has
+/// not delivered, lands before the early read is due: the read sees it, and the
+/// grant is kept (an early read made before the holder's deadline would have let
+/// the Lease go while the holder still believed).
+#[test]
+fn a_renewal_before_the_early_read_keeps_the_grant() {
+    let mut ops = granted_and_renewed_once();
+    ops.extend([
+        Op::AdvanceMs(1100),
+        Op::Finish(0),
+        Op::Renew(0),
+        Op::AdvanceMs(1000),
+        Op::Finish(0),
+    ]);
+    let world = run_ops(ops).unwrap();
+    assert_eq!(
+        holder_and_phase(&world, "c000"),
+        (Some("c000".into()), Some(ClaimPhase::Granted))
+    );
+}
+
 /// A holder that never renewed may be a client whose first renewal, after a watch
 /// replayed its grant late, counts whenever it comes: its claim is marked before
 /// the Lease is handed on, so a first renewal after the expiry finds it ended.
