@@ -12,19 +12,21 @@
 //!
 //! **Dead connections.** kube sets no read timeout, so a request on a connection
 //! that died silently (no FIN, no RST: a dropped NAT entry, a partition) waits for
-//! the kernel's TCP timeout, about 15 minutes. The controller's client
-//! ([`controller_default`]) gives up on a connection that delivers nothing for
-//! [`READ_TIMEOUT`] (counted from when the request was written); its watches ask the
-//! API server to end them after [`CONTROLLER_WATCH_TIMEOUT_SECS`], before that timeout can fire
-//! on a healthy but quiet watch, so a dead watch is noticed within
-//! [`READ_TIMEOUT`] too. [`within`] puts a deadline on a whole call, for the
-//! configurations where we do not build the connector ourselves.
+//! the kernel's TCP timeout, about 15 minutes. Two answers:
 //!
-//! The client library's and the agent's connections ([`client`]) speak HTTP/2
-//! where the API server offers it (kube offers HTTP/1.1 only), and are PINGed every
-//! [`PING_INTERVAL`], idle or not; one whose PING goes unanswered for
-//! [`PING_TIMEOUT`] is closed, failing every request and watch on it. That is how a
-//! quiet watch is known alive without a request (DESIGN.md, "Client API deadlines").
+//! - PINGed HTTP/2 ([`client`]): the client library's, the agent's and the
+//!   controller's watch connections speak HTTP/2 where the API server offers it (kube
+//!   offers HTTP/1.1 only), and are PINGed every [`PING_INTERVAL`], idle or not; one
+//!   whose PING goes unanswered for [`PING_TIMEOUT`] is closed, failing every request
+//!   and watch on it. That is how a quiet watch is known alive without a request
+//!   (DESIGN.md, "Client API deadlines"), so watches last [`PINGED_WATCH_SECS`].
+//! - A read timeout: the controller's calls ([`controller_clients`]) give up on a
+//!   connection that delivers nothing for [`READ_TIMEOUT`] (counted from when the
+//!   request was written). Where we do not build the connections, its watches share
+//!   that client and ask the API server to end them after
+//!   [`CONTROLLER_WATCH_TIMEOUT_SECS`], before the timeout can fire on a healthy but
+//!   quiet watch. [`within`] puts a deadline on a whole call, for those
+//!   configurations.
 
 use std::future::Future;
 use std::time::Duration;
@@ -126,6 +128,10 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(3);
 /// request and watch on it fails (to be retried or resumed on a new one).
 pub const PING_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long a watch on PINGed connections lasts (`timeoutSeconds`): five minutes,
+/// like client-go's reflectors, so a quiet watch costs under one request a minute.
+pub const PINGED_WATCH_SECS: u32 = 300;
+
 /// The inferred configuration (kubeconfig, or in-cluster).
 pub async fn infer() -> Result<Config, kube::Error> {
     Config::infer().await.map_err(kube::Error::InferConfig)
@@ -135,22 +141,56 @@ pub async fn infer() -> Result<Config, kube::Error> {
 /// before it counts as dead.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The server-side timeout of the controller's watches (`timeoutSeconds`): shorter
-/// than [`READ_TIMEOUT`], so a quiet healthy watch ends and is resumed (from its last
-/// resourceVersion, no relist) before the read timeout would take it for dead.
+/// The server-side timeout of the controller's watches on its call client
+/// (`timeoutSeconds`): shorter than [`READ_TIMEOUT`], so a quiet healthy watch ends
+/// and is resumed (from its last resourceVersion, no relist) before the read timeout
+/// would take it for dead.
 pub const CONTROLLER_WATCH_TIMEOUT_SECS: u32 = 4;
 
 /// The deadline of one controller API call, connection set-up and retries included.
 pub const CONTROLLER_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The controller's client: [`client`] with [`READ_TIMEOUT`] on every connection.
-pub async fn controller_default() -> Result<Client, kube::Error> {
-    let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    config.read_timeout = Some(READ_TIMEOUT);
-    config.reset_reader_on_write = true;
-    // HTTP/1.1: the controller's dead connections are found by the read timeout, one
-    // request each, and its write pass is measured on them (`make bench`).
-    Ok(stack(config, false)?.build())
+/// The controller's clients: one for its calls, one for its three watches.
+#[derive(Clone)]
+pub struct ControllerClients {
+    /// Writes, quorum reads, Events and the election: HTTP/1.1, a connection each
+    /// (the write pass is measured on them, `make bench`), each given up after
+    /// [`READ_TIMEOUT`] of silence.
+    pub calls: Client,
+    /// The watches: PINGed HTTP/2 where [`pings`] says we build the connections.
+    pub watches: Client,
+    /// The watches' `timeoutSeconds`: [`PINGED_WATCH_SECS`] on PINGed connections,
+    /// else [`CONTROLLER_WATCH_TIMEOUT_SECS`].
+    pub watch_timeout_secs: u32,
+}
+
+impl ControllerClients {
+    /// Watches on the call client itself, with short watch timeouts: for a client
+    /// whose connections we did not build.
+    pub fn unpinged(calls: Client) -> Self {
+        ControllerClients {
+            watches: calls.clone(),
+            calls,
+            watch_timeout_secs: CONTROLLER_WATCH_TIMEOUT_SECS,
+        }
+    }
+}
+
+/// The controller's clients for the inferred configuration.
+pub async fn controller_clients() -> Result<ControllerClients, kube::Error> {
+    let config = infer().await?;
+    let mut calls = config.clone();
+    calls.read_timeout = Some(READ_TIMEOUT);
+    calls.reset_reader_on_write = true;
+    let calls = stack(calls, false)?.build();
+    if !pings(&config) {
+        return Ok(ControllerClients::unpinged(calls));
+    }
+    Ok(ControllerClients {
+        calls,
+        watches: client(config)?,
+        watch_timeout_secs: PINGED_WATCH_SECS,
+    })
 }
 
 /// Error of a call that did not finish within its deadline.

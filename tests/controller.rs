@@ -521,7 +521,9 @@ async fn a_renewing_holder_keeps_the_lease_while_the_controllers_claim_watch_is_
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (_leading_tx, leading) = tokio::sync::watch::channel(true);
     let controller = tokio::spawn(palisade::controller::run(
-        stalled_claim_watch(support::client().await),
+        palisade::kube_client::ControllerClients::unpinged(stalled_claim_watch(
+            support::client().await,
+        )),
         palisade::controller::ControllerConfig {
             namespace: Some(ns.name.clone()),
             concurrency: 4,

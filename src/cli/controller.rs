@@ -82,7 +82,7 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let client = match crate::kube_client::controller_default().await {
+    let clients = match crate::kube_client::controller_clients().await {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "no Kubernetes client configuration (KUBECONFIG or in-cluster)");
@@ -113,7 +113,7 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
     };
     // Standbys keep their caches warm, so a takeover only waits for the election.
     let controller = tokio::spawn(controller::run(
-        client.clone(),
+        clients.clone(),
         config,
         metrics.clone(),
         ready.clone(),
@@ -129,7 +129,7 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
             identity: identity.clone(),
             timings,
         };
-        let elector = Elector::new(client, config);
+        let elector = Elector::new(clients.calls, config);
         lead(elector, &identity, &metrics, &leading_tx, &shutdown).await
     } else {
         metrics.is_leader.set(1);

@@ -100,11 +100,10 @@ pub(crate) const UNCHECKED_CONNECTIONS: WatchPeriods = WatchPeriods {
 /// On connections `kube_client` built: HTTP/2, PINGed every
 /// [`PING_INTERVAL`](crate::kube_client::PING_INTERVAL) and closed when a PING goes
 /// unanswered for [`PING_TIMEOUT`](crate::kube_client::PING_TIMEOUT), which fails every
-/// watch on them at once. The period only bounds how long a watch lasts; five minutes,
-/// like client-go's reflectors, so a waiter costs under one request a minute.
+/// watch on them at once. The period only bounds how long a watch lasts.
 pub(crate) const PINGED_CONNECTIONS: WatchPeriods = WatchPeriods {
-    grant_secs: 300,
-    quiet_secs: 300,
+    grant_secs: crate::kube_client::PINGED_WATCH_SECS,
+    quiet_secs: crate::kube_client::PINGED_WATCH_SECS,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -62,7 +62,6 @@ use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::WatchStreamExt;
@@ -72,7 +71,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::Readiness;
 use crate::api::{Lease, LeaseClaim};
-use crate::kube_client::CONTROLLER_WATCH_TIMEOUT_SECS;
+use crate::kube_client::ControllerClients;
 use crate::watch_backoff::backoff;
 
 #[derive(Debug, Clone)]
@@ -96,14 +95,15 @@ pub(crate) enum Input {
 
 /// Runs until `shutdown`; grants only while `leading` is true.
 pub async fn run(
-    client: Client,
+    clients: ControllerClients,
     config: ControllerConfig,
     metrics: Arc<Metrics>,
     ready: Readiness,
     mut leading: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
-    let inputs = watch_inputs(&client, config.namespace.as_deref());
+    let inputs = watch_inputs(&clients, config.namespace.as_deref());
+    let client = clients.calls;
     let mut inputs = Box::pin(inputs.take_until(shutdown.clone().cancelled_owned()));
 
     let (busy, events_wait) = watch::channel(false);
@@ -160,9 +160,10 @@ pub async fn run(
 
 /// The three watches (Leases, claims, pods) as one stream of [`Input`]s.
 fn watch_inputs(
-    client: &Client,
+    clients: &ControllerClients,
     namespace: Option<&str>,
 ) -> impl futures::Stream<Item = Input> + Send + use<> {
+    let client = &clients.watches;
     // DeserializeGuard: an object we cannot read is reported and skipped instead
     // of failing (and endlessly restarting) the whole watch (DESIGN rule 8).
     type Leases = Api<DeserializeGuard<Lease>>;
@@ -179,9 +180,9 @@ fn watch_inputs(
             Api::all(client.clone()),
         ),
     };
-    // Short server-side timeouts, so the read timeout of the controller's client
-    // (`crate::kube_client`) notices a dead watch connection within seconds.
-    let wc = watcher::Config::default().timeout(CONTROLLER_WATCH_TIMEOUT_SECS);
+    // PINGed connections, or short server-side timeouts, notice a dead watch
+    // connection within seconds (`crate::kube_client`).
+    let wc = watcher::Config::default().timeout(clients.watch_timeout_secs);
     // Objects are slimmed as they arrive, before the index holds on to them: it
     // keeps only what decisions need (see `slim`).
     futures::stream::select_all(vec![
