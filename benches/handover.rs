@@ -7,7 +7,11 @@
 //! holder that renews once when it sees its grant and then falls silent, reported as
 //! the time past its renewal + the duration) runs `--expiry-lanes` independent
 //! Leases side by side, `--expiry-rounds` handovers each, so that 200 of them take
-//! about 30 s.
+//! about 30 s. The holders and waiters use a `LeaseClient` as the README builds it
+//! (PINGed HTTP/2 connections of its own). Each Pod-deletion and expiry sample is
+//! split where the controller decided it (the Lease's `status.acquireTime`, its wall
+//! clock, on the same machine), and the note says, for the slowest 1%, how much CPU
+//! the machine and the two busiest processes used over it: where a stall was spent.
 //!
 //! API cost: requests/s the API server counts (`apiserver_request_total`, group
 //! `palisade.dev`, resources `leases` and `leaseclaims`: the holder's, the
@@ -24,12 +28,16 @@
 
 #[path = "common/cluster.rs"]
 mod cluster;
+#[path = "common/cpu.rs"]
+#[allow(dead_code)]
+mod cpu;
 use support::requests;
 #[path = "common/schema.rs"]
 #[allow(dead_code)]
 mod schema;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -44,6 +52,7 @@ use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
 use serde_json::json;
 
 use cluster::{WAIT_LIMIT, wait_waiting};
+use cpu::Census;
 use schema::{Figure, Latency, Source};
 
 /// The lease duration of the API-cost Lease, client-go's default.
@@ -100,20 +109,35 @@ async fn main() {
     let ns = format!("bench-{}", std::process::id());
     cluster::create_namespace(&client, &ns).await;
     let (mut controller, admin_port) = cluster::start_controller(&kubeconfig, &ns).await;
+    let census = Arc::new(Census::new(
+        kubeconfig.parent().expect("the cluster's directory"),
+        &[
+            ("controller", controller.id().unwrap_or(0)),
+            ("bench", std::process::id()),
+        ],
+    ));
 
-    let leases = LeaseClient::new(client.clone(), &ns);
+    // As the README has users build it: PINGed HTTP/2 connections of its own.
+    let leases = LeaseClient::from_config(config.clone(), Some(&ns)).expect("a LeaseClient");
     let started = Instant::now();
     eprintln!("palisade: {} voluntary releases", args.rounds);
     let release = voluntary_release(&leases, args.rounds).await;
     eprintln!("palisade: {} Pod deletions", args.rounds);
-    let pod = pod_deletion(&client, &leases, &ns, args.rounds).await;
+    let pod = pod_deletion(&client, &leases, &ns, args.rounds, &census).await;
     eprintln!(
         "palisade: {} expiries ({} Leases side by side, {} rounds each)",
         args.expiry_lanes * args.expiry_rounds,
         args.expiry_lanes,
         args.expiry_rounds
     );
-    let expiry = expiry_lanes(&client, &leases, &ns, args.expiry_lanes, args.expiry_rounds).await;
+    let expiry = expiry_lanes(
+        &client,
+        &leases,
+        &ns,
+        (args.expiry_lanes, args.expiry_rounds),
+        &census,
+    )
+    .await;
 
     // The controller's own share: from the event that ended a grant to the handover write.
     let metrics = http_get(admin_port, "/metrics").await;
@@ -142,12 +166,24 @@ async fn main() {
     let _ = controller.wait().await;
     cluster::delete_namespace(&client, &ns).await;
 
+    let pod_note = format!(
+        "holder's Pod deleted (grace period 0) -> the waiter's acquire returns; one Lease, one handover at a time{}",
+        Split::note(
+            &pod,
+            "the controller decided the handover after the delete was sent"
+        )
+    );
     let expiry_note = format!(
         "2 s lease duration; the holder renews once when it sees its grant (naming its token, \
          as the library's acquire does) and falls silent; time from that renewal's response + 2 s \
          to the next holder's acquire returning, signed (negative: the handover landed before \
-         the duration as the bench measured it); {} Leases side by side, {} handovers each",
-        args.expiry_lanes, args.expiry_rounds
+         the duration as the bench measured it); {} Leases side by side, {} handovers each{}",
+        args.expiry_lanes,
+        args.expiry_rounds,
+        Split::note(
+            &expiry,
+            "the controller decided the handover past the renewal + 2 s"
+        )
     );
     let latency = vec![
         Latency::of(
@@ -161,14 +197,14 @@ async fn main() {
             "palisade",
             "default",
             "pod-deletion",
-            pod,
-            "holder's Pod deleted (grace period 0) -> the waiter's acquire returns; one Lease, one handover at a time",
+            Split::totals(&pod),
+            &pod_note,
         ),
         Latency::of(
             "palisade",
             "default",
             "expiry-past-duration",
-            expiry,
+            Split::totals(&expiry),
             &expiry_note,
         ),
     ];
@@ -291,7 +327,13 @@ async fn voluntary_release(leases: &LeaseClient, rounds: usize) -> Vec<f64> {
     samples
 }
 
-async fn pod_deletion(client: &Client, leases: &LeaseClient, ns: &str, rounds: usize) -> Vec<f64> {
+async fn pod_deletion(
+    client: &Client,
+    leases: &LeaseClient,
+    ns: &str,
+    rounds: usize,
+    census: &Census,
+) -> Vec<Split> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let new_pod = |i: usize| {
         let pods = pods.clone();
@@ -322,7 +364,8 @@ async fn pod_deletion(client: &Client, leases: &LeaseClient, ns: &str, rounds: u
                 .await
         });
         wait_waiting(leases, "podgone", 1).await;
-        let let_go = Instant::now();
+        let cpu_before = census.snap();
+        let (let_go, let_go_wall) = (Instant::now(), Timestamp::now());
         pods.delete(
             &format!("p{}", i - 1),
             &DeleteParams::default().grace_period(0),
@@ -330,7 +373,14 @@ async fn pod_deletion(client: &Client, leases: &LeaseClient, ns: &str, rounds: u
         .await
         .unwrap();
         let next = waiter.await.unwrap().unwrap();
-        samples.push(let_go.elapsed().as_secs_f64() * 1e3);
+        let total = let_go.elapsed().as_secs_f64() * 1e3;
+        let cpu = census.top(&cpu_before, &census.snap());
+        let decided = ms_between(let_go_wall, decided_at(leases, "podgone").await);
+        samples.push(Split {
+            total,
+            decided,
+            cpu,
+        });
         drop(holder); // its claim is already revoked; drop deletes it
         holder = next;
     }
@@ -343,13 +393,16 @@ async fn expiry_lanes(
     client: &Client,
     leases: &LeaseClient,
     ns: &str,
-    lanes: usize,
-    rounds: usize,
-) -> Vec<f64> {
+    (lanes, rounds): (usize, usize),
+    census: &Arc<Census>,
+) -> Vec<Split> {
     let tasks: Vec<_> = (0..lanes)
         .map(|lane| {
             let (client, leases, ns) = (client.clone(), leases.clone(), ns.to_string());
-            tokio::spawn(async move { expiry(&client, &leases, &ns, lane, rounds).await })
+            let census = census.clone();
+            tokio::spawn(
+                async move { expiry(&client, &leases, &ns, (lane, rounds), &census).await },
+            )
         })
         .collect();
     let mut samples = Vec::new();
@@ -369,9 +422,9 @@ async fn expiry(
     client: &Client,
     leases: &LeaseClient,
     ns: &str,
-    lane: usize,
-    rounds: usize,
-) -> Vec<f64> {
+    (lane, rounds): (usize, usize),
+    census: &Census,
+) -> Vec<Split> {
     let claims: Api<LeaseClaim> = Api::namespaced(client.clone(), ns);
     let lease = format!("expiry-{lane}");
     leases.ensure_lease(&lease, 2).await.unwrap();
@@ -412,7 +465,8 @@ async fn expiry(
             )
             .await
             .unwrap();
-        let renewed = Instant::now();
+        let (renewed, renewed_wall) = (Instant::now(), Timestamp::now());
+        let cpu_before = census.snap();
         let next = leases
             .acquire(
                 &lease,
@@ -421,13 +475,93 @@ async fn expiry(
             .await
             .unwrap();
         // Signed milliseconds: never clamped to 0.
-        samples.push((renewed.elapsed().as_secs_f64() - 2.0) * 1e3);
+        let total = (renewed.elapsed().as_secs_f64() - 2.0) * 1e3;
+        let cpu = census.top(&cpu_before, &census.snap());
+        let decided = ms_between(renewed_wall, decided_at(leases, &lease).await) - 2e3;
+        samples.push(Split {
+            total,
+            decided,
+            cpu,
+        });
         next.release().await.unwrap();
         let _ = claims
             .delete(&silent.name_any(), &DeleteParams::default())
             .await;
     }
     samples
+}
+
+/// One handover sample, split where the controller decided it.
+#[derive(Clone)]
+struct Split {
+    /// The sample, ms.
+    total: f64,
+    /// From the same start to the Lease's `status.acquireTime`: the controller's wall
+    /// clock when it computed the grant (the same machine's as the bench's), ms.
+    decided: f64,
+    /// CPU over the sample: the machine's, and the two processes that used most.
+    cpu: String,
+}
+
+impl Split {
+    fn totals(samples: &[Split]) -> Vec<f64> {
+        samples.iter().map(|s| s.total).collect()
+    }
+
+    /// Which part of the samples the controller's decision took, and which the rest
+    /// (its Lease write, the watch to the waiter, the waiter's first renewal), for the
+    /// figure's note: p50 and p99 of each, and the slowest 1% split.
+    fn note(samples: &[Split], decided: &str) -> String {
+        if samples.is_empty() {
+            return String::new();
+        }
+        let sorted = |f: fn(&Split) -> f64| {
+            let mut v: Vec<f64> = samples.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let (d, r) = (sorted(|s| s.decided), sorted(|s| s.total - s.decided));
+        let mut slowest = samples.to_vec();
+        slowest.sort_by(|a, b| b.total.total_cmp(&a.total));
+        slowest.truncate((samples.len() / 100).max(1));
+        let slowest: Vec<String> = slowest
+            .iter()
+            .map(|s| {
+                let (total, decided) = (s.total, s.decided);
+                format!(
+                    "{total:.0} = {decided:.0} + {:.0} ({})",
+                    total - decided,
+                    s.cpu
+                )
+            })
+            .collect();
+        format!(
+            "; split at the Lease's status.acquireTime (the controller's wall clock when it \
+             decided, same machine): {decided} p50 {:.1} / p99 {:.1} ms, then its Lease write, \
+             the watch to the waiter and the waiter's first renewal p50 {:.1} / p99 {:.1} ms; \
+             the slowest 1% (ms, total = decided + rest; CPU ms over it, the machine's \
+             and the two processes' that used most): {}",
+            schema::nearest_rank(&d, 0.5),
+            schema::nearest_rank(&d, 0.99),
+            schema::nearest_rank(&r, 0.5),
+            schema::nearest_rank(&r, 0.99),
+            slowest.join(", ")
+        )
+    }
+}
+
+/// The Lease's `status.acquireTime`: when the controller decided its current grant.
+async fn decided_at(leases: &LeaseClient, lease: &str) -> Timestamp {
+    let l = leases.leases().get(lease).await.unwrap();
+    l.status
+        .and_then(|s| s.acquire_time)
+        .map(|t| t.0)
+        .unwrap_or_else(|| panic!("{lease}: granted, yet no status.acquireTime"))
+}
+
+/// Signed milliseconds from `from` to `to`.
+fn ms_between(from: Timestamp, to: Timestamp) -> f64 {
+    (to.as_microsecond() - from.as_microsecond()) as f64 / 1e3
 }
 
 struct Cost {

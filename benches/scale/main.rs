@@ -133,6 +133,9 @@
 //! 30,000 creates, 40,000 writes for the initial grants, some 45,000 deletes to
 //! clean up). Every wait is bounded, the whole run by `--timeout` (default 2400 s).
 
+#[path = "../common/cpu.rs"]
+#[allow(dead_code)]
+mod cpu;
 #[path = "../common/schema.rs"]
 #[allow(dead_code)]
 mod schema;

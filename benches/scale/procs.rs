@@ -6,36 +6,7 @@ pub(crate) fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-pub(crate) fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 { t as f64 } else { 100.0 }
-}
-
-/// utime + stime of a process (all its threads), in seconds.
-pub(crate) fn proc_cpu(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces: count fields after its closing parenthesis.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest begins with field 3 (state); utime is field 14, stime 15.
-    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / clock_ticks())
-}
-
-/// (busy, total) CPU seconds of the whole machine, all cores.
-pub(crate) fn machine_cpu() -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = stat.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<f64> = line
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal (guest time is inside user).
-    let total: f64 = v.iter().take(8).sum();
-    let idle = v.get(3)? + v.get(4)?;
-    Some(((total - idle) / clock_ticks(), total / clock_ticks()))
-}
+pub(crate) use super::cpu::{machine_cpu, proc_cpu};
 
 /// A `VmHWM`/`VmRSS` line of /proc/PID/status, in KiB.
 pub(crate) fn status_kib(pid: u32, field: &str) -> Option<f64> {

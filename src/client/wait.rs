@@ -58,10 +58,15 @@ pub(super) async fn await_grant(
         }
     };
     let observed_at = BootInstant::now();
-    // The holder's Lease watch on the slower period: its first event is the Lease
-    // now, so nothing since the grant is missed.
-    drop(lease_events);
-    let lease_events = watch_one(leases.clone(), lease, periods.quiet_secs);
+    // The holder's Lease watch on the quiet period. When that is the grant period too
+    // (PINGed connections), the same watch goes on; otherwise a new one starts, its
+    // first event the Lease now, so nothing since the grant is missed.
+    let lease_events = if periods.quiet_secs == periods.grant_secs {
+        lease_events
+    } else {
+        drop(lease_events);
+        watch_one(leases.clone(), lease, periods.quiet_secs)
+    };
     Ok(Granted {
         guard,
         lease: granted,
