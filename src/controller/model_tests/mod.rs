@@ -1,10 +1,11 @@
 //! The grant decision and the index, without a cluster: unit tests of single
-//! decisions ([`decisions`]), and property tests that drive two real controller
+//! decisions ([`decisions`], [`expiry`]), and property tests that drive two real controller
 //! loops with independently stale views against a model API server with
 //! compare-and-swap writes ([`model`]).
 
 mod decisions;
 mod durations;
+mod expiry;
 mod model;
 mod server;
 

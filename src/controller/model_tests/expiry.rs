@@ -1,0 +1,321 @@
+//! Decisions about a holder's expiry: its deadline, the quorum read ahead of it,
+//! and the write that ends it (DESIGN rule 4, "Expiry is one write").
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+
+use kube::ResourceExt;
+
+use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase, RENEWED_TOKEN_ANNOTATION};
+use crate::conditions::{reasons, types};
+use crate::controller::grant::{Check, Ending, Work, decide};
+use crate::controller::index::{ExpiryConfirmed, Index, Learned};
+use crate::fixtures::{ClaimBuilder, LeaseBuilder};
+
+use super::{NAME, key};
+
+#[test]
+fn a_renewal_changes_nothing_but_the_deadline() {
+    let now = Instant::now();
+    let mut index = Index::default();
+    index.apply_lease(
+        LeaseBuilder::new(NAME)
+            .uid("L")
+            .resource_version(10)
+            .generation(1)
+            .duration(2)
+            .build(),
+        now,
+    );
+    let mut c = ClaimBuilder::new("a", NAME)
+        .uid("u1")
+        .resource_version(1)
+        .created(0)
+        .build();
+    index.apply_claim(c.clone(), now);
+    let k = key();
+    // Settle: grant, and apply what the controller wrote.
+    let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+    let updates = d.claim_updates();
+    let mut written = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(11)
+        .generation(1)
+        .duration(2)
+        .build();
+    written.status = d.lease_status;
+    index.apply_lease(written, now);
+    c.status = Some(updates[0].status.clone());
+    index.apply_claim(c.clone(), now);
+    let settled = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+    assert!(
+        settled.lease_status.is_none() && settled.claim_updates().is_empty(),
+        "{settled:?}"
+    );
+    assert_eq!(
+        index.view(&k, now).unwrap().holder_deadline,
+        Some(now + Duration::from_secs(2))
+    );
+
+    let later = now + Duration::from_millis(1500);
+    c.spec.renew_time = Some(MicroTime(Timestamp::now()));
+    renewed_token(&mut c, 11);
+    let c_renewed = c.clone();
+    index.apply_claim(c, later);
+    let view = index.view(&k, now).unwrap();
+    assert_eq!(view.holder_deadline, Some(later + Duration::from_secs(2)));
+    // Past the old deadline but within the new one: nothing to write at all.
+    let d = decide(&view, now + Duration::from_millis(2500), Timestamp::now());
+    assert!(
+        d.lease_status.is_none() && d.claim_updates().is_empty() && d.ended.is_none(),
+        "{d:?}"
+    );
+    // Past the new deadline: expired. The holder was seen renewing, so one quorum
+    // read of its claim, then the Lease; its `Expired` waits with the mirrors.
+    let d = decide(&view, later + Duration::from_secs(2), Timestamp::now());
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(
+        d.confirm,
+        vec![Check::NotRenewed {
+            name: "a".into(),
+            uid: "u1".into(),
+            renew_time: c_renewed.spec.renew_time.map(|t| t.0),
+            token: 11,
+        }]
+    );
+    assert_eq!(d.end_holder, None);
+    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
+    assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
+    assert_eq!(mark.condition_on, None);
+}
+
+/// What the client library's renewal of the grant with `token` adds to its claim.
+fn renewed_token(claim: &mut LeaseClaim, token: i64) {
+    claim
+        .annotations_mut()
+        .insert(RENEWED_TOKEN_ANNOTATION.into(), token.to_string());
+}
+
+/// A Lease held by claim `a` (token 50, 2 s) whose holder renewed this grant
+/// 500 ms after the index first saw it. Returns the index, the Lease, and when the
+/// renewal was observed.
+fn renewed_holder(now: Instant) -> (Index, Lease, Instant) {
+    let mut index = Index::default();
+    let lease = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(60)
+        .generation(1)
+        .duration(2)
+        .phase(LeasePhase::Held)
+        .holder("a", "u1", "a")
+        .token(50)
+        .grants(3)
+        .build();
+    index.apply_lease(lease.clone(), now);
+    let mut a = ClaimBuilder::new("a", NAME)
+        .uid("u1")
+        .resource_version(1)
+        .created(0)
+        .build();
+    let mut mirror = a.status.clone().unwrap_or_default();
+    mirror.phase = Some(ClaimPhase::Granted);
+    mirror.fencing_token = Some(50);
+    a.status = Some(mirror);
+    index.apply_claim(a.clone(), now);
+    let renewed = now + Duration::from_millis(500);
+    a.spec.renew_time = Some(MicroTime(Timestamp::now()));
+    renewed_token(&mut a, 50);
+    a.metadata.resource_version = Some("2".into());
+    index.apply_claim(a, renewed);
+    (index, lease, renewed)
+}
+
+#[test]
+fn an_expiry_confirmed_in_the_holders_last_sixth_is_the_lease_write_alone() {
+    let now = Instant::now();
+    let (mut index, _, renewed) = renewed_holder(now);
+    let k = key();
+    let view = index.view(&k, now).unwrap();
+    let check_at = renewed + Duration::from_secs(2) * 5 / 6;
+    assert_eq!(view.expiry_check_at, Some(check_at));
+    assert_eq!(view.wake_at(), Some(check_at));
+    // Before the holder's last sixth: nothing to do, not even a read.
+    let early = check_at - Duration::from_millis(1);
+    let d = decide(&view, early, Timestamp::now());
+    assert_eq!(d.confirm_expiry_early, None);
+    // In it: the holder keeps its grant, and the read is due, urgent.
+    let d = decide(&view, check_at, Timestamp::now());
+    let read = d.confirm_expiry_early.clone().expect("an early read");
+    assert_eq!(d.work(), Work::Urgent);
+    assert!(d.ended.is_none() && d.confirm.is_empty());
+    let Check::NotRenewed {
+        uid,
+        renew_time,
+        token,
+        ..
+    } = read
+    else {
+        panic!("{read:?}")
+    };
+    assert_eq!(token, 50);
+    // What the read found, as the pass reports it.
+    let learned = Learned {
+        lease_uid: Some("L".into()),
+        expiry_confirmed: Some(ExpiryConfirmed {
+            uid,
+            renew_time,
+            token,
+        }),
+        ..Learned::default()
+    };
+    index.apply_outcome(&k, learned, check_at);
+    let view = index.view(&k, check_at).unwrap();
+    assert!(view.expiry_confirmed);
+    assert_eq!(view.expiry_check_at, None);
+    assert_eq!(view.wake_at(), view.holder_deadline);
+    // At the expiry: the Lease write, with nothing to read first.
+    let expiry = renewed + Duration::from_secs(2);
+    let d = decide(&view, expiry, Timestamp::now());
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert!(d.confirm.is_empty(), "{:?}", d.confirm);
+    assert_eq!(d.confirm_expiry_early, None);
+    assert_eq!(d.end_holder, None);
+    assert!(d.lease_status.is_some());
+}
+
+#[test]
+fn a_renewal_after_the_early_read_voids_it() {
+    let now = Instant::now();
+    let (mut index, _, renewed) = renewed_holder(now);
+    let k = key();
+    let check_at = renewed + Duration::from_secs(2) * 5 / 6;
+    let view = index.view(&k, now).unwrap();
+    let Some(Check::NotRenewed {
+        uid,
+        renew_time,
+        token,
+        ..
+    }) = decide(&view, check_at, Timestamp::now()).confirm_expiry_early
+    else {
+        panic!("no early read")
+    };
+    let confirmed = ExpiryConfirmed {
+        uid,
+        renew_time,
+        token,
+    };
+    let learned = Learned {
+        lease_uid: Some("L".into()),
+        expiry_confirmed: Some(confirmed),
+        ..Learned::default()
+    };
+    index.apply_outcome(&k, learned, check_at);
+    // A renewal the watch delivers after the read (it counted for nothing, but the
+    // index cannot tell): the holder's clock restarts, and so does the read.
+    let mut a = ClaimBuilder::new("a", NAME)
+        .uid("u1")
+        .resource_version(3)
+        .created(0)
+        .build();
+    a.spec.renew_time = Some(MicroTime(Timestamp::now() + Duration::from_secs(1)));
+    renewed_token(&mut a, 50);
+    let seen = check_at + Duration::from_millis(100);
+    index.apply_claim(a, seen);
+    let view = index.view(&k, seen).unwrap();
+    assert!(!view.expiry_confirmed);
+    assert_eq!(view.holder_deadline, Some(seen + Duration::from_secs(2)));
+    let d = decide(&view, seen + Duration::from_secs(2), Timestamp::now());
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(d.confirm.len(), 1, "{:?}", d.confirm);
+}
+
+#[test]
+fn an_expiry_written_without_its_mark_is_mirrored_as_expired_not_superseded() {
+    let now = Instant::now();
+    let k = key();
+    let (mut index, mut lease, renewed) = renewed_holder(now);
+    let expiry = renewed + Duration::from_secs(2);
+    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
+    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    // The Lease write lands (freed: nobody waits), and the index learns it.
+    lease.status = d.lease_status.clone();
+    lease.metadata.resource_version = Some("61".into());
+    let learned = Learned {
+        lease_uid: Some("L".into()),
+        lease: Some(lease),
+        expired_unmarked: d.expired_unmarked.clone(),
+        ..Learned::default()
+    };
+    index.apply_outcome(&k, learned, expiry);
+    // The mirrors' own pass, decided afresh: the claim shows `Granted` and the Lease
+    // names nobody, yet its grant expired (it was not superseded) and needs no read.
+    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
+    assert_eq!(d.lease_status, None);
+    assert!(d.confirm.is_empty(), "{:?}", d.confirm);
+    let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
+    assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
+    let granted = mark
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == types::GRANTED)
+        .unwrap();
+    assert_eq!(granted.reason, reasons::EXPIRED);
+}
+
+#[test]
+fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_write() {
+    let now = Instant::now();
+    let mut index = Index::default();
+    let held = LeaseBuilder::new(NAME)
+        .uid("L")
+        .resource_version(60)
+        .generation(1)
+        .duration(2)
+        .phase(LeasePhase::Held)
+        .holder("a", "u1", "a")
+        .token(50)
+        .grants(3)
+        .build();
+    index.apply_lease(held, now);
+    index.apply_claim(
+        ClaimBuilder::new("a", NAME)
+            .uid("u1")
+            .resource_version(1)
+            .created(0)
+            .build(),
+        now,
+    );
+    index.apply_claim(
+        ClaimBuilder::new("b", NAME)
+            .uid("u2")
+            .resource_version(1)
+            .created(1)
+            .build(),
+        now,
+    );
+    let k = key();
+    let d = decide(
+        &index.view(&k, now).unwrap(),
+        now + Duration::from_secs(2),
+        Timestamp::now(),
+    );
+    let updates = d.claim_updates();
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    let status = d.lease_status.unwrap();
+    assert_eq!(status.holder.unwrap().claim, "b");
+    assert_eq!(status.fencing_token, Some(61));
+    assert_eq!(status.grants, Some(4));
+    let a = updates.iter().find(|u| u.name == "a").unwrap();
+    assert_eq!(a.status.phase, Some(ClaimPhase::Expired));
+    // Never seen renewing since the grant (its client may not have counted its first
+    // renewal yet): its claim is marked first, conditioned on its resourceVersion.
+    let mark = d.end_holder.as_ref().unwrap();
+    assert_eq!(mark.name, "a");
+    assert_eq!(mark.condition_on.as_deref(), Some("1"));
+    assert!(d.confirm.is_empty(), "{:?}", d.confirm);
+    assert_eq!(d.expired_unmarked, None);
+}
