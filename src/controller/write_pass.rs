@@ -116,11 +116,12 @@ impl<S: ApiServer> WritePass<S> {
         dirty_since: Instant,
         outcome: &mut Outcome,
     ) -> Step {
-        let checks: Vec<Check> = (decision.confirm.iter())
-            .chain(&decision.confirm_expiry_early)
-            .cloned()
-            .collect();
-        self.confirm(lease, &checks, &mut outcome.learned).await?;
+        self.confirm(lease, &decision.confirm, &mut outcome.learned)
+            .await?;
+        if let Some(early) = &decision.confirm_expiry_early {
+            self.confirm(lease, std::slice::from_ref(early), &mut outcome.learned)
+                .await?;
+        }
         if outcome.pass == Pass::Mirrors {
             return self
                 .write_mirrors(&decision.mirrors, &mut outcome.learned)

@@ -99,12 +99,9 @@ fn renewed_token(claim: &mut LeaseClaim, token: i64) {
         .insert(RENEWED_TOKEN_ANNOTATION.into(), token.to_string());
 }
 
-/// A Lease held by claim `a` (token 50, 2 s) whose holder renewed this grant
-/// 500 ms after the index first saw it. Returns the index, the Lease, and when the
-/// renewal was observed.
-fn renewed_holder(now: Instant) -> (Index, Lease, Instant) {
-    let mut index = Index::default();
-    let lease = LeaseBuilder::new(NAME)
+/// A Lease held by claim `a` (UID u1) with token 50, for 2 s.
+fn held_by_a() -> Lease {
+    LeaseBuilder::new(NAME)
         .uid("L")
         .resource_version(60)
         .generation(1)
@@ -113,7 +110,15 @@ fn renewed_holder(now: Instant) -> (Index, Lease, Instant) {
         .holder("a", "u1", "a")
         .token(50)
         .grants(3)
-        .build();
+        .build()
+}
+
+/// A Lease held by claim `a` (token 50, 2 s) whose holder renewed this grant
+/// 500 ms after the index first saw it. Returns the index, the Lease, and when the
+/// renewal was observed.
+fn renewed_holder(now: Instant) -> (Index, Lease, Instant) {
+    let mut index = Index::default();
+    let lease = held_by_a();
     index.apply_lease(lease.clone(), now);
     let mut a = ClaimBuilder::new("a", NAME)
         .uid("u1")
@@ -270,16 +275,7 @@ fn an_expiry_written_without_its_mark_is_mirrored_as_expired_not_superseded() {
 fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_write() {
     let now = Instant::now();
     let mut index = Index::default();
-    let held = LeaseBuilder::new(NAME)
-        .uid("L")
-        .resource_version(60)
-        .generation(1)
-        .duration(2)
-        .phase(LeasePhase::Held)
-        .holder("a", "u1", "a")
-        .token(50)
-        .grants(3)
-        .build();
+    let held = held_by_a();
     index.apply_lease(held, now);
     index.apply_claim(
         ClaimBuilder::new("a", NAME)
