@@ -7,7 +7,8 @@
 //! holder that renews once when it sees its grant and then falls silent, reported as
 //! the time past its renewal + the duration) runs `--expiry-lanes` independent
 //! Leases side by side, `--expiry-rounds` handovers each, so that 200 of them take
-//! about 30 s. The holders and waiters use a `LeaseClient` as the README builds it
+//! under a minute; lane `l` starts `l / lanes` of the duration late, as the peers'
+//! expiry lanes do, so that the lanes do not come due in step. The holders and waiters use a `LeaseClient` as the README builds it
 //! (PINGed HTTP/2 connections of its own). Each Pod-deletion and expiry sample is
 //! split where the controller decided it (the Lease's `status.acquireTime`, its wall
 //! clock, on the same machine), and the note says, for the slowest 1%, how much CPU
@@ -66,11 +67,11 @@ struct Args {
     /// Handovers after a release, and after a Pod deletion.
     #[arg(long, default_value_t = 200)]
     rounds: usize,
-    /// Expiry: independent Leases side by side.
-    #[arg(long, default_value_t = 20)]
+    /// Expiry: independent Leases side by side (as many as the Rust peers' lanes).
+    #[arg(long, default_value_t = 10)]
     expiry_lanes: usize,
     /// Expiry: handovers per lane.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 20)]
     expiry_rounds: usize,
     /// API cost: the window at steady state, seconds (0 skips the API cost).
     #[arg(long, default_value_t = 30.0)]
@@ -177,7 +178,8 @@ async fn main() {
         "2 s lease duration; the holder renews once when it sees its grant (naming its token, \
          as the library's acquire does) and falls silent; time from that renewal's response + 2 s \
          to the next holder's acquire returning, signed (negative: the handover landed before \
-         the duration as the bench measured it); {} Leases side by side, {} handovers each{}",
+         the duration as the bench measured it); {} Leases side by side, {} handovers each, \
+         their starts staggered over the duration{}",
         args.expiry_lanes,
         args.expiry_rounds,
         Split::note(
@@ -388,6 +390,9 @@ async fn pod_deletion(
     samples
 }
 
+/// The expiry scenario's lease duration.
+const EXPIRY_DURATION: Duration = Duration::from_secs(2);
+
 /// `lanes` independent Leases side by side, `rounds` expiries each.
 async fn expiry_lanes(
     client: &Client,
@@ -400,9 +405,13 @@ async fn expiry_lanes(
         .map(|lane| {
             let (client, leases, ns) = (client.clone(), leases.clone(), ns.to_string());
             let census = census.clone();
-            tokio::spawn(
-                async move { expiry(&client, &leases, &ns, (lane, rounds), &census).await },
-            )
+            // Staggered over the duration, as every bench's expiry lanes are: lanes
+            // in step would come due in one burst, a small storm, not one expiry each.
+            let stagger = EXPIRY_DURATION * lane as u32 / lanes as u32;
+            tokio::spawn(async move {
+                tokio::time::sleep(stagger).await;
+                expiry(&client, &leases, &ns, (lane, rounds), &census).await
+            })
         })
         .collect();
     let mut samples = Vec::new();
@@ -427,7 +436,10 @@ async fn expiry(
 ) -> Vec<Split> {
     let claims: Api<LeaseClaim> = Api::namespaced(client.clone(), ns);
     let lease = format!("expiry-{lane}");
-    leases.ensure_lease(&lease, 2).await.unwrap();
+    leases
+        .ensure_lease(&lease, EXPIRY_DURATION.as_secs() as i64)
+        .await
+        .unwrap();
     let mut samples = Vec::new();
     for i in 0..rounds {
         let silent: LeaseClaim = serde_json::from_value(json!({
@@ -475,9 +487,10 @@ async fn expiry(
             .await
             .unwrap();
         // Signed milliseconds: never clamped to 0.
-        let total = (renewed.elapsed().as_secs_f64() - 2.0) * 1e3;
+        let total = (renewed.elapsed().as_secs_f64() - EXPIRY_DURATION.as_secs_f64()) * 1e3;
         let cpu = census.top(&cpu_before, &census.snap());
-        let decided = ms_between(renewed_wall, decided_at(leases, &lease).await) - 2e3;
+        let decided = ms_between(renewed_wall, decided_at(leases, &lease).await)
+            - EXPIRY_DURATION.as_secs_f64() * 1e3;
         samples.push(Split {
             total,
             decided,

@@ -109,10 +109,12 @@
 //!    due instant, and the note says if they were not). A shorter spec alone never
 //!    cuts a grant short (the grant's recorded `status.holder.leaseDurationSeconds`
 //!    counts too), so with no controller running the bench first writes that field
-//!    to D on every Lease, 16 in flight (the controller's `--concurrency`): N status
-//!    writes that each change the resourceVersion, timed, which is the **floor**: the
-//!    API server's own rate for one status write per Lease. Then the spec's
-//!    `leaseDurationSeconds` (32 in flight), then a Lease watch, then the controller.
+//!    to D on every Lease, 16 in flight (the controller's `--concurrency`), with the
+//!    bench's Lease watch already open: N status writes that each change the
+//!    resourceVersion, timed. Two such passes before the storm and one after it; the
+//!    median of the three is the **floor**: the API server's own rate for one status
+//!    write per Lease. Then the spec's `leaseDurationSeconds` (32 in flight), then
+//!    the controller.
 //!    Per Lease: delay = when the watch saw the waiter named holder - the due
 //!    instant, signed, never clamped (Latency `storm-past-duration`, config N);
 //!    the last one is a figure; our rate is N / (last re-grant - due), also as a

@@ -95,36 +95,21 @@ pub(crate) async fn storm(
         .await
         .context("the holders' last renewals")?;
 
-    // 2. The floor: one status write per Lease, no controller running, 16 in flight
-    // (the controller's --concurrency). It is also what sets the grants' recorded
-    // duration (status.holder.leaseDurationSeconds) to the storm's: a shorter spec
-    // alone never cuts a grant short.
-    let t = Instant::now();
-    let c0 = procs.snap();
-    let floor_writes: Vec<bool> = stream::iter(0..n)
-        .map(|i| {
-            let leases = leases.clone();
-            let name = lease_name(i);
-            let before = holders.get(&name).map(|h| h.1.clone());
-            async move {
-                let patch =
-                    Patch::Merge(json!({"status": {"holder": {"leaseDurationSeconds": d}}}));
-                let pp = PatchParams::default();
-                let l = with_retry(|| leases.patch_status(&name, &pp, &patch)).await?;
-                Ok::<_, anyhow::Error>(l.metadata.resource_version != before)
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect()
-        .await
-        .context("the floor's status writes")?;
-    let floor_s = t.elapsed().as_secs_f64();
-    let floor_cpu = procs.snap().since(&c0);
-    let unchanged = floor_writes.iter().filter(|c| !**c).count();
-    if unchanged > 0 {
-        bail!("storm: {unchanged} of the floor's status writes left the resourceVersion as it was");
-    }
-    let floor = n as f64 / floor_s;
+    // 2. The floor: the API server's own rate for one status write per Lease, no
+    // controller running, 16 in flight (the controller's --concurrency), with the
+    // bench's Lease watch open as it is in the storm. Three passes, two before the
+    // storm and one after it; the floor is their median, since one pass of a
+    // thousand writes is a second or two and its rate moves by half within an hour.
+    // The second pass is what sets the grants' recorded duration
+    // (status.holder.leaseDurationSeconds) to the storm's: a shorter spec alone
+    // never cuts a grant short.
+    let mut watch = LeaseWatch::start(leases.clone()).await?;
+    let rvs: HashMap<String, String> = holders
+        .iter()
+        .map(|(l, h)| (l.clone(), h.1.clone()))
+        .collect();
+    let (first, rvs) = floor_pass(&leases, n, d + 1, rvs, procs).await?;
+    let (second, _) = floor_pass(&leases, n, d, rvs, procs).await?;
     // ... and the spec, so that the re-grants' own duration is short too.
     let t = Instant::now();
     stream::iter(0..n)
@@ -142,14 +127,15 @@ pub(crate) async fn storm(
         .context("setting the storm's lease duration")?;
     let spec_s = t.elapsed().as_secs_f64();
     println!(
-        "scale: storm at {n}: {} waiters created in {created_s:.1} s, floor {floor:.0} status writes/s, spec durations set in {spec_s:.1} s",
-        missing.len()
+        "scale: storm at {n}: {} waiters created in {created_s:.1} s, floor passes {:.0} and {:.0} status writes/s, spec durations set in {spec_s:.1} s",
+        missing.len(),
+        first.rate,
+        second.rate
     );
 
     // 3. A controller starts: on sync it takes every Lease over (DESIGN rule 4, a fresh
     // full duration for every held grant), so all n are due d seconds after its sync,
     // taken as /readyz turning true. No holder renews.
-    let mut watch = LeaseWatch::start(leases.clone()).await?;
     let log = s.args.out.join(format!("scale-storm-{n}.log"));
     let _ = std::fs::remove_file(&log);
     let t_spawn = Instant::now();
@@ -201,6 +187,12 @@ pub(crate) async fn storm(
             log.display()
         );
     }
+    let rvs = resource_versions(&leases).await?;
+    let (third, _) = floor_pass(&leases, n, d + 1, rvs, procs).await?;
+    drop(watch);
+    let mut passes = [&first, &second, &third];
+    passes.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    let floor = passes[1].rate;
     let samples: Vec<f64> = (0..n)
         .map(|i| {
             let at = regrants[&lease_name(i)];
@@ -247,8 +239,11 @@ pub(crate) async fn storm(
         floor,
         "writes/s",
         format!(
-            "the API server's own rate for one status write per Lease (a JSON merge patch of status.holder.leaseDurationSeconds, 600 -> {d}, every resourceVersion changed), 16 in flight (the controller's --concurrency), no controller running, just before the storm: {n} in {floor_s:.1} s. {}",
-            floor_cpu.split(s.cores)
+            "the API server's own rate for one status write per Lease (a JSON merge patch of status.holder.leaseDurationSeconds, every resourceVersion changed), 16 in flight (the controller's --concurrency), no controller running, the bench's Lease watch open as in the storm: the median of three passes of {n} writes, two just before the storm and one just after it: {:.0}, {:.0} and {:.0} writes/s. The median pass's {}",
+            first.rate,
+            second.rate,
+            third.rate,
+            passes[1].cpu.split(s.cores)
         ),
     );
     report.fig(
@@ -270,4 +265,79 @@ pub(crate) async fn storm(
         format!("re-grants/s ({rate:.0}) over the floor's status writes/s ({floor:.0})"),
     );
     Ok(())
+}
+
+/// One pass of the floor: a status write per Lease, timed.
+struct FloorPass {
+    rate: f64,
+    cpu: CpuWindow,
+}
+
+/// Writes `status.holder.leaseDurationSeconds = value` on every Lease, 16 in flight,
+/// each conditioned on nothing but checked to have changed the resourceVersion it had
+/// in `before`; returns the pass and the resourceVersions it left.
+async fn floor_pass(
+    leases: &Api<Lease>,
+    n: usize,
+    value: i64,
+    before: HashMap<String, String>,
+    procs: &Procs,
+) -> Result<(FloorPass, HashMap<String, String>)> {
+    let t = Instant::now();
+    let c0 = procs.snap();
+    let after: Vec<(String, Option<String>, bool)> = stream::iter(0..n)
+        .map(|i| {
+            let leases = leases.clone();
+            let name = lease_name(i);
+            let was = before.get(&name).cloned();
+            async move {
+                let patch =
+                    Patch::Merge(json!({"status": {"holder": {"leaseDurationSeconds": value}}}));
+                let pp = PatchParams::default();
+                let l = with_retry(|| leases.patch_status(&name, &pp, &patch)).await?;
+                let rv = l.metadata.resource_version;
+                let changed = rv.is_some() && rv != was;
+                Ok::<_, anyhow::Error>((name, rv, changed))
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect()
+        .await
+        .context("the floor's status writes")?;
+    let secs = t.elapsed().as_secs_f64();
+    let cpu = procs.snap().since(&c0);
+    let unchanged = after.iter().filter(|(_, _, c)| !c).count();
+    if unchanged > 0 {
+        bail!("storm: {unchanged} of the floor's status writes left the resourceVersion as it was");
+    }
+    let rvs = after
+        .into_iter()
+        .filter_map(|(name, rv, _)| Some((name, rv?)))
+        .collect();
+    Ok((
+        FloorPass {
+            rate: n as f64 / secs,
+            cpu,
+        },
+        rvs,
+    ))
+}
+
+/// Every Lease's resourceVersion, by name.
+async fn resource_versions(leases: &Api<Lease>) -> Result<HashMap<String, String>> {
+    let mut rvs = HashMap::new();
+    let mut lp = ListParams::default().limit(2000);
+    loop {
+        let page = leases.list_metadata(&lp).await?;
+        for l in page.items {
+            if let (Some(name), Some(rv)) = (l.metadata.name, l.metadata.resource_version) {
+                rvs.insert(name, rv);
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = ListParams::default().limit(2000).continue_token(&c),
+            None => break,
+        }
+    }
+    Ok(rvs)
 }

@@ -245,7 +245,9 @@ type samples struct {
 }
 
 // runLanes runs n handovers as `lanes` independent chains side by side, each on a
-// Lease of its own, ceil(n/lanes) rounds each.
+// Lease of its own, ceil(n/lanes) rounds each. Expiry lanes start staggered over
+// the lease duration (lane l, l/lanes of it late), as every bench's are, so that
+// they do not come due in step.
 func (b *bench) runLanes(ctx context.Context, t timing, expiry bool, n, lanes int) (samples, error) {
 	if lanes < 1 {
 		lanes = 1
@@ -263,6 +265,12 @@ func (b *bench) runLanes(ctx context.Context, t timing, expiry bool, n, lanes in
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if expiry {
+				select {
+				case <-time.After(t.LeaseDuration * time.Duration(lane) / time.Duration(lanes)):
+				case <-lctx.Done():
+				}
+			}
 			s, err := b.runHandover(lctx, t, expiry, lane, perLane)
 			mu.Lock()
 			defer mu.Unlock()
@@ -610,7 +618,7 @@ func main() {
 				o.Latency = append(o.Latency, summarize(t.Name, "expiry-past-duration", s.pastRenew, fmt.Sprintf(
 					"the holder stops without releasing; the next candidate's OnStartedLeading minus (the holder's last "+
 						"renewTime + LeaseDuration); from the stop itself p50 %.0f ms, p99 %.0f ms; %s; "+
-						"%d Leases side by side, %d handovers each", raw.P50, raw.P99, timingNote, l, (*rounds+l-1)/l)))
+						"%d Leases side by side, %d handovers each, their starts staggered over the lease duration", raw.P50, raw.P99, timingNote, l, (*rounds+l-1)/l)))
 				if err != nil {
 					return fmt.Errorf("%s expiry: %w", t.Name, err)
 				}

@@ -468,8 +468,10 @@ impl Progress {
 }
 
 /// Splits `total` rounds over `lanes` concurrent lanes and runs `f(lane, rounds)`
-/// for each.
-pub async fn run_lanes<F, Fut>(total: usize, lanes: usize, f: F) -> LanesOut
+/// for each, lane `l` starting `l / lanes` of `spread` after the first, so that
+/// lanes whose rounds take `spread` each do not come due in step (every bench
+/// staggers its expiry lanes over the lease duration the same way).
+pub async fn run_lanes<F, Fut>(total: usize, lanes: usize, spread: Duration, f: F) -> LanesOut
 where
     F: Fn(usize, usize) -> Fut,
     Fut: Future<Output = LaneOut> + Send + 'static,
@@ -479,7 +481,12 @@ where
     for lane in 0..lanes {
         let rounds = total / lanes + usize::from(lane < total % lanes);
         if rounds > 0 {
-            set.spawn(f(lane, rounds));
+            let lane_run = f(lane, rounds);
+            let delay = spread * lane as u32 / lanes as u32;
+            set.spawn(async move {
+                tokio::time::sleep(delay).await;
+                lane_run.await
+            });
         }
     }
     let mut all = LanesOut::default();
@@ -607,7 +614,7 @@ pub async fn start(peer: &Peer) -> Run {
     let note = format!(
             "{} only ({}). All candidates \
              run in one process, each with its own kube::Client (own TLS connection); lanes = independent Leases \
-             measured concurrently (--lanes {}); namespace {ns} (deleted after the run). Flags: release-rounds {}, \
+             measured concurrently (--lanes {}; expiry lanes start staggered over the lease duration); namespace {ns} (deleted after the run). Flags: release-rounds {}, \
              expiry-rounds {}, steady {}s, warm-up {}s, baseline {}s, steady attempts <= {}.",
             peer.system, peer.other, args.lanes, args.release_rounds, args.expiry_rounds, args.steady, args.warmup,
             args.baseline, args.steady_attempts

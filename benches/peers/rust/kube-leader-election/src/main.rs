@@ -388,7 +388,7 @@ async fn run(env: Arc<Env>, args: &Args, o: &mut Source) -> Res<()> {
             args.lanes.min(args.release_rounds)
         );
         let p = Progress::new("release", args.release_rounds);
-        let lo = run_lanes(args.release_rounds, args.lanes, |l, n| {
+        let lo = run_lanes(args.release_rounds, args.lanes, Duration::ZERO, |l, n| {
             lane(env.clone(), l, n, false, p.clone())
         })
         .await;
@@ -409,7 +409,7 @@ async fn run(env: Arc<Env>, args: &Args, o: &mut Source) -> Res<()> {
             args.lanes.min(args.expiry_rounds)
         );
         let p = Progress::new("expiry", args.expiry_rounds);
-        let lo = run_lanes(args.expiry_rounds, args.lanes, |l, n| {
+        let lo = run_lanes(args.expiry_rounds, args.lanes, TUNED.ttl, |l, n| {
             lane(env.clone(), l, n, true, p.clone())
         })
         .await;
