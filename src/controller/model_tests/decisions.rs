@@ -9,7 +9,7 @@ use crate::controller::grant::{Ending, decide};
 use crate::controller::index::{Index, POD_GRACE};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder, PodBuilder};
 
-use super::{NAME, key};
+use super::{NAME, claim, key};
 
 #[test]
 fn first_waiter_in_fifo_order_is_granted_with_a_token_above_the_resource_version() {
@@ -170,14 +170,7 @@ fn a_claim_whose_pod_is_not_seen_yet_waits_instead_of_being_revoked() {
 fn claims_of_a_missing_lease_wait_with_lease_not_found() {
     let now = Instant::now();
     let mut index = Index::default();
-    index.apply_claim(
-        ClaimBuilder::new("a", NAME)
-            .uid("u1")
-            .resource_version(1)
-            .created(0)
-            .build(),
-        now,
-    );
+    index.apply_claim(claim("a", "u1", 0), now);
     let k = key();
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     let updates = d.claim_updates();
@@ -232,14 +225,7 @@ fn a_token_at_the_maximum_is_refused_with_a_condition_instead_of_repeated() {
             .grants(3)
             .build();
         index.apply_lease(free, now);
-        index.apply_claim(
-            ClaimBuilder::new("a", NAME)
-                .uid("u1")
-                .resource_version(1)
-                .created(0)
-                .build(),
-            now,
-        );
+        index.apply_claim(claim("a", "u1", 0), now);
         let k = key();
         let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
         let updates = d.claim_updates();
@@ -284,22 +270,8 @@ fn a_deleted_leases_holder_is_revoked_even_before_its_granted_mirror() {
             .build();
         index.apply_lease(old.clone(), now);
         // The holder's claim still shows no phase: its mirror was never written.
-        index.apply_claim(
-            ClaimBuilder::new("a", NAME)
-                .uid("u1")
-                .resource_version(1)
-                .created(0)
-                .build(),
-            now,
-        );
-        index.apply_claim(
-            ClaimBuilder::new("b", NAME)
-                .uid("u2")
-                .resource_version(1)
-                .created(1)
-                .build(),
-            now,
-        );
+        index.apply_claim(claim("a", "u1", 0), now);
+        index.apply_claim(claim("b", "u2", 1), now);
         let case = if delete_event_first {
             "deleted, then re-created"
         } else {

@@ -9,9 +9,9 @@ use serde_json::json;
 use crate::api::LeasePhase;
 use crate::controller::grant::{Ending, decide};
 use crate::controller::index::Index;
-use crate::fixtures::{ClaimBuilder, LeaseBuilder};
+use crate::fixtures::LeaseBuilder;
 
-use super::{NAME, key};
+use super::{NAME, claim, key};
 
 /// A holder's client keeps the
 /// duration its grant was observed with (or a shorter one it sees later), so the
@@ -31,20 +31,9 @@ fn a_lowered_lease_duration_does_not_cut_short_a_grant_in_progress() {
             .build(),
         now,
     );
-    let mut a = ClaimBuilder::new("a", NAME)
-        .uid("u1")
-        .resource_version(1)
-        .created(0)
-        .build();
+    let mut a = claim("a", "u1", 0);
     index.apply_claim(a.clone(), now);
-    index.apply_claim(
-        ClaimBuilder::new("b", NAME)
-            .uid("u2")
-            .resource_version(1)
-            .created(1)
-            .build(),
-        now,
-    );
+    index.apply_claim(claim("b", "u2", 1), now);
     let k = key();
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     let updates = d.claim_updates();
@@ -125,22 +114,8 @@ fn after_a_restart_a_holder_gets_at_least_the_duration_it_was_granted_with() {
         .granted_with(600)
         .build();
     index.apply_lease(held, restarted);
-    index.apply_claim(
-        ClaimBuilder::new("a", NAME)
-            .uid("u1")
-            .resource_version(1)
-            .created(0)
-            .build(),
-        restarted,
-    );
-    index.apply_claim(
-        ClaimBuilder::new("b", NAME)
-            .uid("u2")
-            .resource_version(1)
-            .created(1)
-            .build(),
-        restarted,
-    );
+    index.apply_claim(claim("a", "u1", 0), restarted);
+    index.apply_claim(claim("b", "u2", 1), restarted);
     let k = key();
     let view = index.view(&k, restarted).unwrap();
     assert_eq!(
@@ -172,14 +147,7 @@ fn a_raised_duration_applies_to_the_holder_and_an_unrecorded_grant_uses_the_spec
             .build();
         let mut index = Index::default();
         index.apply_lease(held, now);
-        index.apply_claim(
-            ClaimBuilder::new("a", NAME)
-                .uid("u1")
-                .resource_version(1)
-                .created(0)
-                .build(),
-            now,
-        );
+        index.apply_claim(claim("a", "u1", 0), now);
         assert_eq!(
             index.view(&k, now).unwrap().holder_deadline,
             Some(now + Duration::from_secs(expected)),

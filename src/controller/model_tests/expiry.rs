@@ -14,7 +14,7 @@ use crate::controller::grant::{Check, Ending, Work, decide};
 use crate::controller::index::{ExpiryConfirmed, Index, Learned};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder};
 
-use super::{NAME, key};
+use super::{NAME, claim, key};
 
 #[test]
 fn a_renewal_changes_nothing_but_the_deadline() {
@@ -29,11 +29,7 @@ fn a_renewal_changes_nothing_but_the_deadline() {
             .build(),
         now,
     );
-    let mut c = ClaimBuilder::new("a", NAME)
-        .uid("u1")
-        .resource_version(1)
-        .created(0)
-        .build();
+    let mut c = claim("a", "u1", 0);
     index.apply_claim(c.clone(), now);
     let k = key();
     // Settle: grant, and apply what the controller wrote.
@@ -120,11 +116,7 @@ fn renewed_holder(now: Instant) -> (Index, Lease, Instant) {
     let mut index = Index::default();
     let lease = held_by_a();
     index.apply_lease(lease.clone(), now);
-    let mut a = ClaimBuilder::new("a", NAME)
-        .uid("u1")
-        .resource_version(1)
-        .created(0)
-        .build();
+    let mut a = claim("a", "u1", 0);
     let mut mirror = a.status.clone().unwrap_or_default();
     mirror.phase = Some(ClaimPhase::Granted);
     mirror.fencing_token = Some(50);
@@ -277,22 +269,8 @@ fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_writ
     let mut index = Index::default();
     let held = held_by_a();
     index.apply_lease(held, now);
-    index.apply_claim(
-        ClaimBuilder::new("a", NAME)
-            .uid("u1")
-            .resource_version(1)
-            .created(0)
-            .build(),
-        now,
-    );
-    index.apply_claim(
-        ClaimBuilder::new("b", NAME)
-            .uid("u2")
-            .resource_version(1)
-            .created(1)
-            .build(),
-        now,
-    );
+    index.apply_claim(claim("a", "u1", 0), now);
+    index.apply_claim(claim("b", "u2", 1), now);
     let k = key();
     let d = decide(
         &index.view(&k, now).unwrap(),

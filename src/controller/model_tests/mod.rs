@@ -9,11 +9,22 @@ mod expiry;
 mod model;
 mod server;
 
+use crate::api::LeaseClaim;
 use crate::controller::index::LeaseKey;
-use crate::fixtures::NS;
+use crate::fixtures::{ClaimBuilder, NS};
 
 const NAME: &str = "lock";
 
 fn key() -> LeaseKey {
     LeaseKey::new(NS, NAME)
+}
+
+/// A claim on the test Lease, seen once (resourceVersion 1), created `created`
+/// seconds after the fixtures' epoch: its place in the queue.
+fn claim(name: &str, uid: &str, created: i64) -> LeaseClaim {
+    ClaimBuilder::new(name, NAME)
+        .uid(uid)
+        .resource_version(1)
+        .created(created)
+        .build()
 }
