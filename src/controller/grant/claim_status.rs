@@ -87,6 +87,16 @@ pub(super) fn mirror_claims(
             }
             let s = lost(c, ClaimPhase::Revoked, reasons::SUPERSEDED, &why, wall);
             push_mirror(decision, c, s);
+        } else if let Some(renewed) = c.claim.renewed_token
+            && status.fencing_token.is_some_and(|t| renewed <= t)
+        {
+            // It renewed a grant the Lease has moved on from, before its `Granted`
+            // mirror landed: that grant expired (a renewal newer than the Lease we
+            // see means our copy of the Lease is stale, and we wait for it).
+            if !wrote_lease {
+                decision.check(Check::LeaseUnchanged);
+            }
+            push_mirror(decision, c, ended(c, &Ending::Expired, wall));
         } else if is_pending(c)
             && let Some(problem) = &c.pod_problem
             && *problem != PodProblem::NotSeenYet

@@ -297,7 +297,8 @@ pub(super) fn marks_first(view: &LeaseView<'_>, how: &Ending) -> bool {
 }
 
 /// Phase 2: the claims that wait, in grant order: pending, pods alive (or not seen
-/// yet), and neither the holder that keeps the grant nor the one whose grant ended.
+/// yet), never granted before, and neither the holder that keeps the grant nor the
+/// one whose grant ended.
 fn waiting_claims<'v>(
     view: &LeaseView<'_>,
     claims: &[&'v ClaimView<'v>],
@@ -310,6 +311,7 @@ fn waiting_claims<'v>(
         .filter(|c| {
             is_waiting(c)
                 && !held_a_deleted_lease(view, c)
+                && !renewed_a_grant(c)
                 && Some(c.claim.uid.as_str()) != ended_uid
                 && Some(c.claim.uid.as_str()) != kept_uid
         })
@@ -475,6 +477,16 @@ fn decide_without_lease(
         push_mirror(&mut decision, c, s);
     }
     decision
+}
+
+/// The claim's client renewed a grant of it (`palisade.dev/renewed-token`), so it
+/// was granted once, whatever its status says: an expiry that defers the holder's
+/// mark ("Expiry is one write") may leave it `Pending` when its `Granted` mirror
+/// never landed, and a controller elected since has no memory of the grant. The
+/// annotation is on the claim itself, so every controller reads the same answer: a
+/// claim that has lost its grant never gets it back (rule 2).
+fn renewed_a_grant(c: &ClaimView<'_>) -> bool {
+    c.claim.renewed_token.is_some()
 }
 
 fn is_pending(c: &ClaimView<'_>) -> bool {

@@ -293,3 +293,77 @@ fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_writ
     assert!(d.confirm.is_empty(), "{:?}", d.confirm);
     assert_eq!(d.expired_unmarked, None);
 }
+
+/// A Lease freed when `a`'s grant (token 50) expired, as a controller that has never
+/// seen it held finds it after a failover: `a`'s claim still `Pending` (its `Granted`
+/// mirror never landed), annotated with its renewal of token 50.
+fn freed_after_unmirrored_expiry() -> (Lease, LeaseClaim) {
+    let mut lease = held_by_a();
+    let status = lease.status.as_mut().unwrap();
+    status.holder = None;
+    status.phase = Some(LeasePhase::Free);
+    lease.metadata.resource_version = Some("61".into());
+    let mut a = claim("a", "u1", 0);
+    a.spec.renew_time = Some(MicroTime(Timestamp::now()));
+    renewed_token(&mut a, 50);
+    (lease, a)
+}
+
+#[test]
+fn a_claim_whose_grant_expired_before_its_mirror_landed_is_never_granted_again() {
+    let now = Instant::now();
+    let k = key();
+    // The holder's `Granted` mirror never landed: its claim says `Pending`.
+    let mut index = Index::default();
+    let mut lease = held_by_a();
+    index.apply_lease(lease.clone(), now);
+    let mut a = claim("a", "u1", 0);
+    a.spec.renew_time = Some(MicroTime(Timestamp::now()));
+    renewed_token(&mut a, 50);
+    index.apply_claim(a, now);
+    let expiry = now + Duration::from_secs(2);
+    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    lease.status = d.lease_status.clone();
+    lease.metadata.resource_version = Some("61".into());
+    let learned = Learned {
+        lease_uid: Some("L".into()),
+        lease: Some(lease),
+        expired_unmarked: d.expired_unmarked.clone(),
+        ..Learned::default()
+    };
+    index.apply_outcome(&k, learned, expiry);
+    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
+    assert_eq!(d.granted, None, "{d:?}");
+    let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
+    assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
+}
+
+#[test]
+fn after_a_failover_a_pending_claim_that_renewed_a_grant_is_not_a_waiter() {
+    let now = Instant::now();
+    let k = key();
+    let (lease, a) = freed_after_unmirrored_expiry();
+    let mut index = Index::default();
+    index.apply_lease(lease, now);
+    index.apply_claim(a, now);
+    index.apply_claim(claim("b", "u2", 1), now);
+    let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+    let granted = d.granted.as_ref().expect("b waits and is granted");
+    assert_eq!(granted.claim, "b");
+    assert!(granted.token > 50);
+    let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
+    assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
+    // Alone, it is not granted either: the Lease stays free.
+    let (lease, a) = freed_after_unmirrored_expiry();
+    let mut index = Index::default();
+    index.apply_lease(lease, now);
+    index.apply_claim(a, now);
+    let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
+    assert_eq!(d.granted, None, "{d:?}");
+    let holder = d.lease_status.as_ref().and_then(|s| s.holder.as_ref());
+    assert_eq!(holder, None, "{d:?}");
+    let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
+    assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
+}
