@@ -183,9 +183,20 @@ impl<S: ApiServer> WritePass<S> {
             // Deleted meanwhile: the grant ends all the same (released).
             Err(e) if e.is(&[NotFound]) => {}
             Err(e) if e.is(&[Conflict, Invalid]) => {
-                tracing::info!(lease = %self.key, claim = %mark.name, "the holder's claim changed since the decision (a renewal?); deciding again");
                 match self.api.get_claim(namespace, &mark.name).await {
+                    // Unchanged: the guard held, so the refusal is a validation rule's
+                    // or an admission policy's, not a renewal. Reading it as one would
+                    // keep a dead holder's grant for ever.
+                    Ok(Some(fresh))
+                        if fresh.uid().as_deref() == Some(mark.uid.as_str())
+                            && fresh.resource_version() == mark.condition_on =>
+                    {
+                        self.count_error("claim");
+                        tracing::error!(lease = %self.key, claim = %mark.name, error = %e, reason = e.label(), "the API server refused the mark that ends the holder's grant, and the claim has not changed: an admission policy or validation rule refuses the controller's write; the grant cannot end until it is allowed");
+                        return Err(Next::AfterError);
+                    }
                     Ok(Some(fresh)) if fresh.uid().as_deref() == Some(mark.uid.as_str()) => {
+                        tracing::info!(lease = %self.key, claim = %mark.name, "the holder's claim changed since the decision (a renewal?); deciding again");
                         learned.read_claims.push(fresh);
                     }
                     // Gone, or re-created under another UID: the grant ends all the same.

@@ -201,6 +201,26 @@ async fn ending_the_holder_goes_on_if_written_or_gone_and_stops_if_the_claim_cha
 }
 
 #[tokio::test]
+async fn a_mark_refused_while_the_claim_is_unchanged_is_an_error_not_a_renewal() {
+    // An admission policy refuses the controller's write (422): the claim still has
+    // the resourceVersion the mark was conditioned on, so nothing renewed it.
+    let mark = update("a", Some("6"));
+    let mut api = Scripted::default();
+    api.refusals.insert("a".into(), 422);
+    api.claims.insert(
+        "a".into(),
+        ClaimBuilder::new("a", "db")
+            .uid("uid-a")
+            .resource_version(6)
+            .build(),
+    );
+    let mut learned = Learned::default();
+    let refused = pass(&api).end_holder(&mark, &mut learned).await;
+    assert_eq!(refused, Err(Next::AfterError));
+    assert!(learned.read_claims.is_empty(), "{:?}", learned.read_claims);
+}
+
+#[tokio::test]
 async fn a_refused_lease_write_reads_the_lease_again() {
     let mut api = Scripted {
         lease: Some(lease(9)),
