@@ -45,8 +45,20 @@ struct AdminState {
 
 /// Serves `/healthz` (the process answers), `/readyz` and `/metrics` until `shutdown`
 /// (the controller's and the agent's admin server).
+/// Binds the admin address, before anything reports ready: a port in use or an
+/// address the host lacks fails the start, naming the address, instead of leaving
+/// a process that probes can never reach.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("admin address {addr} (/healthz, /readyz, /metrics): {e}"),
+        )
+    })
+}
+
 pub async fn serve_admin(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     metrics: MetricsText,
     ready: Readiness,
     shutdown: CancellationToken,
@@ -56,7 +68,6 @@ pub async fn serve_admin(
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .with_state(AdminState { metrics, ready });
-    let listener = tokio::net::TcpListener::bind(addr).await?;
     // The bound address: with port 0 the kernel chose the port.
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "admin server listening");

@@ -488,3 +488,68 @@ async fn the_api_listens_on_loopback_only() {
     tcp.read_to_string(&mut answer).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
 }
+
+/// `palisade agent ARGS` with `env`, expected to refuse to start: its stderr.
+fn refused_start(args: &[&str], env: &[(&str, &str)]) -> String {
+    let output = support::cli::palisade()
+        .args(["agent", "--namespace", "x"])
+        .args(args)
+        .envs(env.iter().copied())
+        .env("KUBECONFIG", kubeconfig_path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
+#[tokio::test]
+async fn a_start_that_would_expose_the_api_or_lose_data_is_refused_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("run/agent.sock");
+    let socket = socket.to_str().unwrap();
+    // Under hostNetwork the loopback is the node's: the Downward API says so.
+    let host = [
+        ("POD_NAME", "p"),
+        ("POD_IP", "10.1.2.3"),
+        ("HOST_IP", "10.1.2.3"),
+    ];
+    let stderr = refused_start(&["--socket", socket, "--listen", "127.0.0.1:7801"], &host);
+    assert!(stderr.contains("node's network"), "{stderr}");
+    let stderr = refused_start(
+        &["--socket", socket, "--listen", "127.0.0.1:7801"],
+        &[("POD_NAME", "p")],
+    );
+    assert!(stderr.contains("POD_IP and HOST_IP"), "{stderr}");
+
+    // A token directory holding the socket (and the user's data) is left alone.
+    let data = dir.path().join("run/keep.txt");
+    std::fs::create_dir_all(data.parent().unwrap()).unwrap();
+    std::fs::write(&data, "mine").unwrap();
+    let run = dir.path().join("run");
+    let stderr = refused_start(
+        &["--socket", socket, "--token-dir", run.to_str().unwrap()],
+        &[],
+    );
+    assert!(stderr.contains("holds the socket"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&data).unwrap(), "mine");
+
+    // An admin address in use fails the start instead of serving without probes.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = taken.local_addr().unwrap().to_string();
+    let stderr = refused_start(
+        &[
+            "--socket",
+            socket,
+            "--no-token-files",
+            "--admin-addr",
+            &admin,
+        ],
+        &[],
+    );
+    assert!(
+        stderr.contains(&format!("admin address {admin}")),
+        "{stderr}"
+    );
+    assert!(!Path::new(socket).exists(), "no socket is left behind");
+}

@@ -47,6 +47,9 @@ pub const DEFAULT_TOKEN_DIR: &str = "/run/palisade/leases";
 
 /// How long the agent's shutdown waits for its releases to finish.
 const SHUTDOWN_LIMIT: Duration = Duration::from_secs(12);
+/// How long ending a session waits for its releases: each API call is bounded by 5 s
+/// and retried once, and a request is answered within its `waitMs` plus 11 s.
+const END_SESSION_LIMIT: Duration = Duration::from_secs(10);
 
 pub struct AgentConfig {
     /// The Lease namespace when a request names none.
@@ -56,6 +59,46 @@ pub struct AgentConfig {
     pub listen: Option<SocketAddr>,
     pub token_dir: Option<PathBuf>,
     pub admin_addr: SocketAddr,
+    /// Whose network the agent's loopback is, for `--listen`.
+    pub network: PodNetwork,
+}
+
+/// What the Downward API says of the agent's pod (`POD_NAME`, `POD_IP`, `HOST_IP`):
+/// whether its loopback is the pod's own. Under `hostNetwork: true` it is the node's,
+/// where every process on the node could act as the pod through `--listen`.
+#[derive(Debug, Clone, Default)]
+pub struct PodNetwork {
+    pub pod_name: Option<String>,
+    pub pod_ip: Option<String>,
+    pub host_ip: Option<String>,
+}
+
+impl PodNetwork {
+    pub fn from_env() -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        Self {
+            pod_name: var("POD_NAME"),
+            pod_ip: var("POD_IP"),
+            host_ip: var("HOST_IP"),
+        }
+    }
+
+    /// Refuses a `--listen` address that is not loopback, or a loopback shared
+    /// with the node. Outside a pod (no `POD_NAME`) the loopback is the machine's,
+    /// which its user controls already.
+    fn check_listen(&self, addr: SocketAddr) -> Result<(), StartError> {
+        if !addr.ip().is_loopback() {
+            return Err(StartError::NotLoopback(addr));
+        }
+        if self.pod_name.is_none() {
+            return Ok(());
+        }
+        match (&self.pod_ip, &self.host_ip) {
+            (Some(pod), Some(host)) if pod != host => Ok(()),
+            (Some(_), Some(_)) => Err(StartError::HostNetwork(addr)),
+            _ => Err(StartError::NetworkUnknown(addr)),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +107,20 @@ pub enum StartError {
         "--listen {0}: the agent listens on loopback addresses only (127.0.0.1, ::1): its API has no authentication beyond the pod boundary"
     )]
     NotLoopback(SocketAddr),
+    #[error(
+        "--listen {0}: the pod runs on the node's network (POD_IP equals HOST_IP: hostNetwork: true), whose loopback every process on the node shares, and the agent's API has no authentication; use the Unix socket"
+    )]
+    HostNetwork(SocketAddr),
+    #[error(
+        "--listen {0}: inside a pod (POD_NAME is set) the agent needs POD_IP and HOST_IP from the Downward API (fieldRef status.podIP and status.hostIP) to refuse the node's network, whose loopback every process on the node shares"
+    )]
+    NetworkUnknown(SocketAddr),
+    #[error(
+        "--token-dir {dir}: it holds the socket {socket}; the agent removes what a previous agent left there, so give the token files a directory of their own"
+    )]
+    TokenDirHoldsSocket { dir: PathBuf, socket: PathBuf },
+    #[error("{0}")]
+    Admin(io::Error),
     #[error("socket {path}: another agent is listening on it")]
     SocketInUse { path: PathBuf },
     #[error("socket {path}: {source}")]
@@ -145,7 +202,7 @@ impl Agent {
             let mut phase = slot.phase();
             let _ = phase.wait_for(|p| !p.is_live()).await;
         });
-        let _ = tokio::time::timeout(SHUTDOWN_LIMIT, futures::future::join_all(releases)).await;
+        let _ = tokio::time::timeout(END_SESSION_LIMIT, futures::future::join_all(releases)).await;
     }
 
     /// Starts holding a grant for `session`; the slot's phase tells how it goes.
@@ -268,11 +325,21 @@ pub async fn run(
     config: AgentConfig,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
-    if let Some(addr) = config.listen
-        && !addr.ip().is_loopback()
-    {
-        return Err(StartError::NotLoopback(addr));
+    if let Some(addr) = config.listen {
+        config.network.check_listen(addr)?;
     }
+    if let Some(dir) = &config.token_dir
+        && config.socket.starts_with(dir)
+    {
+        return Err(StartError::TokenDirHoldsSocket {
+            dir: dir.clone(),
+            socket: config.socket.clone(),
+        });
+    }
+    let token_files = TokenFiles::new(config.token_dir.clone()).map_err(StartError::TokenDir)?;
+    let admin_listener = admin::bind(config.admin_addr)
+        .await
+        .map_err(StartError::Admin)?;
     let unix = bind_socket(&config.socket).await?;
     let tcp = match config.listen {
         Some(addr) => Some(
@@ -282,7 +349,6 @@ pub async fn run(
         ),
         None => None,
     };
-    let token_files = TokenFiles::new(config.token_dir.clone()).map_err(StartError::TokenDir)?;
     let agent = Arc::new(Agent {
         kube,
         default_namespace: config.namespace.clone(),
@@ -299,7 +365,7 @@ pub async fn run(
     };
     let admin_stop = CancellationToken::new();
     let admin = tokio::spawn(admin::serve_admin(
-        config.admin_addr,
+        admin_listener,
         metrics_text,
         ready.clone(),
         admin_stop.clone(),
@@ -365,4 +431,41 @@ async fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener,
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(failed)?;
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn network(pod_name: Option<&str>, pod_ip: Option<&str>, host_ip: Option<&str>) -> PodNetwork {
+        PodNetwork {
+            pod_name: pod_name.map(Into::into),
+            pod_ip: pod_ip.map(Into::into),
+            host_ip: host_ip.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn listen_is_refused_where_the_loopback_is_the_nodes() {
+        let lo: SocketAddr = "127.0.0.1:7800".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:7800".parse().unwrap();
+        let own = network(Some("p"), Some("10.88.0.5"), Some("192.168.1.2"));
+        assert!(own.check_listen(lo).is_ok());
+        assert!(matches!(
+            own.check_listen(any),
+            Err(StartError::NotLoopback(_))
+        ));
+        let host = network(Some("p"), Some("192.168.1.2"), Some("192.168.1.2"));
+        assert!(matches!(
+            host.check_listen(lo),
+            Err(StartError::HostNetwork(_))
+        ));
+        let unknown = network(Some("p"), None, Some("192.168.1.2"));
+        assert!(matches!(
+            unknown.check_listen(lo),
+            Err(StartError::NetworkUnknown(_))
+        ));
+        let outside_a_pod = network(None, None, None);
+        assert!(outside_a_pod.check_listen(lo).is_ok());
+    }
 }

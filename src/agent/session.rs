@@ -320,7 +320,7 @@ pub async fn hold(
         }
     };
     let (token, claim) = (grant.token(), grant.claim_name().to_string());
-    token_files.write(&slot.key, token);
+    token_files.write(&slot.key, token).await;
     metrics.held.inc();
     slot.set(Phase::Held {
         token,
@@ -331,7 +331,7 @@ pub async fn hold(
     });
     tokio::select! {
         reason = grant.lost() => {
-            token_files.remove(&slot.key, token);
+            token_files.remove(&slot.key, token).await;
             metrics.held.dec();
             metrics.lost(reason_code(reason));
             slot.set(Phase::Lost {
@@ -344,7 +344,7 @@ pub async fn hold(
         }
         () = slot.release.cancelled() => {
             // The token file goes first: from here on nothing in the pod may use it.
-            token_files.remove(&slot.key, token);
+            token_files.remove(&slot.key, token).await;
             metrics.held.dec();
             if let Err(e) = grant.release().await {
                 tracing::warn!(lease = %slot.key.name, error = %e, "releasing: the claim's delete failed; it expires");

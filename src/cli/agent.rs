@@ -69,6 +69,7 @@ pub fn run(args: AgentArgs) -> ExitCode {
             listen: args.listen,
             token_dir: (!args.no_token_files).then_some(args.token_dir),
             admin_addr: args.admin_addr,
+            network: agent::PodNetwork::from_env(),
         };
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));

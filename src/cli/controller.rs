@@ -95,16 +95,13 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_on_signal(shutdown.clone()));
 
-    let metrics_text = {
-        let metrics = metrics.clone();
-        Arc::new(move || metrics.encode())
+    let admin = match start_admin(args.admin_addr, &metrics, &ready, &shutdown).await {
+        Ok(admin) => admin,
+        Err(e) => {
+            eprintln!("palisade controller: {e}");
+            return ExitCode::FAILURE;
+        }
     };
-    let admin = tokio::spawn(admin::serve_admin(
-        args.admin_addr,
-        metrics_text,
-        ready.clone(),
-        shutdown.clone(),
-    ));
     let (leading_tx, leading_rx) = watch::channel(!args.leader_elect);
     let config = ControllerConfig {
         namespace: args.namespace.clone(),
@@ -146,6 +143,24 @@ async fn run_controller(args: ControllerArgs) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// The admin server on its bound address (a bind that fails, fails the start).
+async fn start_admin(
+    addr: std::net::SocketAddr,
+    metrics: &Arc<Metrics>,
+    ready: &Readiness,
+    shutdown: &CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    let listener = admin::bind(addr).await?;
+    let metrics = metrics.clone();
+    let metrics_text = Arc::new(move || metrics.encode());
+    Ok(tokio::spawn(admin::serve_admin(
+        listener,
+        metrics_text,
+        ready.clone(),
+        shutdown.clone(),
+    )))
 }
 
 /// Takes part in the election until shutdown: grants while leading, stands by
