@@ -626,11 +626,9 @@ async fn api_cost(
 ) -> Cost {
     // The holder and the waiters send through a client of their own that counts.
     let sent = requests::Recorded::default();
-    let counted = palisade::kube_client::builder(config)
-        .unwrap()
-        .with_layer(&sent)
-        .build();
-    let leases = &LeaseClient::on_pinged_connections(counted, ns);
+    let (builder, protocol) = palisade::kube_client::builder(config).unwrap();
+    let counted = builder.with_layer(&sent).build();
+    let leases = &LeaseClient::on_pinged_connections(counted, protocol, ns);
     let (baseline_rate, baseline_window) = request_rate(client, baseline).await;
     leases
         .ensure_lease("steady", STEADY_LEASE_SECS)

@@ -29,9 +29,11 @@
 //!   configurations.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{Request, Response, Version};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -46,28 +48,65 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 pub type Transport = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
 
 /// The client for this configuration, with `TCP_NODELAY` and PINGed HTTP/2
-/// connections where [`pings`] says we build them.
-pub fn client(config: Config) -> Result<Client, kube::Error> {
-    Ok(builder(config)?.build())
+/// connections where [`builds_connections`] says we build them, and what its
+/// responses show of the protocol.
+pub fn client(config: Config) -> Result<(Client, Protocol), kube::Error> {
+    let (builder, protocol) = builder(config)?;
+    Ok((builder.build(), protocol))
 }
 
 /// Whether [`client`] builds this configuration's connections itself (TCP_NODELAY,
 /// HTTP/2 PINGs), rather than handing it to kube unchanged.
-pub fn pings(config: &Config) -> bool {
+pub fn builds_connections(config: &Config) -> bool {
     config.proxy_url.is_none()
         && config.auth_info.exec.is_none()
         && config.tls_server_name.is_none()
 }
 
+/// Which protocol the API server answered a client's last response in. Offering
+/// HTTP/2 is not speaking it: a plain `http://` server (`kubectl proxy`) or one
+/// started with `--disable-http2-serving` answers HTTP/1.1, whose connections
+/// carry no PINGs, so only an answer in HTTP/2 makes a connection checked.
+#[derive(Clone, Debug, Default)]
+pub struct Protocol(Arc<AtomicU8>);
+
+const UNKNOWN: u8 = 0;
+const HTTP1: u8 = 1;
+const HTTP2: u8 = 2;
+
+impl Protocol {
+    fn record(&self, version: Version) {
+        let seen = if version == Version::HTTP_2 {
+            HTTP2
+        } else {
+            HTTP1
+        };
+        self.0.store(seen, Ordering::Relaxed);
+    }
+
+    /// The last answer came in HTTP/2 on connections we built, so they are PINGed.
+    /// False before any answer: nothing is known yet.
+    pub fn pinged(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == HTTP2
+    }
+
+    /// Whether any answer has been seen.
+    pub fn known(&self) -> bool {
+        self.0.load(Ordering::Relaxed) != UNKNOWN
+    }
+}
+
 /// [`client`]'s stack, for callers that add a layer of their own.
-pub fn builder(config: Config) -> Result<ClientBuilder<Transport>, kube::Error> {
+pub fn builder(config: Config) -> Result<(ClientBuilder<Transport>, Protocol), kube::Error> {
     stack(config, true)
 }
 
 /// The stack of [`builder`]; `http2`: offer HTTP/2 (and PING its connections).
-fn stack(config: Config, http2: bool) -> Result<ClientBuilder<Transport>, kube::Error> {
-    if !pings(&config) {
-        return ClientBuilder::try_from(config);
+fn stack(config: Config, http2: bool) -> Result<(ClientBuilder<Transport>, Protocol), kube::Error> {
+    // A stack of kube's own is never PINGed: its Protocol stays unknown.
+    let protocol = Protocol::default();
+    if !builds_connections(&config) {
+        return Ok((ClientBuilder::try_from(config)?, protocol));
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
@@ -95,13 +134,15 @@ fn stack(config: Config, http2: bool) -> Result<ClientBuilder<Transport>, kube::
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
         .service(transport)
-        .map_response(|response| {
-            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+        .map_response({
+            let protocol = protocol.clone();
+            move |response: Response<_>| {
+                protocol.record(response.version());
+                response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+            }
         });
-    Ok(ClientBuilder::new(
-        BoxService::new(service),
-        config.default_namespace,
-    ))
+    let builder = ClientBuilder::new(BoxService::new(service), config.default_namespace);
+    Ok((builder, protocol))
 }
 
 /// kube's TLS connector, offering HTTP/2 as well when `http2` (kube's offers HTTP/1.1 only).
@@ -157,7 +198,8 @@ pub struct ControllerClients {
     /// (the write pass is measured on them, `make bench`), each given up after
     /// [`READ_TIMEOUT`] of silence.
     pub calls: Client,
-    /// The watches: PINGed HTTP/2 where [`pings`] says we build the connections.
+    /// The watches: PINGed HTTP/2 where we build the connections and the API
+    /// server answered in HTTP/2.
     pub watches: Client,
     /// The watches' `timeoutSeconds`: [`PINGED_WATCH_SECS`] on PINGed connections,
     /// else [`CONTROLLER_WATCH_TIMEOUT_SECS`].
@@ -182,13 +224,21 @@ pub async fn controller_clients() -> Result<ControllerClients, kube::Error> {
     let mut calls = config.clone();
     calls.read_timeout = Some(READ_TIMEOUT);
     calls.reset_reader_on_write = true;
-    let calls = stack(calls, false)?.build();
-    if !pings(&config) {
+    let calls = stack(calls, false)?.0.build();
+    let (watches, protocol) = client(config)?;
+    // The watches' period is set once, so the protocol is learned before they start.
+    if let Err(e) = within(CONTROLLER_CALL_TIMEOUT, watches.apiserver_version()).await {
+        tracing::warn!(error = %e, "reading the API server's version failed; watching on unchecked connections");
+    }
+    if !protocol.pinged() {
+        tracing::info!(
+            "the API server does not answer in HTTP/2 (or we do not build the connections): watches end every few minutes instead of being PINGed"
+        );
         return Ok(ControllerClients::unpinged(calls));
     }
     Ok(ControllerClients {
         calls,
-        watches: client(config)?,
+        watches,
         watch_timeout_secs: PINGED_WATCH_SECS,
     })
 }

@@ -25,7 +25,7 @@ pub async fn connect() -> (PathBuf, Config, Client) {
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .unwrap();
-    let client = palisade::kube_client::client(config.clone()).unwrap();
+    let (client, _) = palisade::kube_client::client(config.clone()).unwrap();
     install_crds(&client).await;
     (kubeconfig, config, client)
 }

@@ -128,7 +128,9 @@ impl Plane {
         let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        palisade::kube_client::client(config).map_err(|e| format!("{}: {e}", path.display()))
+        palisade::kube_client::client(config)
+            .map(|(client, _)| client)
+            .map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// SIGKILLs kube-apiserver-`j` (`cluster.sh kill`, which goes on to wait for its

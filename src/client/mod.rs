@@ -254,7 +254,9 @@ pub struct LeaseClient {
     namespace: String,
     leases: Api<Lease>,
     claims: Api<LeaseClaim>,
-    watch_periods: WatchPeriods,
+    /// What the connections' answers show, on connections we built; `None` on a
+    /// caller's `kube::Client` ([`LeaseClient::new`]).
+    protocol: Option<crate::kube_client::Protocol>,
     /// Claim creations and the deletions spawned from `Drop`, so that `flush` can wait for them.
     cleanup: TaskTracker,
 }
@@ -264,41 +266,62 @@ impl LeaseClient {
     /// waiter's Lease watch is ended and resumed every 5 s, the sign of life a silently
     /// dead connection cannot give; [`LeaseClient::from_config`] waits for free.
     pub fn new(client: Client, namespace: &str) -> Self {
-        Self::with_periods(client, namespace, UNCHECKED_CONNECTIONS)
+        Self::with_periods(client, namespace, None)
     }
 
     /// A client on connections that `kube_client::client` or `kube_client::builder`
-    /// built for a configuration `kube_client::pings` accepts (HTTP/2, PINGed): its
-    /// watches stay open for minutes. Any other `kube::Client` belongs in
-    /// [`LeaseClient::new`], or a dead connection goes unnoticed for as long.
-    pub fn on_pinged_connections(client: Client, namespace: &str) -> Self {
-        Self::with_periods(client, namespace, PINGED_CONNECTIONS)
+    /// built, with the [`Protocol`](crate::kube_client::Protocol) they returned: its
+    /// watches stay open for minutes while the API server answers in HTTP/2 (PINGed),
+    /// and are resumed every few seconds otherwise. Any other `kube::Client` belongs
+    /// in [`LeaseClient::new`], or a dead connection goes unnoticed for minutes.
+    pub fn on_pinged_connections(
+        client: Client,
+        protocol: crate::kube_client::Protocol,
+        namespace: &str,
+    ) -> Self {
+        Self::with_periods(client, namespace, Some(protocol))
     }
 
-    fn with_periods(client: Client, namespace: &str, watch_periods: WatchPeriods) -> Self {
+    fn with_periods(
+        client: Client,
+        namespace: &str,
+        protocol: Option<crate::kube_client::Protocol>,
+    ) -> Self {
         Self {
             namespace: namespace.to_string(),
             leases: Api::namespaced(client.clone(), namespace),
             claims: Api::namespaced(client, namespace),
-            watch_periods,
+            protocol,
             cleanup: TaskTracker::new(),
         }
     }
 
-    /// A client on connections of its own for `config` (`kube_client::client`): HTTP/2,
-    /// PINGed, so its watches stay open for minutes, in `namespace` or else the
-    /// configuration's default namespace.
+    /// A client on connections of its own for `config` (`kube_client::client`):
+    /// HTTP/2 where the API server speaks it, PINGed, so its watches stay open for
+    /// minutes; in `namespace` or else the configuration's default namespace.
     pub fn from_config(config: Config, namespace: Option<&str>) -> Result<Self, kube::Error> {
-        let periods = if crate::kube_client::pings(&config) {
-            PINGED_CONNECTIONS
-        } else {
-            UNCHECKED_CONNECTIONS
-        };
-        let client = crate::kube_client::client(config)?;
+        let (client, protocol) = crate::kube_client::client(config)?;
         let namespace = namespace
             .map(str::to_string)
             .unwrap_or_else(|| client.default_namespace().to_string());
-        Ok(Self::with_periods(client, &namespace, periods))
+        Ok(Self::with_periods(client, &namespace, Some(protocol)))
+    }
+
+    /// How long this client's watches last: minutes on connections whose last
+    /// answer came in HTTP/2 (PINGed), seconds otherwise. Decided when a watch
+    /// starts, after the claim's create has answered, so from the protocol the
+    /// API server actually spoke.
+    pub(crate) fn watch_periods(&self) -> WatchPeriods {
+        match &self.protocol {
+            Some(protocol) if protocol.pinged() => PINGED_CONNECTIONS,
+            _ => UNCHECKED_CONNECTIONS,
+        }
+    }
+
+    /// Whether this client's watches are on PINGed connections now (for tests).
+    #[doc(hidden)]
+    pub fn watches_pinged(&self) -> bool {
+        self.watch_periods() == PINGED_CONNECTIONS
     }
 
     /// [`LeaseClient::from_config`] with `KUBECONFIG` (or the in-cluster config).
@@ -313,7 +336,7 @@ impl LeaseClient {
             namespace: namespace.to_string(),
             leases: Api::namespaced(client.clone(), namespace),
             claims: Api::namespaced(client, namespace),
-            watch_periods: self.watch_periods,
+            protocol: self.protocol.clone(),
             cleanup: self.cleanup.clone(),
         }
     }
@@ -371,7 +394,7 @@ impl LeaseClient {
             &self.claims,
             lease,
             guard,
-            self.watch_periods,
+            self.watch_periods(),
             deadline,
             timed_out,
         )
