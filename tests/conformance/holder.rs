@@ -212,6 +212,7 @@ impl Holder {
         id: &str,
         pod: Option<(String, String)>,
         resource: &Resource,
+        keepalive_ms: u64,
     ) -> Holder {
         let log = |what: &str| {
             std::fs::File::create(setup.out.join(format!("{id}.{what}.log"))).expect("a log file")
@@ -262,7 +263,7 @@ impl Holder {
                 c.args(["--lease", lease, "--namespace", &setup.namespace])
                     .args(["--duration-seconds", &duration])
                     .arg("--keepalive-ms")
-                    .arg(setup.keepalive_ms.to_string())
+                    .arg(keepalive_ms.to_string())
                     .env("PALISADE_AGENT_SOCKET", &socket);
                 c
             }
@@ -326,6 +327,14 @@ impl Holder {
         // the reaper task above has waited for it, and signals after that are not sent.
         if self.exit.borrow().is_none() {
             unsafe { libc::kill(self.pid, signal) };
+        }
+    }
+
+    /// Sends `signal` to the holder's agent (SIGSTOP: frozen, as by CPU starvation).
+    pub fn signal_agent(&self, signal: i32) {
+        if let Some(pid) = self.agent.as_ref().and_then(Child::id) {
+            // SAFETY: kill(2) on a child this process spawned and has not reaped.
+            unsafe { libc::kill(pid as i32, signal) };
         }
     }
 

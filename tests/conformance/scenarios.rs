@@ -18,16 +18,18 @@ pub enum Scenario {
     Kill,
     Freeze,
     AgentKill,
+    AgentFreeze,
     Outage,
     Release,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::Exclusion,
         Scenario::Kill,
         Scenario::Freeze,
         Scenario::AgentKill,
+        Scenario::AgentFreeze,
         Scenario::Outage,
         Scenario::Release,
     ];
@@ -38,6 +40,7 @@ impl Scenario {
             Scenario::Kill => "kill",
             Scenario::Freeze => "freeze",
             Scenario::AgentKill => "agent-kill",
+            Scenario::AgentFreeze => "agent-freeze",
             Scenario::Outage => "api-outage",
             Scenario::Release => "release",
         }
@@ -49,6 +52,7 @@ impl Scenario {
             Scenario::Kill => "holder SIGKILLed",
             Scenario::Freeze => "holder frozen past its lease",
             Scenario::AgentKill => "agent SIGKILLed",
+            Scenario::AgentFreeze => "agent frozen, keepalive 10 s",
             Scenario::Outage => "API server unreachable 3 s",
             Scenario::Release => "clean exit releases",
         }
@@ -62,12 +66,17 @@ impl Scenario {
             lease: lease.clone(),
             resource: Resource::new(&lease),
             holders: Vec::new(),
+            keepalive_ms: suite.setup.keepalive_ms,
         };
+        if self == Scenario::AgentFreeze {
+            run.keepalive_ms = FROZEN_AGENT_KEEPALIVE_MS;
+        }
         let result = match self {
             Scenario::Exclusion => exclusion(&mut run).await,
             Scenario::Kill => kill(&mut run).await,
             Scenario::Freeze => freeze(&mut run).await,
             Scenario::AgentKill => agent_kill(&mut run).await,
+            Scenario::AgentFreeze => agent_freeze(&mut run).await,
             Scenario::Outage => outage(&mut run).await,
             Scenario::Release => release(&mut run).await,
         };
@@ -82,6 +91,8 @@ struct Run<'a> {
     lease: String,
     resource: Resource,
     holders: Vec<Holder>,
+    /// The agent clients' session keepalive.
+    keepalive_ms: u64,
 }
 
 impl Run<'_> {
@@ -106,6 +117,7 @@ impl Run<'_> {
             &id,
             Some(pod),
             &self.resource,
+            self.keepalive_ms,
         )
         .await;
         self.holders.push(holder);
@@ -346,6 +358,49 @@ async fn agent_kill(run: &mut Run<'_>) -> Result<String, String> {
         "told lost ({reason}) {} after SIGKILL; next grant {} after it (expiry)",
         ms(at_lost - killed),
         ms(at_b - killed)
+    ))
+}
+
+/// A session keepalive longer than two thirds of the lease (allowed: up to 60 s), so
+/// a client that believed its grant until a keepalive failed would believe it past
+/// the next grant.
+const FROZEN_AGENT_KEEPALIVE_MS: u64 = 10_000;
+
+/// The agent stops (SIGSTOP: as under CPU starvation) while its application holds a
+/// grant: the application must stop believing by its own clock, before the next
+/// holder can be granted, however long its session keepalive.
+async fn agent_freeze(run: &mut Run<'_>) -> Result<String, String> {
+    if !run.client.through_agent() {
+        return Ok("n/a (no agent)".into());
+    }
+    let (a, spawned) = run.spawn_timed().await;
+    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
+    let b = run.spawn().await;
+    run.admitted_writes(a, 2, at).await?;
+    sleep(Duration::from_secs(1)).await;
+    let frozen = Instant::now();
+    run.holders[a].signal_agent(libc::SIGSTOP);
+    let granted_b = run.granted(b, frozen, run.duration() * 3).await;
+    let lost = run.told_lost(a, frozen, Duration::ZERO).await;
+    run.holders[a].signal_agent(libc::SIGCONT);
+    let (at_b, token_b) = granted_b?;
+    let Ok((at_lost, reason)) = lost else {
+        return Err(format!(
+            "the next holder was granted {} after the agent froze, and the application still believed its grant",
+            ms(at_b - frozen)
+        ));
+    };
+    if at_lost >= at_b || token_b <= token_a {
+        return Err(format!(
+            "told lost {} after the agent froze, but the next grant came {} after it",
+            ms(at_lost - frozen),
+            ms(at_b - frozen)
+        ));
+    }
+    Ok(format!(
+        "told lost ({reason}) {} after SIGSTOP of the agent; next grant {} after it",
+        ms(at_lost - frozen),
+        ms(at_b - frozen)
     ))
 }
 
