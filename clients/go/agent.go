@@ -27,12 +27,11 @@ const (
 // The agent's operations the client calls, as the OpenAPI document names their
 // paths (a test checks each against src/agent/openapi.yaml).
 const (
-	pathSessions  = "/v1/sessions"
-	pathSession   = "/v1/sessions/{session}"
-	pathKeepalive = "/v1/sessions/{session}/keepalive"
-	pathEvents    = "/v1/sessions/{session}/events"
-	pathLeases    = "/v1/sessions/{session}/leases"
-	pathLease     = "/v1/sessions/{session}/leases/{namespace}/{name}"
+	pathSessions = "/v1/sessions"
+	pathSession  = "/v1/sessions/{session}"
+	pathEvents   = "/v1/sessions/{session}/events"
+	pathLeases   = "/v1/sessions/{session}/leases"
+	pathLease    = "/v1/sessions/{session}/leases/{namespace}/{name}"
 )
 
 // The query parameter of a long poll.
@@ -42,7 +41,6 @@ var apiCalls = []struct{ method, path string }{
 	{http.MethodPost, pathSessions},
 	{http.MethodGet, pathSession},
 	{http.MethodDelete, pathSession},
-	{http.MethodPost, pathKeepalive},
 	{http.MethodGet, pathEvents},
 	{http.MethodPost, pathLeases},
 	{http.MethodGet, pathLease},
@@ -199,6 +197,7 @@ type sessionRequest struct {
 
 type sessionJSON struct {
 	ID          string      `json:"id"`
+	Namespace   string      `json:"namespace"`
 	KeepaliveMs int64       `json:"keepaliveMs"`
 	Name        string      `json:"name,omitempty"`
 	Grants      []grantJSON `json:"grants"`

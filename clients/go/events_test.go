@@ -4,18 +4,22 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 )
 
-// A session with no agent behind it, for the rules that apply the agent's word.
+// A session with no agent behind it (a port nothing listens on), for the rules that
+// apply the agent's word.
 func offlineSession() *Session {
-	s := &Session{id: "s", done: make(chan struct{}), grants: map[string]*Grant{},
-		seen: map[string]grantJSON{}, opened: make(chan struct{})}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	return s
+	a, err := newAgent("", "http://127.0.0.1:1")
+	if err != nil {
+		panic(err)
+	}
+	return newSession("s", "ns", time.Minute, a)
 }
 
+// held is a held answer, good for a minute.
 func held(token int64) grantJSON {
-	return grantJSON{Name: "l", Namespace: "ns", State: stateHeld, Token: token}
+	return grantJSON{Name: "l", Namespace: "ns", State: stateHeld, Token: token, ValidForMs: 60000}
 }
 
 func isClosed(c <-chan struct{}) bool {
@@ -29,7 +33,7 @@ func isClosed(c <-chan struct{}) bool {
 
 func TestUnitLossOfTheGrantsToken(t *testing.T) {
 	s := offlineSession()
-	g := newGrant(s, held(7))
+	g := newGrant(s, held(7), time.Now())
 	s.register(g)
 	// Another acquisition's events (older or newer token) say nothing of this grant.
 	s.observe(grantJSON{Name: "l", Namespace: "ns", State: stateLost, Token: 6, LostReason: "Expired"})
@@ -56,13 +60,13 @@ func TestUnitLossSeenBeforeTheAnswer(t *testing.T) {
 	// The stream told of the loss before the acquire's answer was registered.
 	s := offlineSession()
 	s.observe(grantJSON{Name: "l", Namespace: "ns", State: stateLost, Token: 9, LostReason: "Expired"})
-	g := newGrant(s, held(9))
+	g := newGrant(s, held(9), time.Now())
 	s.register(g)
 	if g.LostReason() != ReasonExpired {
 		t.Fatalf("Err = %v, want the loss the stream told first", g.Err())
 	}
 	// An old acquisition's loss is not this one's.
-	g2 := newGrant(s, held(10))
+	g2 := newGrant(s, held(10), time.Now())
 	s.register(g2)
 	if g2.Err() != nil {
 		t.Fatalf("new grant lost on an old event: %v", g2.Err())
@@ -71,17 +75,15 @@ func TestUnitLossSeenBeforeTheAnswer(t *testing.T) {
 
 func TestUnitReleasedEvent(t *testing.T) {
 	s := offlineSession()
-	g := newGrant(s, held(3))
+	g := newGrant(s, held(3), time.Now())
 	s.register(g)
-	g.mu.Lock()
-	g.state = stateReleasing
-	g.mu.Unlock()
+	g.end(ErrReleased) // what Release does before it asks
 	s.observe(grantJSON{Name: "l", Namespace: "ns", State: stateReleased, Token: 3})
 	if g.Err() != ErrReleased || isClosed(g.Lost()) {
 		t.Fatalf("our own release: Err = %v, lost closed %v", g.Err(), isClosed(g.Lost()))
 	}
 	// Released by someone else: this process did not let go, so it lost the grant.
-	g2 := newGrant(s, held(4))
+	g2 := newGrant(s, held(4), time.Now())
 	s.register(g2)
 	s.observe(grantJSON{Name: "l", Namespace: "ns", State: stateReleased, Token: 4})
 	if g2.LostReason() != ReasonReleased || !isClosed(g2.Lost()) {
@@ -91,7 +93,7 @@ func TestUnitReleasedEvent(t *testing.T) {
 
 func TestUnitSessionEndLosesEveryGrant(t *testing.T) {
 	s := offlineSession()
-	a, b := newGrant(s, held(1)), newGrant(s, grantJSON{Name: "m", Namespace: "ns", State: stateHeld, Token: 2})
+	a, b := newGrant(s, held(1), time.Now()), newGrant(s, grantJSON{Name: "m", Namespace: "ns", State: stateHeld, Token: 2, ValidForMs: 60000}, time.Now())
 	s.register(a)
 	s.register(b)
 	s.lose(ReasonSessionEnded, "stream closed")
@@ -104,7 +106,7 @@ func TestUnitSessionEndLosesEveryGrant(t *testing.T) {
 		t.Fatal("session not ended")
 	}
 	// A grant answered after the end is lost at once.
-	c := newGrant(s, grantJSON{Name: "n", Namespace: "ns", State: stateHeld, Token: 3})
+	c := newGrant(s, grantJSON{Name: "n", Namespace: "ns", State: stateHeld, Token: 3, ValidForMs: 60000}, time.Now())
 	s.register(c)
 	if c.LostReason() != ReasonSessionEnded {
 		t.Fatalf("late grant: Err = %v", c.Err())
@@ -118,7 +120,7 @@ func TestUnitSessionEndLosesEveryGrant(t *testing.T) {
 
 func TestUnitCloseReleasesGrants(t *testing.T) {
 	s := offlineSession()
-	g := newGrant(s, held(5))
+	g := newGrant(s, held(5), time.Now())
 	s.register(g)
 	s.closing = true
 	s.end(ErrSessionClosed)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"time"
 )
@@ -38,11 +39,14 @@ type LeaderElectionConfig struct {
 	Session *Session
 	// ReleaseOnCancel releases the Lease when ctx is cancelled while leading, once
 	// OnStartedLeading has returned, so the next leader need not wait. Without it the
-	// grant is kept until the session ends (usually: the process exits).
+	// grant is kept until the session ends (usually: the process exits); a later
+	// RunOrDie of the Lease in the same session waits until then.
 	ReleaseOnCancel bool
 	// RetryPeriod is the pause before acquiring again after the agent could not be
-	// reached or did not answer; 0 is 1s. A request the agent refused (4xx: a bad
-	// Lease name, say) is not retried: RunOrDie panics.
+	// reached, did not answer, or answered that the session holds or waits for the
+	// Lease already (another elector of it in this process); 0 is 1s. A request the
+	// agent refused as bad input (400: a bad Lease name, say) is not retried:
+	// RunOrDie panics.
 	RetryPeriod time.Duration
 }
 
@@ -66,7 +70,11 @@ func (c *LeaderElectionConfig) validate() error {
 // returns when the grant is lost (at once, without waiting for OnStartedLeading) or
 // when ctx is cancelled (once OnStartedLeading has returned, after releasing the
 // Lease when ReleaseOnCancel is set), calling Callbacks.OnStoppedLeading on the way
-// out. It panics on an invalid config or a request the agent refused.
+// out. It panics on an invalid config, or one the agent refuses as bad input.
+//
+// Two electors of one Lease in one session take turns: while one holds or waits for
+// it, the agent refuses the other's acquire (409 already_acquired), which retries
+// every RetryPeriod.
 //
 // Unlike client-go's election, leadership comes with a fencing token: a leader
 // paused past its lease that wakes and writes is refused by the fence.
@@ -111,14 +119,15 @@ func RunOrDie(ctx context.Context, cfg LeaderElectionConfig) {
 	}
 }
 
-// acquireLeader acquires the Lease, retrying after errors that say nothing of the
-// request (agent unreachable or restarting), until ctx is done (then nil).
+// acquireLeader acquires the Lease, retrying after every error but bad input, until
+// ctx is done (then nil).
 func acquireLeader(ctx context.Context, cfg *LeaderElectionConfig) *Grant {
 	retry := cfg.RetryPeriod
 	if retry == 0 {
 		retry = time.Second
 	}
 	opts := &AcquireOptions{Namespace: cfg.Namespace, Duration: cfg.Duration, HolderIdentity: cfg.Identity}
+	said := "" // the last error told, told again only when it changes
 	for {
 		var g *Grant
 		s := cfg.Session
@@ -136,7 +145,7 @@ func acquireLeader(ctx context.Context, cfg *LeaderElectionConfig) *Grant {
 			return nil
 		}
 		var apiErr *APIError
-		if errors.As(err, &apiErr) && apiErr.Status >= 400 && apiErr.Status < 500 && apiErr.Code != CodeUnknownSession {
+		if errors.As(err, &apiErr) && (apiErr.Status == http.StatusBadRequest || apiErr.Status == http.StatusUnsupportedMediaType) {
 			panic(fmt.Errorf("palisade: acquiring leader Lease %s: %w", cfg.Lease, err))
 		}
 		if cfg.Session != nil && cfg.Session.Err() != nil {
@@ -144,7 +153,14 @@ func acquireLeader(ctx context.Context, cfg *LeaderElectionConfig) *Grant {
 			fmt.Fprintf(os.Stderr, "palisade: acquiring leader Lease %s: %v\n", cfg.Lease, cfg.Session.Err())
 			return nil
 		}
-		fmt.Fprintf(os.Stderr, "palisade: acquiring leader Lease %s (retrying in %v): %v\n", cfg.Lease, retry, err)
+		why := err.Error()
+		if isCode(err, CodeAlreadyAcquired) {
+			why = "another elector in this session holds or waits for it (or an earlier RunOrDie kept it)"
+		}
+		if why != said {
+			fmt.Fprintf(os.Stderr, "palisade: acquiring leader Lease %s (retrying every %v): %s\n", cfg.Lease, retry, why)
+			said = why
+		}
 		t := time.NewTimer(retry)
 		select {
 		case <-ctx.Done():

@@ -3,6 +3,7 @@ package palisade
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,7 +22,8 @@ type SessionOptions struct {
 	URL    string
 	// Keepalive is how long the agent keeps the session without a request naming it:
 	// whole milliseconds from 1s to 60s; 0 takes the agent's default (5s). The client
-	// sends a keepalive every third of it.
+	// asks for the session every third of it, and more often while it holds grants
+	// (Session says how often).
 	Keepalive time.Duration
 	// Name labels the session in the agent's logs and metrics (e.g. the program's name).
 	Name string
@@ -36,27 +38,54 @@ func (o SessionOptions) validate() error {
 }
 
 // A Session is one application process's standing with the agent: it keeps the
-// session alive (a keepalive every third of Keepalive) and reads its event stream.
-// When the stream ends or fails, or no request naming the session succeeds within
-// Keepalive of the last that did, the session has ended and every grant of it is
-// lost; Done is closed then. A Session is safe for concurrent use.
+// session alive and its grants' local deadlines fresh, and reads its event stream.
+// Every min(Keepalive/3, D/6), D the shortest lease duration among its held grants,
+// it asks the agent for the session (GET, bounded by that interval): the request
+// counts as a keepalive, and its answer renews the local deadline of every held
+// grant (see Grant). When the stream ends or fails, or no request naming the
+// session succeeds within Keepalive of the last that did, the session has ended and
+// every grant of it is lost; Done is closed then. Claims of the session that no
+// grant or acquire of this process owns (an abandoned acquire's, a release that did
+// not arrive) are released when an answer shows them. A Session is safe for
+// concurrent use.
 type Session struct {
 	id        string
+	namespace string // the agent's default namespace
 	keepalive time.Duration
 	agent     *agent
 
 	ctx    context.Context // cancelled when the session ends: stops its loops and requests
 	cancel context.CancelFunc
 	done   chan struct{}
+	wake   chan struct{} // a grant was registered: the refresh interval may be shorter
 
 	mu      sync.Mutex
-	err     error                // why it ended (nil while alive)
-	closing bool                 // Close was called: its grants end as released, not lost
-	lastOK  time.Time            // when the last request that succeeded was sent
-	grants  map[string]*Grant    // held grants, by namespace/name
-	seen    map[string]grantJSON // the stream's latest word on each grant, by namespace/name
-	opened  chan struct{}        // closed once the stream's first event arrived
+	err     error                    // why it ended (nil while alive)
+	closing bool                     // Close was called: its grants end as released, not lost
+	lastOK  time.Time                // when the last request that succeeded was sent
+	grants  map[string]*Grant        // held grants, by namespace/name
+	seen    map[string]grantJSON     // the stream's last word on each grant that ended, by namespace/name
+	keys    map[string]chan struct{} // Leases an acquire or release is under way for: closed when done
+	opened  chan struct{}            // closed once the stream's first event arrived
 	openErr error
+}
+
+func newSession(id, namespace string, keepalive time.Duration, a *agent) *Session {
+	s := &Session{
+		id:        id,
+		namespace: namespace,
+		keepalive: keepalive,
+		agent:     a,
+		done:      make(chan struct{}),
+		wake:      make(chan struct{}, 1),
+		lastOK:    time.Now(),
+		grants:    map[string]*Grant{},
+		seen:      map[string]grantJSON{},
+		keys:      map[string]chan struct{}{},
+		opened:    make(chan struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s
 }
 
 // NewSession starts a session with the agent and opens its event stream. It returns
@@ -78,20 +107,11 @@ func NewSession(ctx context.Context, opts SessionOptions) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	if sj.ID == "" || sj.KeepaliveMs <= 0 {
-		return nil, fmt.Errorf("palisade agent: POST %s: answer without id or keepaliveMs", pathSessions)
+	if sj.ID == "" || sj.Namespace == "" || sj.KeepaliveMs <= 0 {
+		return nil, fmt.Errorf("palisade agent: POST %s: answer without id, namespace or keepaliveMs", pathSessions)
 	}
-	s := &Session{
-		id:        sj.ID,
-		keepalive: time.Duration(sj.KeepaliveMs) * time.Millisecond,
-		agent:     a,
-		done:      make(chan struct{}),
-		lastOK:    sent,
-		grants:    map[string]*Grant{},
-		seen:      map[string]grantJSON{},
-		opened:    make(chan struct{}),
-	}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s := newSession(sj.ID, sj.Namespace, time.Duration(sj.KeepaliveMs)*time.Millisecond, a)
+	s.lastOK = sent
 
 	// The stream lives as long as the session; ctx bounds only its opening.
 	stop := context.AfterFunc(ctx, s.cancel)
@@ -106,7 +126,7 @@ func NewSession(ctx context.Context, opts SessionOptions) (*Session, error) {
 		return nil, err
 	}
 	go s.readEvents(body)
-	go s.keepAlive()
+	go s.refresh()
 	select {
 	case <-s.opened:
 	case <-ctx.Done():
@@ -181,9 +201,9 @@ func (s *Session) end(err error) {
 	s.err = err
 	for key, g := range s.grants {
 		if s.closing {
-			g.finish(stateReleased, ErrReleased)
+			g.finish(ErrReleased)
 		} else {
-			g.finish(stateLost, err)
+			g.finish(err)
 		}
 		delete(s.grants, key)
 	}
@@ -240,46 +260,88 @@ func (s *Session) request(ctx context.Context, timeout time.Duration, method, pa
 	return status, err
 }
 
-// keepAlive sends a keepalive every third of the session's keepalive, each bounded by
-// that third, and ends the session when none succeeded within the keepalive of the
-// last request that did.
-func (s *Session) keepAlive() {
-	interval := s.keepalive / 3
-	next := time.Now().Add(interval)
-	for {
-		s.mu.Lock()
-		deadline := s.lastOK.Add(s.keepalive)
-		s.mu.Unlock()
-		wake := next
-		if deadline.Before(wake) {
-			wake = deadline
+// interval is how often the session asks for itself: a third of the keepalive, and a
+// sixth of the shortest lease among held grants, so that a healthy agent's answers
+// (each good for at least a third of a lease, from a renewal every third) renew
+// every local deadline well before it passes.
+func (s *Session) interval() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	iv := s.keepalive / 3
+	for _, g := range s.grants {
+		if d := g.Duration() / 6; d > 0 && d < iv {
+			iv = d
 		}
-		t := time.NewTimer(time.Until(wake))
+	}
+	return iv
+}
+
+// refresh asks the agent for the session every interval, each request bounded by
+// it, and ends the session when none succeeded within the keepalive of the last
+// request that did.
+func (s *Session) refresh() {
+	sent := time.Now() // the session's creation stands for the first
+	for {
+		interval := s.interval()
+		s.mu.Lock()
+		missed := s.lastOK.Add(s.keepalive)
+		s.mu.Unlock()
+		next := sent.Add(interval)
+		t := time.NewTimer(min(time.Until(next), time.Until(missed)))
 		select {
 		case <-s.ctx.Done():
 			t.Stop()
 			return
+		case <-s.wake:
+			t.Stop()
+			continue
 		case <-t.C:
 		}
+		now := time.Now()
 		s.mu.Lock()
-		deadline = s.lastOK.Add(s.keepalive)
+		missed = s.lastOK.Add(s.keepalive)
 		s.mu.Unlock()
-		if !time.Now().Before(deadline) {
+		if !now.Before(missed) {
 			s.lose(ReasonKeepaliveMissed, "no request naming session %s succeeded within its keepalive of %v", s.id, s.keepalive)
 			return
 		}
-		if time.Now().Before(next) {
+		if now.Before(next) {
 			continue
 		}
-		sent := time.Now()
-		timeout := interval
-		if d := time.Until(deadline); d < timeout {
-			timeout = d
+		sent = now
+		var sj sessionJSON
+		// Errors are counted by the keepalive above; an unknown session ends it here.
+		if _, err := s.request(s.ctx, min(interval, missed.Sub(now)), http.MethodGet, expand(pathSession, s.id), nil, nil, &sj); err == nil {
+			s.took(sj, sent)
 		}
-		// Errors are counted by the deadline above; an unknown session ends it here.
-		_, _ = s.request(s.ctx, timeout, http.MethodPost, expand(pathKeepalive, s.id), nil, nil, nil)
-		next = sent.Add(interval)
 	}
+}
+
+// took takes the session as the agent answered a request sent at sent: it renews the
+// local deadline of each held grant it shows, ends those it shows ended, and lets go
+// of claims that no grant or acquire of this process owns.
+func (s *Session) took(sj sessionJSON, sent time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, gj := range sj.Grants {
+		if g := s.grants[gj.key()]; g != nil {
+			s.answeredLocked(g, gj, sent)
+		} else if gj.State == stateHeld || gj.State == stateWaiting {
+			s.letGoLocked(gj.Namespace, gj.Name)
+		}
+	}
+}
+
+// answeredLocked takes an answer naming g, to a request sent at sent. s.mu held.
+func (s *Session) answeredLocked(g *Grant, gj grantJSON, sent time.Time) {
+	if gj.Token != g.token {
+		return
+	}
+	if gj.State == stateHeld {
+		g.setDeadline(gj, sent)
+		return
+	}
+	s.applyLocked(g, gj)
 }
 
 // readEvents reads the event stream until it ends, which ends the session.
@@ -322,10 +384,14 @@ func (s *Session) readEvents(body io.ReadCloser) {
 	}
 }
 
-// observe takes the stream's (or an answer's) word on a grant: a held grant whose
-// token it names and which it says is lost or released has ended. Events of another
-// token belong to an earlier or later acquisition of the same Lease and are ignored.
+// observe takes the stream's word on a grant: a held grant whose token it names and
+// which it says is lost or released has ended. Events of another token belong to an
+// earlier or later acquisition of the same Lease and are ignored. Held events renew
+// nothing: when the stream's reader was paused they may be old news.
 func (s *Session) observe(gj grantJSON) {
+	if gj.State != stateLost && gj.State != stateReleased {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key := gj.key()
@@ -335,19 +401,17 @@ func (s *Session) observe(gj grantJSON) {
 	}
 }
 
+// applyLocked ends g when gj, of its token, says it ended. s.mu held.
 func (s *Session) applyLocked(g *Grant, gj grantJSON) {
 	if gj.Token != g.token {
 		return
 	}
 	switch gj.State {
 	case stateLost:
-		g.finish(stateLost, &LostError{Reason: LostReason(gj.LostReason), Message: gj.LostMessage})
+		g.finish(&LostError{Reason: LostReason(gj.LostReason), Message: gj.LostMessage})
 	case stateReleased:
-		if g.releasing() {
-			g.finish(stateReleased, ErrReleased)
-		} else {
-			g.finish(stateLost, &LostError{Reason: ReasonReleased, Message: "the agent released the grant, not Grant.Release"})
-		}
+		// Release forgets the grant before it asks: this release was someone else's.
+		g.finish(&LostError{Reason: ReasonReleased, Message: "the agent released the grant, not Grant.Release"})
 	default:
 		return
 	}
@@ -356,23 +420,81 @@ func (s *Session) applyLocked(g *Grant, gj grantJSON) {
 	}
 }
 
-// register makes g, just granted, a held grant of the session, and applies what the
-// stream already said of it (an answer and the stream race).
+// register makes g, just granted, a held grant of the session, arms its deadline's
+// timer, and applies what the stream already said of it (an answer and the stream
+// race).
 func (s *Session) register(g *Grant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
 		if s.closing {
-			g.finish(stateReleased, ErrReleased)
+			g.finish(ErrReleased)
 		} else {
-			g.finish(stateLost, s.err)
+			g.finish(s.err)
 		}
 		return
 	}
 	s.grants[g.key()] = g
+	g.startTimer()
 	if gj, ok := s.seen[g.key()]; ok {
 		s.applyLocked(g, gj)
 	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// lockKey waits until no acquire or release of the Lease key is under way in the
+// session, and marks one under way until unlock: so a release, or the letting go of
+// a claim nobody owns, never reaches a newer acquisition of the same Lease.
+func (s *Session) lockKey(ctx context.Context, key string) (unlock func(), err error) {
+	for {
+		s.mu.Lock()
+		busy := s.keys[key]
+		if busy == nil {
+			done := make(chan struct{})
+			s.keys[key] = done
+			s.mu.Unlock()
+			return func() { s.unlockKey(key, done) }, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func (s *Session) unlockKey(key string, done chan struct{}) {
+	s.mu.Lock()
+	delete(s.keys, key)
+	s.mu.Unlock()
+	close(done)
+}
+
+// letGoLocked releases, in the background, a claim of the session that nobody here
+// owns, unless an acquire or release of its Lease is under way (that one decides).
+// s.mu held.
+func (s *Session) letGoLocked(namespace, name string) {
+	key := namespace + "/" + name
+	if s.keys[key] != nil || s.err != nil {
+		return
+	}
+	done := make(chan struct{})
+	s.keys[key] = done
+	go func() {
+		defer s.unlockKey(key, done)
+		s.letGo(namespace, name)
+	}()
+}
+
+// letGo releases the session's claim on a Lease, best effort: when it fails, a later
+// answer showing the claim tries again. The caller holds the key.
+func (s *Session) letGo(namespace, name string) {
+	_, _ = s.request(context.Background(), answerSlack, http.MethodDelete,
+		expand(pathLease, s.id, namespace, name), nil, nil, nil)
 }
 
 // AcquireOptions configure an acquire. The zero value (or nil) takes the agent's
@@ -417,9 +539,11 @@ func waitMs(ctx context.Context) int64 {
 
 // Acquire waits until the Lease name is granted to the session, and returns the
 // grant. The wait keeps its place in the Lease's queue until ctx is done; then the
-// waiting claim is released and ctx's error returned. Errors: *APIError for a request
-// the agent refused (an invalid name has Field "name"), an error matching ErrLost when
-// the session ended (or the claim was lost while waiting).
+// waiting claim is released and ctx's error returned (as it is after any failure
+// that may have left a claim). Errors: *APIError for a request the agent refused (an
+// invalid name has Field "name"; Code CodeAlreadyAcquired when the session holds or
+// waits for the Lease already), an error matching ErrLost when the session ended (or
+// the claim was lost while waiting).
 func (s *Session) Acquire(ctx context.Context, name string, opts *AcquireOptions) (*Grant, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -427,26 +551,51 @@ func (s *Session) Acquire(ctx context.Context, name string, opts *AcquireOptions
 	if opts == nil {
 		opts = &AcquireOptions{}
 	}
+	namespace := opts.Namespace
+	if namespace == "" {
+		namespace = s.namespace
+	}
+	unlock, err := s.lockKey(ctx, namespace+"/"+name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	g, err := s.acquire(ctx, name, namespace, opts)
+	if err != nil && claimMayRemain(err) {
+		// Whatever the agent did with the claim, nobody here wants it.
+		s.letGo(namespace, name)
+	}
+	return g, err
+}
+
+// claimMayRemain tells whether an acquire that failed with err may have left a claim
+// at the agent: not when the agent answered an error (a refused acquire leaves no
+// claim, and a 409 is another acquisition's, not to be touched) or said the claim
+// ended.
+func claimMayRemain(err error) bool {
+	var apiErr *APIError
+	return !errors.As(err, &apiErr) && !errors.Is(err, ErrLost) && !errors.Is(err, ErrReleased)
+}
+
+// acquire asks for the Lease and long-polls until the grant; the caller holds its key.
+func (s *Session) acquire(ctx context.Context, name, namespace string, opts *AcquireOptions) (*Grant, error) {
 	req := acquireRequest{Name: name, Namespace: opts.Namespace,
 		DurationSeconds: int64(opts.Duration / time.Second), HolderIdentity: opts.HolderIdentity}
 	var gj grantJSON
 	req.WaitMs = waitMs(ctx)
+	sent := time.Now()
 	_, err := s.request(ctx, time.Duration(req.WaitMs)*time.Millisecond+answerSlack,
 		http.MethodPost, expand(pathLeases, s.id), nil, req, &gj)
-	namespace := opts.Namespace
-	if err == nil && gj.Namespace != "" {
-		namespace = gj.Namespace
-	}
 	for err == nil && gj.State == stateWaiting && ctx.Err() == nil {
-		w := waitMs(ctx)
-		q := url.Values{queryWaitMs: {strconv.FormatInt(w, 10)}}
-		gj = grantJSON{}
-		_, err = s.request(ctx, time.Duration(w)*time.Millisecond+answerSlack,
-			http.MethodGet, expand(pathLease, s.id, namespace, name), q, nil, &gj)
+		gj, sent, err = s.getGrant(ctx, namespace, name, waitMs(ctx))
+	}
+	// A grant that came after a wait is counted from a fresh question: the long poll's
+	// send instant may leave little or nothing of the answer's validForMs.
+	if err == nil && gj.State == stateHeld && ctx.Err() == nil &&
+		time.Since(sent) > time.Duration(gj.ValidForMs)*time.Millisecond/2 {
+		gj, sent, err = s.getGrant(ctx, namespace, name, 0)
 	}
 	if ctx.Err() != nil {
-		// Whatever the agent did with the claim, this caller no longer wants it.
-		s.abandon(name, namespace)
 		return nil, ctx.Err()
 	}
 	if err != nil {
@@ -454,8 +603,13 @@ func (s *Session) Acquire(ctx context.Context, name string, opts *AcquireOptions
 	}
 	switch gj.State {
 	case stateHeld:
-		g := newGrant(s, gj)
+		g := newGrant(s, gj, sent)
 		s.register(g)
+		if err := g.Err(); err != nil {
+			// Lost at once: its claim goes too, so the Lease moves on.
+			s.letGo(namespace, name)
+			return nil, err
+		}
 		return g, nil
 	case stateLost:
 		return nil, &LostError{Reason: LostReason(gj.LostReason), Message: gj.LostMessage}
@@ -465,29 +619,17 @@ func (s *Session) Acquire(ctx context.Context, name string, opts *AcquireOptions
 	return nil, fmt.Errorf("palisade agent: acquire %s: unexpected state %q", name, gj.State)
 }
 
-// abandon releases a claim whose acquire was given up. Without a namespace (the
-// agent's default, not yet answered) it looks the grant up in the session.
-func (s *Session) abandon(name, namespace string) {
-	if s.Err() != nil {
-		return // the agent released everything of the session
+// getGrant asks for the session's grant of a Lease, waiting up to wait ms while it
+// is waiting; sent is when the request went out.
+func (s *Session) getGrant(ctx context.Context, namespace, name string, wait int64) (gj grantJSON, sent time.Time, err error) {
+	var q url.Values
+	if wait > 0 {
+		q = url.Values{queryWaitMs: {strconv.FormatInt(wait, 10)}}
 	}
-	ctx := context.Background()
-	if namespace == "" {
-		var sj sessionJSON
-		if _, err := s.request(ctx, answerSlack, http.MethodGet, expand(pathSession, s.id), nil, nil, &sj); err != nil {
-			return
-		}
-		for _, g := range sj.Grants {
-			if g.Name == name && (g.State == stateWaiting || g.State == stateHeld) {
-				namespace = g.Namespace
-			}
-		}
-		if namespace == "" {
-			return
-		}
-	}
-	// On failure the claim is left to the session, whose end releases it.
-	_, _ = s.request(ctx, answerSlack, http.MethodDelete, expand(pathLease, s.id, namespace, name), nil, nil, nil)
+	sent = time.Now()
+	_, err = s.request(ctx, time.Duration(wait)*time.Millisecond+answerSlack,
+		http.MethodGet, expand(pathLease, s.id, namespace, name), q, nil, &gj)
+	return gj, sent, err
 }
 
 // The process-wide default session, created on first use and again after it ended.
