@@ -8,16 +8,13 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::ResourceExt;
 use kube::api::Api;
-use palisade::api::FENCING_TOKEN_ANNOTATION;
+use palisade::api::Lease;
 
 use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
 use crate::faults::{FaultContext, HeldGrant, kill_controller, pick_grant, split_brain};
 use crate::processes::{Processes, holds_long, signal};
 use crate::rng::Rng;
-use crate::worker::configmap_name;
 
 /// The kinds of this module, as [`crate::faults::Fault`] names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,10 +89,13 @@ async fn overlap(
     rng: &mut Rng,
 ) -> String {
     let also = rng.range(0, 3);
-    // 2.5 to 4 durations, and then until a newer holder has written (at most 15 s
-    // more): a fault that stalls the plane also stalls the next grant (or, behind a
-    // lagging API server, the new holder's sight of it), and a holder that woke
-    // first would write with a token that is still the newest.
+    // 2.5 to 4 durations, and then until a newer grant is published (at most 15 s
+    // more): a fault that stalls the plane also stalls the next grant, and a holder
+    // that woke first would write with a token that is still the newest. It wakes
+    // as soon as etcd has the newer grant, whether or not its API server (lagging,
+    // maybe) or the new holder has seen it: the object's own token and each
+    // server's sight of the Lease are what the fence promises (DESIGN.md, "Object
+    // fencing policy").
     let lease = Duration::from_secs(LEASE_SECONDS).as_millis() as u64;
     let pause = rng.millis(lease * 5 / 2, lease * 4);
     let paused = match held {
@@ -115,7 +115,7 @@ async fn overlap(
                 if moved_on {
                     ""
                 } else {
-                    " (no newer holder wrote)"
+                    " (no newer grant was published)"
                 }
             )
         }
@@ -129,24 +129,20 @@ async fn overlap(
     format!("{paused}{more}")
 }
 
-/// Waits (at most 15 s) until a newer holder of `held`'s Lease has written to the
-/// fenced ConfigMap (so the paused holder's next write there is stale, whichever
-/// API server each sees first). False: none did.
+/// Waits (at most 15 s) until `held`'s Lease has a newer grant, read from etcd (a
+/// GET without resourceVersion). False: none was published.
 async fn lease_moved_on(ctx: &FaultContext<'_>, held: &HeldGrant) -> bool {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
-    let name = configmap_name(&held.lease);
+    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
     let until = Instant::now() + Duration::from_secs(15);
     while Instant::now() < until {
-        if let Ok(Ok(cm)) = tokio::time::timeout(Duration::from_secs(2), api.get(&name)).await
-            && cm
-                .annotations()
-                .get(FENCING_TOKEN_ANNOTATION)
-                .and_then(|t| t.parse::<u64>().ok())
-                .is_some_and(|token| token > held.token)
+        if let Ok(Ok(lease)) =
+            tokio::time::timeout(Duration::from_secs(2), api.get(&held.lease)).await
+            && let Some(token) = lease.status.and_then(|s| s.fencing_token)
+            && token as u64 > held.token
         {
             return true;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
 }
