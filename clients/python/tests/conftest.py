@@ -1,4 +1,5 @@
-"""Fixtures: the agent's socket for the tests marked ``agent``, unique Lease names."""
+"""Fixtures: the agent's socket for the tests marked ``agent``, unique Lease names, and
+a fake agent for the tests of the clients' own logic."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import uuid
 
 import pytest
+
+from fake_agent import FakeAgent
 
 SOCKET_ENV = "PALISADE_AGENT_SOCKET"
 RUN = uuid.uuid4().hex[:6]
@@ -30,3 +33,11 @@ def agent_socket() -> str:
 def lease_name() -> str:
     """A Lease name (a DNS label) unique to this test and run."""
     return f"py-{RUN}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def fake_agent():
+    """A FakeAgent (tests/fake_agent.py): 1 s Leases, validForMs 600."""
+    agent = FakeAgent()
+    yield agent
+    agent.close()

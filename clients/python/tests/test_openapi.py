@@ -51,7 +51,6 @@ def test_the_status_codes_the_client_expects_are_the_specs(spec):
         _api.CREATE_SESSION: {"201"},
         _api.GET_SESSION: {"200", "404"},
         _api.END_SESSION: {"204", "404"},
-        _api.KEEPALIVE: {"204", "404"},
         _api.EVENTS: {"200"},
         _api.ACQUIRE: {"200", "202"},
         _api.GET_GRANT: {"200", "404"},
@@ -109,3 +108,8 @@ def test_loss_reasons(spec):
     assert not own & agent, "the client's own reasons must not collide with the agent's"
     documented = set(re.findall(r"``(\w+)``", LeaseLost.__doc__ or ""))
     assert agent | own <= documented, f"LeaseLost's doc lacks {(agent | own) - documented}"
+
+
+def test_the_refresh_is_a_keepalive(spec):
+    # The clients refresh their deadlines with GET of the session, instead of a keepalive.
+    assert "keepalive" in spec["paths"][_api.GET_SESSION.template]["get"]["summary"]

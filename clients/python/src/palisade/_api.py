@@ -24,6 +24,8 @@ ANSWER_MARGIN_S = 12.0
 SESSION_ENDED = "SessionEnded"
 KEEPALIVE_MISSED = "KeepaliveMissed"
 RELEASED = "Released"
+# The agent's reason, also the clients' when their own count of validForMs runs out.
+LOCAL_DEADLINE = "LocalDeadline"
 
 
 class Endpoint(NamedTuple):
@@ -40,12 +42,11 @@ class Endpoint(NamedTuple):
 CREATE_SESSION = Endpoint("POST", "/v1/sessions")
 GET_SESSION = Endpoint("GET", "/v1/sessions/{session}")
 END_SESSION = Endpoint("DELETE", "/v1/sessions/{session}")
-KEEPALIVE = Endpoint("POST", "/v1/sessions/{session}/keepalive")
 EVENTS = Endpoint("GET", "/v1/sessions/{session}/events")
 ACQUIRE = Endpoint("POST", "/v1/sessions/{session}/leases")
 GET_GRANT = Endpoint("GET", "/v1/sessions/{session}/leases/{namespace}/{name}")
 RELEASE = Endpoint("DELETE", "/v1/sessions/{session}/leases/{namespace}/{name}")
-ENDPOINTS = (CREATE_SESSION, GET_SESSION, END_SESSION, KEEPALIVE, EVENTS, ACQUIRE, GET_GRANT, RELEASE)
+ENDPOINTS = (CREATE_SESSION, GET_SESSION, END_SESSION, EVENTS, ACQUIRE, GET_GRANT, RELEASE)
 
 
 class Address(NamedTuple):
@@ -128,6 +129,13 @@ def acquire_body(
     if holder_identity is not None:
         body["holderIdentity"] = _str(holder_identity, "holder_identity")
     return body
+
+
+def refresh_interval(keepalive_ms: int, durations: Iterable[int]) -> float:
+    """Seconds between two GETs of the session: a third of the keepalive, and a sixth
+    of the shortest Lease duration held, so that a healthy agent's answers (validForMs
+    at least a third of a duration) always come before the last one runs out."""
+    return min([keepalive_ms / 3000] + [d / 6 for d in durations])
 
 
 def check_timeout(timeout: Optional[float]) -> Optional[float]:
@@ -237,20 +245,27 @@ def grants_of_event(event: str, data: str) -> Tuple[GrantInfo, ...]:
     return tuple(parse_grant(g) for g in grants)
 
 
+def session_grants(status: int, body: bytes) -> List[GrantInfo]:
+    """The grants of a Session document (``GET /v1/sessions/{id}``)."""
+    doc = parse_json(status, body)
+    grants = doc.get("grants") if isinstance(doc, dict) else None
+    if not isinstance(grants, list):
+        raise AgentError(status, "unexpected_response", None, f"not a Session: {doc!r}")
+    try:
+        return [parse_grant(g) for g in grants]
+    except ValueError as e:
+        raise AgentError(status, "unexpected_response", None, str(e)) from None
+
+
 def unanswered_claims(
     status: int, body: bytes, name: str, namespace: Optional[str], known: Iterable[Tuple[str, str]]
 ) -> List[Tuple[str, str]]:
     """The keys of the Session document (``GET /v1/sessions/{id}``) that an acquire of
     ``name`` interrupted before its answer may have left waiting or held: live grants
     of that name (in ``namespace``, when given) that no Grant of this process holds."""
-    doc = parse_json(status, body)
-    grants = doc.get("grants") if isinstance(doc, dict) else None
-    if not isinstance(grants, list):
-        raise AgentError(status, "unexpected_response", None, f"not a Session: {doc!r}")
     known = set(known)
     keys = []
-    for g in grants:
-        info = parse_grant(g)
+    for info in session_grants(status, body):
         if (
             info.name == name
             and (namespace is None or info.namespace == namespace)

@@ -113,6 +113,12 @@ class Stream:
             if chunk:
                 yield chunk
 
+    def abandon(self) -> None:
+        """Drop this process's descriptor only (in a forked child): a shutdown would
+        end the parent's stream too."""
+        self._closed = True
+        self._sock.close()
+
     def close(self) -> None:
         self._closed = True
         try:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
 import time
+import weakref
 from types import TracebackType
-from typing import Any, Dict, Generator, Optional, Tuple, Type
+from typing import Any, Dict, Generator, List, Optional, Tuple, Type
 
 from . import _api
 from ._api import Address, Endpoint, GrantInfo
@@ -72,11 +75,13 @@ async def _request(
 class Grant:
     """A Lease this process holds, with its fencing token: see ``palisade.Grant``.
 
-    ``await grant.lost()`` waits until it ends. As an async context manager it
+    ``held`` reads the clock, so it is right even after the loop was blocked.
+    ``await grant.lost()`` waits until it ends (``is_lost`` and ``wait_lost()`` are
+    ``palisade.Grant``'s ``lost`` and ``wait_lost()``). As an async context manager it
     releases on exit, also on an exception or cancellation.
     """
 
-    def __init__(self, session: "Session", info: GrantInfo) -> None:
+    def __init__(self, session: "Session", info: GrantInfo, sent: float) -> None:
         assert info.token is not None
         self._session = session
         self.name: str = info.name
@@ -87,9 +92,12 @@ class Grant:
         self.duration_seconds: Optional[int] = info.duration_seconds
         self._ended = asyncio.Event()
         self._state = "held"
-        self._releasing = False
-        self.lost_reason: Optional[str] = None
-        self.lost_message: Optional[str] = None
+        # Set by the first release: the agent stops renewing at once, whatever it answers.
+        self._let_go = False
+        self._deadline = sent + info.valid_for_ms / 1000
+        self._deadline_sent = sent
+        self._lost_reason: Optional[str] = None
+        self._lost_message: Optional[str] = None
 
     def __repr__(self) -> str:
         return f"<palisade.aio.Grant {self.namespace}/{self.name} token={self.token} {self._state}>"
@@ -100,51 +108,82 @@ class Grant:
 
     @property
     def is_lost(self) -> bool:
-        return self._state == "lost"
+        return self._now() == "lost"
 
     @property
     def released(self) -> bool:
-        return self._state == "released"
+        return self._now() == "released"
 
     @property
     def held(self) -> bool:
-        return self._state == "held"
+        return self._now() == "held" and not self._let_go
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        self._now()
+        return self._lost_reason
+
+    @property
+    def lost_message(self) -> Optional[str]:
+        self._now()
+        return self._lost_message
 
     async def lost(self) -> Optional[str]:
         """Wait until the grant ends: the reason it was lost, or None if released."""
-        await self._ended.wait()
+        await self.wait_lost()
         return self.lost_reason
+
+    async def wait_lost(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the grant ends or ``timeout`` seconds pass; True if it was lost,
+        False if it is still held (timeout) or was released."""
+        until = None if timeout is None else time.monotonic() + timeout
+        while self._now() == "held":
+            now = time.monotonic()
+            if until is not None and now >= until:
+                break
+            end = self._deadline if until is None else min(self._deadline, until)
+            try:
+                await asyncio.wait_for(self._ended.wait(), max(0.0, end - now))
+            except asyncio.TimeoutError:
+                pass
+        return self.is_lost
 
     async def check(self) -> float:
         """Seconds the grant is valid for at most (see ``palisade.Grant.check``);
         raises LeaseLost when it is lost or released."""
         self._raise_if_ended()
         sent = time.monotonic()
-        status, body = await self._session._call(_api.GET_GRANT, namespace=self.namespace, name=self.name)
+        try:
+            status, body = await self._session._call(
+                _api.GET_GRANT, namespace=self.namespace, name=self.name,
+                timeout=max(0.001, self._deadline - sent),
+            )
+        except AgentUnreachable:
+            self._raise_if_ended()
+            raise
         if status != 200:
             raise self._session._error(status, body)
-        info = _api.grant_from_answer(status, body)
-        self._apply(info)
+        self._update(sent, _api.grant_from_answer(status, body))
         self._raise_if_ended()
-        return max(0.0, sent + info.valid_for_ms / 1000 - time.monotonic())
+        return max(0.0, self._deadline - time.monotonic())
 
     async def release(self) -> None:
-        """Release the Lease; does nothing when it is already lost or released."""
-        if self._state != "held" or self._releasing:
+        """Release the Lease; does nothing when it is already lost or released. Not
+        held from the call on, even when the answer is an error (see
+        ``palisade.Grant.release``)."""
+        if self._now() != "held" or self._let_go:
             return
-        self._releasing = True
+        self._let_go = True
         try:
             status, body = await self._session._call(_api.RELEASE, namespace=self.namespace, name=self.name)
-            if status == 200:
-                self._end("released")
-            elif status == 409:
+            if status == 409:
                 self._end("lost", *await self._why_lost(error_from_response(status, body)))
             elif status == 404:
                 self._end("lost", _api.SESSION_ENDED, error_from_response(status, body).message)
-            else:
+            elif status != 200:
                 raise error_from_response(status, body)
         finally:
-            self._releasing = False
+            self._end("released")
 
     async def _why_lost(self, err: AgentError) -> Tuple[str, str]:
         try:
@@ -172,41 +211,65 @@ class Grant:
                 raise
             log.warning("releasing %s/%s after an error", self.namespace, self.name, exc_info=True)
 
+    def _now(self) -> str:
+        """The state on the clock now: held past the local deadline is lost."""
+        if self._state == "held" and time.monotonic() >= self._deadline:
+            let_go = self._let_go
+            if self._end("lost", _api.LOCAL_DEADLINE, "validForMs ran out before the agent answered again"):
+                if not let_go:
+                    self._session._release_later(self)
+        return self._state
+
+    def _update(self, sent: float, info: GrantInfo) -> None:
+        """The answer to a request sent at ``sent`` names this grant: its state, and
+        while held a later deadline (never after the last one passed)."""
+        self._apply(info)
+        if info.state != "held" or info.token != self.token:
+            return
+        if info.duration_seconds is not None:
+            self.duration_seconds = info.duration_seconds
+        if self._state == "held" and sent >= self._deadline_sent and time.monotonic() < self._deadline:
+            self._deadline = sent + info.valid_for_ms / 1000
+            self._deadline_sent = sent
+
     def _apply(self, info: GrantInfo) -> None:
         verdict = _api.judge(self.token, info)
         if verdict.state is None:
             return
-        if self._releasing and info.state == "released":
+        if self._let_go and info.state == "released":
             self._end("released")
         else:
             self._end("lost", verdict.reason, verdict.message)
 
-    def _end(self, state: str, reason: Optional[str] = None, message: Optional[str] = None) -> None:
+    def _end(self, state: str, reason: Optional[str] = None, message: Optional[str] = None) -> bool:
         if self._state != "held":
-            return
+            return False
         self._state = state
         if state == "lost":
-            self.lost_reason = reason or "Lost"
-            self.lost_message = message
+            self._lost_reason = reason or "Lost"
+            self._lost_message = message
             log.warning(
                 "lease %s/%s (token %d) lost: %s%s",
-                self.namespace, self.name, self.token, self.lost_reason,
+                self.namespace, self.name, self.token, self._lost_reason,
                 f": {message}" if message else "",
             )
         self._session._forget(self)
         self._ended.set()
+        return True
 
     def _raise_if_ended(self) -> None:
-        if self._state == "lost":
-            raise LeaseLost(self.lost_reason or "Lost", self.lost_message or "")
-        if self._state == "released":
+        state = self._now()
+        if state == "lost":
+            raise LeaseLost(self._lost_reason or "Lost", self._lost_message or "")
+        if state == "released" or self._let_go:
             raise LeaseLost(_api.RELEASED, "the grant was released")
 
 
 class Session:
     """One application's session with the agent, on the running event loop: see
     ``palisade.Session``. ``async with aio.Session() as s`` (or ``await
-    Session().open()``) opens it; ``await s.close()`` ends it."""
+    Session().open()``) opens it; ``await s.close()`` ends it. Its keepalive task
+    refreshes the grants' deadlines and ends each at its deadline."""
 
     def __init__(
         self,
@@ -222,8 +285,10 @@ class Session:
         self.keepalive_ms = 0
         self._grants: Dict[Tuple[str, str], Grant] = {}
         self._reports: Dict[Tuple[str, str], GrantInfo] = {}
+        # Releases of grants lost by their deadline, under way.
+        self._releases: Dict[Tuple[str, str], "asyncio.Task[None]"] = {}
         self._stopped = False
-        self._stop: Optional[asyncio.Event] = None
+        self._wake: Optional[asyncio.Event] = None
         self._writer: Optional[asyncio.StreamWriter] = None
         self._tasks: Tuple["asyncio.Task[None]", ...] = ()
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -242,7 +307,7 @@ class Session:
         if self.id:
             raise RuntimeError("the session is open already")
         self.loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
         sent = time.monotonic()
         status, raw = await _request(
             self.address, _api.CREATE_SESSION, _api.CREATE_SESSION.target(), self._body, timeout=SHORT_TIMEOUT
@@ -262,6 +327,7 @@ class Session:
             asyncio.ensure_future(self._read_events(reader, parser, first)),
             asyncio.ensure_future(self._keep_alive(sent)),
         )
+        _sessions.add(self)
         return self
 
     async def __aenter__(self) -> "Session":
@@ -284,6 +350,10 @@ class Session:
         deadline = None if timeout is None else time.monotonic() + timeout
         body = _api.acquire_body(name, namespace, duration_seconds, holder_identity, _api.wait_ms_for(timeout))
         self._raise_if_ended()
+        # A release of this Lease still under way would end the new grant.
+        pending = [t for (ns, n), t in self._releases.items() if n == name and namespace in (None, ns)]
+        if pending:
+            await asyncio.wait(pending, timeout=SHORT_TIMEOUT)
         answered = False
         info: Optional[GrantInfo] = None
         try:
@@ -305,8 +375,16 @@ class Session:
                 if status != 200:
                     raise self._error(status, raw)
                 info = _api.grant_from_answer(status, raw)
+            if info.state == "held":
+                # A long poll may be answered long after it was sent: validForMs is
+                # counted from the send instant of a GET, which is answered at once.
+                sent = time.monotonic()
+                status, raw = await self._call(_api.GET_GRANT, namespace=info.namespace, name=info.name)
+                if status != 200:
+                    raise self._error(status, raw)
+                info = _api.grant_from_answer(status, raw)
             if info.state == "held" and info.token is not None:
-                return self._register(info)
+                return self._register(info, sent)
         except BaseException:
             # Leave the queue (timeout, cancellation, an error), even when cancelled again.
             if info is not None or not answered:
@@ -354,8 +432,8 @@ class Session:
         if self._stopped:
             raise LeaseLost(self.end_reason or _api.SESSION_ENDED, self.end_message or "the session was closed")
 
-    def _register(self, info: GrantInfo) -> Grant:
-        grant = Grant(self, info)
+    def _register(self, info: GrantInfo, sent: float) -> Grant:
+        grant = Grant(self, info, sent)
         if self._stopped:
             grant._end("lost", self.end_reason or _api.SESSION_ENDED, self.end_message)
             return grant
@@ -363,6 +441,8 @@ class Session:
         report = self._reports.get(grant.key)
         if report is not None:
             grant._apply(report)
+        assert self._wake is not None
+        self._wake.set()  # its deadline and duration may call for an earlier refresh
         return grant
 
     def _forget(self, grant: Grant) -> None:
@@ -387,6 +467,25 @@ class Session:
         except (AgentError, LeaseLost) as e:
             log.warning("leaving the queue of %s: %s", name, e)
 
+    def _release_later(self, grant: Grant) -> None:
+        """Release a grant lost by its local deadline, in the background: this process
+        (its loop) may have been the slow one, and the agent would renew it for nobody."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # read outside the loop: nothing to run it on
+        if self._stopped or loop is not self.loop:
+            return
+        task = loop.create_task(self._release_quietly(grant))
+        self._releases[grant.key] = task
+        task.add_done_callback(lambda t: self._releases.pop(grant.key) if self._releases.get(grant.key) is t else None)
+
+    async def _release_quietly(self, grant: Grant) -> None:
+        try:
+            await self._call(_api.RELEASE, namespace=grant.namespace, name=grant.name, timeout=SHORT_TIMEOUT)
+        except AgentError as e:
+            log.info("releasing %s/%s after its deadline: %s", grant.namespace, grant.name, e)
+
     def _report(self, info: GrantInfo) -> None:
         self._reports[info.key] = info
         grant = self._grants.get(info.key)
@@ -403,8 +502,8 @@ class Session:
             return False
         self._stopped = True
         self.end_reason, self.end_message = reason, message
-        assert self._stop is not None
-        self._stop.set()
+        assert self._wake is not None
+        self._wake.set()
         if reason:
             log.warning("palisade session %s ended: %s%s", self.id, reason, f": {message}" if message else "")
         for grant in list(self._grants.values()):
@@ -483,36 +582,60 @@ class Session:
         self._end(_api.SESSION_ENDED, why)
 
     async def _keep_alive(self, last_ok: float) -> None:
-        assert self._stop is not None
-        period = self.keepalive_ms / 3000
+        """GET the session (a keepalive, and new deadlines for the grants) often
+        enough, and end each grant at its deadline (see ``palisade.Session``)."""
+        assert self._wake is not None
         lifetime = self.keepalive_ms / 1000
-        next_send = last_ok + period
-        while True:
-            deadline = last_ok + lifetime
-            try:
-                await asyncio.wait_for(self._stop.wait(), max(0.0, min(next_send, deadline) - time.monotonic()))
-                return
-            except asyncio.TimeoutError:
-                pass
-            sent = time.monotonic()
-            if sent >= deadline:
+        retry_at = 0.0
+        while not self._stopped:
+            now = time.monotonic()
+            for grant in list(self._grants.values()):
+                grant._now()  # lost if past its deadline
+            if now >= last_ok + lifetime:
                 self._end(_api.KEEPALIVE_MISSED, f"no keepalive succeeded for {self.keepalive_ms} ms")
                 return
-            try:
-                status, raw = await self._call(_api.KEEPALIVE, timeout=deadline - sent)
-            except AgentUnreachable as e:
-                status, raw = 0, str(e).encode()
-            if status == 204:
-                last_ok = sent
-                next_send = sent + period
+            grants = list(self._grants.values())
+            interval = _api.refresh_interval(self.keepalive_ms, [g.duration_seconds for g in grants if g.duration_seconds])
+            first_deadline = min([g._deadline for g in grants], default=math.inf)
+            if first_deadline <= now:
+                continue  # one more lapsed since the clock was read
+            next_send = max(last_ok + interval, retry_at)
+            if now < next_send:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), min(next_send, last_ok + lifetime, first_deadline) - now)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
                 continue
+            # An answer after a deadline would come too late for it.
+            timeout = min(interval, last_ok + lifetime - now, first_deadline - now)
+            try:
+                status, raw = await self._call(_api.GET_SESSION, timeout=timeout)
+                if status == 200:
+                    self._refresh(now, _api.session_grants(status, raw))
+                    last_ok, retry_at = now, 0.0
+                    continue
+            except AgentError as e:
+                status, raw = 0, str(e).encode()
             if status == 404:
                 self._end(_api.SESSION_ENDED, error_from_response(status, raw).message)
                 return
             if self._stopped:
                 return
             log.warning("keepalive of session %s failed: %s", self.id, raw.decode(errors="replace")[:200])
-            next_send = time.monotonic() + period / 4
+            retry_at = time.monotonic() + interval / 4
+
+    def _refresh(self, sent: float, infos: List[GrantInfo]) -> None:
+        for info in infos:
+            grant = self._grants.get(info.key)
+            if grant is not None:
+                grant._update(sent, info)
+
+    def _forked(self) -> None:
+        """In a forked child: the session and its grants are the parent's. Its
+        connections, and the loop's selector, are shared with the parent: no I/O."""
+        self._writer = None
+        self._finish(_api.SESSION_ENDED, "a forked child does not hold its parent's grants", "lost")
 
 
 class _Acquiring:
@@ -581,3 +704,21 @@ async def close_default_session() -> None:
     session, _default = _default, None
     if session is not None and session.loop is asyncio.get_running_loop():
         await session.close()
+
+
+# Every open session, so that a forked child can disown them.
+_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _default, _default_lock
+    _default, _default_lock = None, None
+    for session in list(_sessions):
+        try:
+            session._forked()
+        except RuntimeError as e:  # waiters on a closed loop
+            log.warning("palisade session %s in a forked child: %s", session.id, e)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

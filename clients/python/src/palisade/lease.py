@@ -19,17 +19,15 @@ __all__ = ["acquire", "default_session", "close_default_session"]
 
 _lock = threading.Lock()
 _default: Optional[Session] = None
-_default_pid = 0
 
 
 def default_session() -> Session:
     """The process's session with the agent, opened on first use (and again after it
-    ended, or in a forked child, whose parent's threads did not come along)."""
-    global _default, _default_pid
+    ended, or in a forked child: the parent's is the parent's)."""
+    global _default
     with _lock:
-        if _default is None or _default.ended or _default_pid != os.getpid():
+        if _default is None or _default.ended:
             _default = Session()
-            _default_pid = os.getpid()
         return _default
 
 
@@ -38,11 +36,21 @@ def close_default_session() -> None:
     global _default
     with _lock:
         session, _default = _default, None
-    if session is not None and _default_pid == os.getpid():
+    if session is not None:
         session.close()
 
 
+def _after_fork_in_child() -> None:
+    global _lock, _default
+    # Another thread of the parent may have held the lock (opening the session): it
+    # would never be released in the child.
+    _lock = threading.Lock()
+    _default = None
+
+
 atexit.register(close_default_session)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def acquire(

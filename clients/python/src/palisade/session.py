@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
+import weakref
 from types import TracebackType
-from typing import Any, Dict, Optional, Tuple, Type
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 from . import _api, _transport
 from ._api import GrantInfo
@@ -25,13 +28,17 @@ SHORT_TIMEOUT = _api.ANSWER_MARGIN_S
 class Grant:
     """A Lease this process holds, with its fencing token.
 
-    Send ``token`` with every write the Lease protects. ``lost`` turns True when the
-    grant ends without this process releasing it (``lost_reason`` says why); from
-    then on the protected resource refuses the token once a newer holder has used
-    its own. As a context manager it releases on exit, also on an exception.
+    Send ``token`` with every write the Lease protects. ``held`` reads the clock: each
+    answer of the agent naming the grant says how long it is valid at most
+    (``validForMs``), counted here from when that request was sent, and the session
+    asks again well before that runs out. ``lost`` turns True when the grant ends
+    without this process releasing it (``lost_reason`` says why, ``LocalDeadline``
+    when no answer came in time); from then on the protected resource refuses the
+    token once a newer holder has used its own. A lost grant never comes back. As a
+    context manager it releases on exit, also on an exception.
     """
 
-    def __init__(self, session: "Session", info: GrantInfo) -> None:
+    def __init__(self, session: "Session", info: GrantInfo, sent: float) -> None:
         assert info.token is not None
         self._session = session
         self.name: str = info.name
@@ -43,9 +50,12 @@ class Grant:
         self._lock = threading.Lock()
         self._ended = threading.Event()
         self._state = "held"
-        self._releasing = False
-        self.lost_reason: Optional[str] = None
-        self.lost_message: Optional[str] = None
+        # Set by the first release: the agent stops renewing at once, whatever it answers.
+        self._let_go = False
+        self._deadline = sent + info.valid_for_ms / 1000
+        self._deadline_sent = sent
+        self._lost_reason: Optional[str] = None
+        self._lost_message: Optional[str] = None
 
     def __repr__(self) -> str:
         return f"<palisade.Grant {self.namespace}/{self.name} token={self.token} {self._state}>"
@@ -57,63 +67,89 @@ class Grant:
     @property
     def lost(self) -> bool:
         """True once the grant was lost (not when released)."""
-        return self._state == "lost"
+        return self._now() == "lost"
+
+    # The name palisade.aio uses (there ``lost()`` waits for the loss).
+    is_lost = lost
 
     @property
     def released(self) -> bool:
-        return self._state == "released"
+        return self._now() == "released"
 
     @property
     def held(self) -> bool:
-        """Neither lost nor released, as far as this process knows."""
-        return self._state == "held"
+        """Neither lost nor released, nor past its local deadline, nor being released."""
+        return self._now() == "held" and not self._let_go
+
+    @property
+    def lost_reason(self) -> Optional[str]:
+        self._now()
+        return self._lost_reason
+
+    @property
+    def lost_message(self) -> Optional[str]:
+        self._now()
+        return self._lost_message
 
     def wait_lost(self, timeout: Optional[float] = None) -> bool:
         """Block until the grant ends or ``timeout`` seconds pass; True if it was lost,
         False if it is still held (timeout) or was released."""
-        self._ended.wait(timeout)
+        until = None if timeout is None else time.monotonic() + timeout
+        # Reads the deadline itself: no other thread needs to be on time.
+        while self._now() == "held":
+            now = time.monotonic()
+            if until is not None and now >= until:
+                break
+            end = self._deadline if until is None else min(self._deadline, until)
+            self._ended.wait(max(0.0, end - now))
         return self.lost
 
     def check(self) -> float:
         """Seconds the grant is valid for at most, from the agent's memory and clock
         (no API server call; counted from when this request was sent). Raises
-        LeaseLost when the grant is lost or released."""
+        LeaseLost when the grant is lost or released, also when its local deadline
+        passes before the agent answers."""
         self._raise_if_ended()
         sent = time.monotonic()
-        status, body = self._session._call(
-            _api.GET_GRANT, namespace=self.namespace, name=self.name
-        )
+        try:
+            status, body = self._session._call(
+                _api.GET_GRANT, namespace=self.namespace, name=self.name,
+                timeout=max(0.001, self._deadline - sent),
+            )
+        except AgentUnreachable:
+            self._raise_if_ended()
+            raise
         if status != 200:
             raise self._session._error(status, body)
-        info = _api.grant_from_answer(status, body)
-        self._apply(info)
+        self._update(sent, _api.grant_from_answer(status, body))
         self._raise_if_ended()
-        return max(0.0, sent + info.valid_for_ms / 1000 - time.monotonic())
+        return max(0.0, self._deadline - time.monotonic())
 
     def release(self) -> None:
         """Release the Lease: the next waiter gets it at once. Does nothing when the
-        grant is already lost or released."""
+        grant is already lost or released. The grant is not held from the call on,
+        even when the agent's answer is an error (raised here): the agent stops
+        renewing it anyway, and it ends at its deadline at the latest."""
+        if self._now() != "held":
+            return
         with self._lock:
-            if self._state != "held" or self._releasing:
+            if self._state != "held" or self._let_go:
                 return
-            self._releasing = True
+            self._let_go = True
         try:
             status, body = self._session._call(
                 _api.RELEASE, namespace=self.namespace, name=self.name
             )
-            if status == 200:
-                self._end("released")
-            elif status == 409:
+            if status == 409:
                 # grant_lost: it was lost first; its state says why.
                 self._end("lost", *self._why_lost(error_from_response(status, body)))
             elif status == 404:
                 # The session or the grant is gone: nothing is held.
                 self._end("lost", _api.SESSION_ENDED, error_from_response(status, body).message)
-            else:
+            elif status != 200:
                 raise error_from_response(status, body)
         finally:
-            with self._lock:
-                self._releasing = False
+            self._end("released")
 
     def _why_lost(self, err: AgentError) -> Tuple[str, str]:
         try:
@@ -143,49 +179,85 @@ class Grant:
 
     # -- called by the session ------------------------------------------------------
 
+    def _now(self) -> str:
+        """The state on the clock now: held past the local deadline is lost."""
+        if self._state == "held" and time.monotonic() >= self._deadline:
+            self._expire()
+        return self._state
+
+    def _expire(self) -> None:
+        with self._lock:
+            due = self._state == "held" and time.monotonic() >= self._deadline
+            let_go = self._let_go
+        if due and self._end("lost", _api.LOCAL_DEADLINE, "validForMs ran out before the agent answered again"):
+            if not let_go:
+                self._session._release_later(self)
+
+    def _update(self, sent: float, info: GrantInfo) -> None:
+        """The answer to a request sent at ``sent`` names this grant: its state, and
+        while held a later deadline (never after the last one passed)."""
+        self._apply(info)
+        if info.state != "held" or info.token != self.token:
+            return
+        if info.duration_seconds is not None:
+            self.duration_seconds = info.duration_seconds
+        with self._lock:
+            if self._state == "held" and sent >= self._deadline_sent and time.monotonic() < self._deadline:
+                self._deadline = sent + info.valid_for_ms / 1000
+                self._deadline_sent = sent
+
     def _apply(self, info: GrantInfo) -> None:
         verdict = _api.judge(self.token, info)
         if verdict.state is None:
             return
         with self._lock:
-            releasing = self._releasing
-        if releasing and info.state == "released":
+            let_go = self._let_go
+        if let_go and info.state == "released":
             self._end("released")
         else:
             self._end("lost", verdict.reason, verdict.message)
 
-    def _end(self, state: str, reason: Optional[str] = None, message: Optional[str] = None) -> None:
+    def _end(self, state: str, reason: Optional[str] = None, message: Optional[str] = None) -> bool:
         with self._lock:
             if self._state != "held":
-                return
+                return False
             self._state = state
             if state == "lost":
-                self.lost_reason = reason or "Lost"
-                self.lost_message = message
+                self._lost_reason = reason or "Lost"
+                self._lost_message = message
         if state == "lost":
             log.warning(
                 "lease %s/%s (token %d) lost: %s%s",
-                self.namespace, self.name, self.token, self.lost_reason,
+                self.namespace, self.name, self.token, self._lost_reason,
                 f": {message}" if message else "",
             )
         self._session._forget(self)
         self._ended.set()
+        return True
+
+    def _forked(self) -> None:
+        # The parent's threads did not come along, and may have held these.
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
 
     def _raise_if_ended(self) -> None:
-        if self._state == "lost":
-            raise LeaseLost(self.lost_reason or "Lost", self.lost_message or "")
-        if self._state == "released":
+        state = self._now()
+        if state == "lost":
+            raise LeaseLost(self._lost_reason or "Lost", self._lost_message or "")
+        if state == "released" or self._let_go:
             raise LeaseLost(_api.RELEASED, "the grant was released")
 
 
 class Session:
     """One application process's session with the agent.
 
-    Opening it creates the session and its event stream; a background thread sends
-    a keepalive every ``keepalive_ms / 3``. When none succeeds within
-    ``keepalive_ms`` of the last that did, or the event stream ends, the session has
-    ended and every grant of it is lost. ``close()`` (or leaving a ``with`` block)
-    ends it, releasing every Lease it holds.
+    Opening it creates the session and its event stream; a background thread GETs
+    the session every third of ``keepalive_ms`` and every sixth of the shortest Lease
+    duration held: a keepalive, and new deadlines for its grants. When none succeeds
+    within ``keepalive_ms`` of the last that did, or the event stream ends, the session
+    has ended and every grant of it is lost. ``close()`` (or leaving a ``with`` block)
+    ends it, releasing every Lease it holds. In a forked child it has ended: its
+    grants are the parent's.
 
     The agent is at ``socket_path`` or ``url``, by default $PALISADE_AGENT_SOCKET,
     else $PALISADE_AGENT_URL (``http://127.0.0.1:PORT``), else /run/palisade/agent.sock.
@@ -206,7 +278,10 @@ class Session:
         # The latest state the event stream reported for each Lease, for a grant
         # whose acquire answer comes after its events.
         self._reports: Dict[Tuple[str, str], GrantInfo] = {}
+        # Releases of grants lost by their deadline, under way (set when done).
+        self._releases: Dict[Tuple[str, str], threading.Event] = {}
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self.end_reason: Optional[str] = None
         self.end_message: Optional[str] = None
         sent = time.monotonic()
@@ -230,6 +305,7 @@ class Session:
         )
         self._events.start()
         self._keepalive.start()
+        _sessions.add(self)
 
     def __repr__(self) -> str:
         state = "open" if not self._stop.is_set() else f"ended ({self.end_reason})"
@@ -260,6 +336,11 @@ class Session:
             name, namespace, duration_seconds, holder_identity, _api.wait_ms_for(timeout)
         )
         self._raise_if_ended()
+        # A release of this Lease still under way would end the new grant.
+        with self._lock:
+            pending = [done for (ns, n), done in self._releases.items() if n == name and namespace in (None, ns)]
+        for done in pending:
+            done.wait(SHORT_TIMEOUT)
         answered = False
         info: Optional[GrantInfo] = None
         try:
@@ -283,8 +364,16 @@ class Session:
                 if status != 200:
                     raise self._error(status, raw)
                 info = _api.grant_from_answer(status, raw)
+            if info.state == "held":
+                # A long poll may be answered long after it was sent: validForMs is
+                # counted from the send instant of a GET, which is answered at once.
+                sent = time.monotonic()
+                status, raw = self._call(_api.GET_GRANT, namespace=info.namespace, name=info.name)
+                if status != 200:
+                    raise self._error(status, raw)
+                info = _api.grant_from_answer(status, raw)
             if info.state == "held" and info.token is not None:
-                return self._register(info)
+                return self._register(info, sent)
         except BaseException:
             # Leave the queue (timeout, Ctrl-C, an error): a waiting claim would be
             # granted to nobody and hold the Lease up.
@@ -337,8 +426,8 @@ class Session:
         if self._stop.is_set():
             raise LeaseLost(self.end_reason or _api.SESSION_ENDED, self.end_message or "the session was closed")
 
-    def _register(self, info: GrantInfo) -> Grant:
-        grant = Grant(self, info)
+    def _register(self, info: GrantInfo, sent: float) -> Grant:
+        grant = Grant(self, info, sent)
         with self._lock:
             ended = self._stop.is_set()
             if not ended:
@@ -348,12 +437,17 @@ class Session:
             grant._end("lost", self.end_reason or _api.SESSION_ENDED, self.end_message)
         elif report is not None:
             grant._apply(report)
+        self._wake.set()  # its deadline and duration may call for an earlier refresh
         return grant
 
     def _forget(self, grant: Grant) -> None:
         with self._lock:
             if self._grants.get(grant.key) is grant:
                 del self._grants[grant.key]
+
+    def _held(self) -> List[Grant]:
+        with self._lock:
+            return list(self._grants.values())
 
     def _abandon(self, name: str, namespace: Optional[str], info: Optional[GrantInfo]) -> None:
         """Release the claim an unfinished acquire made; without its answer, whichever
@@ -375,6 +469,28 @@ class Session:
         except (AgentError, LeaseLost) as e:
             log.warning("leaving the queue of %s: %s", name, e)
 
+    def _release_later(self, grant: Grant) -> None:
+        """Release a grant lost by its local deadline, in the background: this process
+        may have been the slow one, and the agent would renew it for nobody."""
+        if self._stop.is_set():
+            return  # ending the session released it
+        done = threading.Event()
+        with self._lock:
+            self._releases[grant.key] = done
+
+        def release() -> None:
+            try:
+                self._call(_api.RELEASE, namespace=grant.namespace, name=grant.name, timeout=SHORT_TIMEOUT)
+            except AgentError as e:
+                log.info("releasing %s/%s after its deadline: %s", grant.namespace, grant.name, e)
+            finally:
+                with self._lock:
+                    if self._releases.get(grant.key) is done:
+                        del self._releases[grant.key]
+                done.set()
+
+        threading.Thread(target=release, name=f"palisade-release-{grant.name}", daemon=True).start()
+
     def _report(self, info: GrantInfo) -> None:
         with self._lock:
             self._reports[info.key] = info
@@ -395,11 +511,28 @@ class Session:
             self.end_reason, self.end_message = reason, message
             self._stop.set()
             grants = list(self._grants.values())
+        self._wake.set()
         if reason:
             log.warning("palisade session %s ended: %s%s", self.id, reason, f": {message}" if message else "")
         for grant in grants:
             grant._end(state, reason, message)
         return True
+
+    def _forked(self) -> None:
+        """In a forked child: the session and its grants are the parent's. The
+        parent's threads did not come along, and may have held these locks."""
+        ended = self._stop.is_set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._releases = {}
+        for grant in self._grants.values():
+            grant._forked()
+        self._stream.abandon()
+        if ended:
+            self._stop.set()
+        else:
+            self._finish(_api.SESSION_ENDED, "a forked child does not hold its parent's grants", "lost")
 
     def _delete_session(self) -> None:
         try:
@@ -431,30 +564,63 @@ class Session:
         self._end(_api.SESSION_ENDED, why)
 
     def _keep_alive(self, last_ok: float) -> None:
-        period = self.keepalive_ms / 3000
+        """GET the session (a keepalive, and new deadlines for the grants) often
+        enough, and end each grant at its deadline, on time."""
         lifetime = self.keepalive_ms / 1000
-        next_send = last_ok + period
-        while True:
-            deadline = last_ok + lifetime
-            if self._stop.wait(max(0.0, min(next_send, deadline) - time.monotonic())):
-                return
-            sent = time.monotonic()
-            if sent >= deadline:
+        retry_at = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for grant in self._held():
+                grant._now()  # lost if past its deadline
+            if now >= last_ok + lifetime:
                 self._end(_api.KEEPALIVE_MISSED, f"no keepalive succeeded for {self.keepalive_ms} ms")
                 return
-            try:
-                status, raw = self._call(_api.KEEPALIVE, timeout=deadline - sent)
-            except AgentUnreachable as e:
-                status, raw = 0, str(e).encode()
-            if status == 204:
-                last_ok = sent
-                next_send = sent + period
+            grants = self._held()
+            interval = _api.refresh_interval(self.keepalive_ms, [g.duration_seconds for g in grants if g.duration_seconds])
+            first_deadline = min([g._deadline for g in grants], default=math.inf)
+            if first_deadline <= now:
+                continue  # one more lapsed since the clock was read
+            next_send = max(last_ok + interval, retry_at)
+            if now < next_send:
+                self._wake.wait(min(next_send, last_ok + lifetime, first_deadline) - now)
+                self._wake.clear()
                 continue
+            # An answer after a deadline would come too late for it.
+            timeout = min(interval, last_ok + lifetime - now, first_deadline - now)
+            try:
+                status, raw = self._call(_api.GET_SESSION, timeout=timeout)
+                if status == 200:
+                    self._refresh(now, _api.session_grants(status, raw))
+                    last_ok, retry_at = now, 0.0
+                    continue
+            except AgentError as e:
+                status, raw = 0, str(e).encode()
             if status == 404:
                 self._end(_api.SESSION_ENDED, error_from_response(status, raw).message)
                 return
             if self._stop.is_set():
                 return
             log.warning("keepalive of session %s failed: %s", self.id, raw.decode(errors="replace")[:200])
-            # Retry sooner than the period: the deadline does not move.
-            next_send = time.monotonic() + period / 4
+            # Retry sooner than the interval: the deadlines do not move.
+            retry_at = time.monotonic() + interval / 4
+
+    def _refresh(self, sent: float, infos: List[GrantInfo]) -> None:
+        with self._lock:
+            grants = dict(self._grants)
+        for info in infos:
+            grant = grants.get(info.key)
+            if grant is not None:
+                grant._update(sent, info)
+
+
+# Every open session, so that a forked child can disown them.
+_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for session in list(_sessions):
+        session._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
