@@ -4,10 +4,11 @@
 //	palisade-conformance-go --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]
 //
 // The agent is at PALISADE_AGENT_SOCKET. stdout: `granted <token>`, then `write
-// <token>` every 100 ms; on a loss `lost <reason>`, one more `write <token>` (the
-// write in flight, which the fence must refuse) and exit 3; on a `release` line, stdin
-// EOF or SIGTERM the grant is released, `released`, exit 0. Diagnostics on stderr;
-// exit 1 when no grant could be had, 2 on bad arguments.
+// <token>` every 100 ms; on a loss `lost <reason>` (the agent's word, the session's
+// end, or the grant's local deadline passing while the agent is silent), one more
+// `write <token>` (the write in flight, which the fence must refuse) and exit 3; on a
+// `release` line, stdin EOF or SIGTERM the grant is released, `released`, exit 0.
+// Diagnostics on stderr; exit 1 when no grant could be had, 2 on bad arguments.
 package main
 
 import (
@@ -16,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -26,25 +28,32 @@ import (
 )
 
 func main() {
-	lease := flag.String("lease", "", "the Lease to acquire (required)")
-	namespace := flag.String("namespace", "", "the Lease's namespace (default: the agent's)")
-	durationSeconds := flag.Int("duration-seconds", 0, "leaseDurationSeconds when the agent creates the Lease")
-	keepaliveMs := flag.Int("keepalive-ms", 0, "the session's keepalive in milliseconds")
-	flag.Parse()
-	if *lease == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: palisade-conformance-go --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]")
-		os.Exit(2)
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// run is the driver, returning its exit status.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	flags := flag.NewFlagSet("palisade-conformance-go", flag.ContinueOnError)
+	flags.SetOutput(stderr)
+	lease := flags.String("lease", "", "the Lease to acquire (required)")
+	namespace := flags.String("namespace", "", "the Lease's namespace (default: the agent's)")
+	durationSeconds := flags.Int("duration-seconds", 0, "leaseDurationSeconds when the agent creates the Lease")
+	keepaliveMs := flags.Int("keepalive-ms", 0, "the session's keepalive in milliseconds")
+	if err := flags.Parse(args); err != nil || *lease == "" || flags.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: palisade-conformance-go --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]")
+		return 2
 	}
-	// os.Stdout is unbuffered: each line goes out as it is printed.
-	say := func(format string, args ...any) { fmt.Fprintf(os.Stdout, format+"\n", args...) }
+	// Unbuffered: each line goes out as it is printed.
+	say := func(format string, args ...any) { fmt.Fprintf(stdout, format+"\n", args...) }
 
 	// SIGTERM, a `release` line and stdin EOF all mean: release and exit.
 	quit := make(chan string, 2)
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 	go func() { <-sigs; quit <- "SIGTERM" }()
 	go func() {
-		sc := bufio.NewScanner(os.Stdin)
+		sc := bufio.NewScanner(stdin)
 		for sc.Scan() {
 			if strings.TrimSpace(sc.Text()) == "release" {
 				quit <- "release"
@@ -61,8 +70,8 @@ func main() {
 		Name:      "conformance-go",
 	})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "session:", err)
-		os.Exit(1)
+		fmt.Fprintln(stderr, "session:", err)
+		return 1
 	}
 
 	// Acquire, waiting as long as it takes; asked to quit meanwhile, give up the wait.
@@ -82,27 +91,31 @@ func main() {
 	select {
 	case r := <-acquired:
 		if r.err != nil {
-			fmt.Fprintln(os.Stderr, "acquire:", r.err)
-			os.Exit(1)
+			fmt.Fprintln(stderr, "acquire:", r.err)
+			return 1
 		}
 		grant = r.g
 	case why := <-quit:
-		fmt.Fprintf(os.Stderr, "%s before the grant: the wait is given up\n", why)
+		fmt.Fprintf(stderr, "%s before the grant: the wait is given up\n", why)
 		cancel()
 		<-acquired
 		session.Close(context.Background())
 		say("released")
-		os.Exit(0)
+		return 0
 	}
 
 	token := grant.Token()
 	// The claim's UID too: the chaos suite's checker knows grants by it.
 	say("granted %d %s", token, grant.ClaimUID())
-	lost := func() {
-		say("lost %s", grant.LostReason())
+	lost := func(err error) int {
+		var reason palisade.LostReason
+		if le := (*palisade.LostError)(nil); errors.As(err, &le) {
+			reason = le.Reason
+		}
+		say("lost %s", reason)
 		say("write %d", token)
-		fmt.Fprintln(os.Stderr, grant.Err())
-		os.Exit(3)
+		fmt.Fprintln(stderr, err)
+		return 3
 	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -112,22 +125,23 @@ func main() {
 			// No validity check first: the suite's fence judges the write.
 			say("write %d", token)
 		case <-grant.Lost():
-			lost()
+			return lost(grant.Err())
 		case why := <-quit:
-			fmt.Fprintf(os.Stderr, "%s: releasing\n", why)
+			fmt.Fprintf(stderr, "%s: releasing\n", why)
 			rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
 			err := grant.Release(rctx)
 			rcancel()
+			// A grant lost before the release: its *LostError says why.
 			if errors.Is(err, palisade.ErrLost) {
-				lost()
+				return lost(err)
 			}
 			if err != nil {
-				fmt.Fprintln(os.Stderr, "release:", err)
-				os.Exit(1)
+				fmt.Fprintln(stderr, "release:", err)
+				return 1
 			}
 			session.Close(context.Background())
 			say("released")
-			os.Exit(0)
+			return 0
 		}
 	}
 }
