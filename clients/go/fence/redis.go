@@ -6,8 +6,12 @@
 //	EVAL Script 2 MarkKey(key) DataKey(key, "journal") <token> <key> rpush <value>
 //
 // Create each key's mark once, when setting the key up, with
-// SET MarkKey(key) "" NX: the script refuses (NOMARK) a key whose mark is missing,
-// and refuses (STALE) a token lower than the highest it admitted.
+// SET MarkKey(key) "" NX (or `palisade fence --store URL --create --key KEY`): the
+// script refuses (NOMARK, NoMarkError in words) a key whose mark is missing, and
+// refuses (STALE) a token lower than the highest it admitted. Never create the mark
+// on a writer's every start: a mark that Redis lost (FLUSHDB, eviction, a restart
+// without AOF) would be created again, empty, and the next stale token admitted.
+// CheckSettings, once at start, refuses a server set up to lose or roll back marks.
 package fence
 
 import _ "embed"
