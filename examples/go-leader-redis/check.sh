@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Checks examples/go-leader-redis on the local node (`make example-go-check`): installs
-# the chart (a release of its own, for a fresh namespace), deploys the example's 3
-# replicas, waits until the leader's entries flow into Redis, deletes the leader pod,
-# and verifies from Redis that
+# the chart (a release of its own, for a fresh namespace), creates the fenced key's mark
+# (the key's setup), deploys the example's 3 replicas, waits until the leader's entries
+# flow into Redis, deletes the leader pod, and verifies from Redis that
 #   - entries kept flowing, from another pod, under a higher fencing token;
 #   - tokens never decrease along the list;
 #   - each token belongs to one pod (one leader at a time: with non-decreasing tokens,
 #     no two pods' entries interleave).
+# Then it deletes the mark, as a Redis that lost it would, and verifies that no entry
+# is admitted and no replica creates the mark again, restarts included.
 # Exits non-zero with the reason on failure; removes its namespaces, release and keys.
 #
 # Needs: KUBECONFIG (make cluster, with its node), KUBECTL, HELM, redis-cli (REDIS_CLI)
@@ -45,7 +47,7 @@ fail() {
   exit 1
 }
 cleanup() {
-  # The pods first: a starting replica creates the mark again.
+  # The pods first: nothing writes once the keys are gone.
   k -n "$NS" delete deployment go-leader-redis --cascade=foreground --wait --timeout 60s >/dev/null 2>&1 || true
   r DEL "$LIST" "$MARK" >/dev/null 2>&1 || true
   "$HELM" uninstall "$RELEASE" -n "$SYSTEM_NS" --wait >/dev/null 2>&1 || true
@@ -65,6 +67,11 @@ count() { r LLEN "$LIST"; }
 at_least() { (($(count) >= $1)); }
 # The pod and token of the last entry ("<token> <pod> <seq>").
 last() { r LINDEX "$LIST" -1; }
+restarts() { # the app containers' restarts, all pods
+  k -n "$NS" get pods -o jsonpath='{range .items[*]}{.status.containerStatuses[?(@.name=="app")].restartCount}{"\n"}{end}' |
+    awk '{n += $1} END {print n + 0}'
+}
+restarted_since() { (($(restarts) > $1)); }
 new_leader_writes() { # old-pod count: at least count entries from another pod
   entries | awk -v old="$1" -v n="$2" '$2 != old {c++} END {exit !(c >= n)}'
 }
@@ -87,7 +94,11 @@ k apply --server-side --force-conflicts -f "$root/crds/palisade.dev.yaml" >/dev/
   --wait --timeout 120s >/dev/null || fail "the chart did not install"
 step "controller ready in $SYSTEM_NS"
 
-say "2. The example: 3 replicas, each with the agent as a native sidecar"
+say "2. The example: the fenced key's mark, then 3 replicas, each with the agent as a native sidecar"
+# The key's setup, once (what `palisade fence --store redis://... --create --key KEY`
+# does): the example never creates the mark, and refuses to start without it.
+r SET "$MARK" "" NX >/dev/null
+step "fence mark $MARK created"
 sed -e "s|name: palisade-client|name: $RELEASE-palisade-client|" \
   -e "s|image: ghcr.io/palisade-dev/palisade:.*|image: $PALISADE_IMAGE|" \
   -e "s|image: .*/go-leader-redis:.*|image: $GO_IMAGE|" \
@@ -120,4 +131,17 @@ step "$verdict"
 ((new_token > token)) || fail "the new leader's token $new_token is not higher than $token"
 [[ $new_leader != "$leader" ]] || fail "the deleted pod $leader still writes"
 step "tokens never decrease; one pod per token; pod $new_leader took over from $leader with $new_token > $token"
-say "Done: leadership moved on, fenced, one leader at a time."
+
+say "5. Redis loses the mark"
+before=$(restarts)
+r DEL "$MARK" >/dev/null
+admitted=$(count)
+step "mark deleted after $admitted entries"
+# The leader's next write is refused (NOMARK): it stops leading and exits; restarted,
+# it refuses to start without the mark.
+wait_for 90 "a replica to restart after the mark was lost" restarted_since "$before"
+sleep 2
+(($(r EXISTS "$MARK") == 0)) || fail "the mark $MARK was created again after Redis lost it"
+(($(count) == admitted)) || fail "$(($(count) - admitted)) entries admitted without the mark"
+step "no entry admitted, the mark not created again ($(restarts) restarts)"
+say "Done: leadership moved on, fenced, one leader at a time; a lost mark stops the writers."

@@ -13,7 +13,9 @@
 //	POD_NAME, POD_NAMESPACE  from the downward API
 //	PALISADE_AGENT_SOCKET    the agent's socket (/run/palisade/agent.sock)
 //
-// The list is palisade:{<FENCE_KEY>}:data:entries.
+// The list is palisade:{<FENCE_KEY>}:data:entries. The key's mark is created once,
+// when the key is set up (README.md), never by this program: it refuses to start on
+// a Redis without the mark, or one set up to lose or roll back marks.
 package main
 
 import (
@@ -58,10 +60,8 @@ func main() {
 	defer stop()
 	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR", "127.0.0.1:16379")})
 	defer rdb.Close()
-	// The mark is created once, empty; an existing one is kept (NX). The script
-	// refuses every write to a key whose mark is missing.
-	if err := rdb.SetNX(ctx, fence.MarkKey(key), "", 0).Err(); err != nil {
-		log.Fatalf("creating the fence mark of %s: %v", key, err)
+	if err := fenceReady(ctx, rdb, key); err != nil {
+		log.Fatalf("pod %s: %v", pod, err)
 	}
 	w := &writer{rdb: rdb, script: redis.NewScript(fence.RedisScript), key: key, pod: pod, interval: interval}
 
@@ -83,6 +83,31 @@ func main() {
 		},
 		ReleaseOnCancel: true,
 	})
+}
+
+// fenceReady refuses a Redis that can lose or roll back marks, and a key whose mark is
+// missing. It never creates the mark: one that Redis lost (a restart without
+// persistence, FLUSHALL) would be created again, empty, and a paused leader's older
+// token admitted after newer writes.
+func fenceReady(ctx context.Context, rdb *redis.Client, key string) error {
+	cannotSee, err := fence.CheckSettings(ctx, func(ctx context.Context, name string) (map[string]string, error) {
+		return rdb.ConfigGet(ctx, name).Result()
+	})
+	if err != nil {
+		return err
+	}
+	if cannotSee != "" {
+		log.Printf("cannot see the Redis settings the fence needs (%s); make sure of appendonly yes, "+
+			"appendfsync always and maxmemory-policy noeviction or volatile-*", cannotSee)
+	}
+	n, err := rdb.Exists(ctx, fence.MarkKey(key)).Result()
+	if err != nil {
+		return fmt.Errorf("looking for the fence mark of %s: %w", key, err)
+	}
+	if n == 0 {
+		return &fence.NoMarkError{Key: key}
+	}
+	return nil
 }
 
 type writer struct {
@@ -108,8 +133,11 @@ func (w *writer) lead(ctx context.Context, token int64) {
 		case err == nil || errors.Is(err, redis.Nil): // nil: the key's first token
 		case ctx.Err() != nil:
 			return
-		case strings.HasPrefix(err.Error(), fence.ErrStale), strings.HasPrefix(err.Error(), fence.ErrNoMark):
+		case strings.HasPrefix(err.Error(), fence.ErrStale):
 			log.Printf("pod %s: the fence refused token %d: %v", w.pod, token, err)
+			return
+		case strings.HasPrefix(err.Error(), fence.ErrNoMark):
+			log.Printf("pod %s: %v", w.pod, &fence.NoMarkError{Key: w.key})
 			return
 		default:
 			log.Printf("pod %s: write %d: %v (retrying)", w.pod, seq, err)
