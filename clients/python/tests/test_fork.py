@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -16,7 +17,11 @@ import pytest
 
 from palisade import LeaseLost, Session, _api, aio, lease
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+pytestmark = [
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork"),
+    # Forking a process with threads is what these tests are about.
+    pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"),
+]
 
 
 def in_child(body, timeout: float = 10.0):
@@ -42,6 +47,13 @@ def in_child(body, timeout: float = 10.0):
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return None
+
+
+def is_socket(fd: int) -> bool:
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def test_a_fork_during_default_session_does_not_deadlock_the_child(fake_agent, monkeypatch):
@@ -77,8 +89,11 @@ def test_a_forked_child_does_not_believe_its_parents_grants(fake_agent):
         holder = threading.Thread(target=hold_locks, daemon=True)
         holder.start()
         held.wait(5)
+        stream = session._stream._sock.fileno()
 
         def child():
+            # Its copy of the event stream would keep the stream open after the parent died.
+            assert not is_socket(stream)
             assert not grant.held and grant.lost and grant.lost_reason == "SessionEnded"
             assert grant.wait_lost(0)
             assert session.ended
@@ -103,8 +118,10 @@ def test_a_forked_child_does_not_believe_its_parents_grants_asyncio(fake_agent):
     async def main():
         async with aio.Session(socket_path=fake_agent.path, keepalive_ms=10_000) as session:
             grant = await session.acquire("a")
+            stream = session._writer.get_extra_info("socket").fileno()
 
             def child():
+                assert not is_socket(stream)
                 assert not grant.held and grant.is_lost and grant.lost_reason == "SessionEnded"
                 assert session.ended
 

@@ -26,6 +26,7 @@ KEEPALIVE_MISSED = "KeepaliveMissed"
 RELEASED = "Released"
 # The agent's reason, also the clients' when their own count of validForMs runs out.
 LOCAL_DEADLINE = "LocalDeadline"
+LAPSED = "validForMs ran out before the agent answered again"
 
 
 class Endpoint(NamedTuple):

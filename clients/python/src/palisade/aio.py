@@ -215,9 +215,8 @@ class Grant:
         """The state on the clock now: held past the local deadline is lost."""
         if self._state == "held" and time.monotonic() >= self._deadline:
             let_go = self._let_go
-            if self._end("lost", _api.LOCAL_DEADLINE, "validForMs ran out before the agent answered again"):
-                if not let_go:
-                    self._session._release_later(self)
+            if self._end("lost", _api.LOCAL_DEADLINE, _api.LAPSED) and not let_go:
+                self._session._release_later(self)
         return self._state
 
     def _update(self, sent: float, info: GrantInfo) -> None:
@@ -478,7 +477,12 @@ class Session:
             return
         task = loop.create_task(self._release_quietly(grant))
         self._releases[grant.key] = task
-        task.add_done_callback(lambda t: self._releases.pop(grant.key) if self._releases.get(grant.key) is t else None)
+
+        def done(t: "asyncio.Task[None]") -> None:
+            if self._releases.get(grant.key) is t:
+                del self._releases[grant.key]
+
+        task.add_done_callback(done)
 
     async def _release_quietly(self, grant: Grant) -> None:
         try:
@@ -595,14 +599,16 @@ class Session:
                 self._end(_api.KEEPALIVE_MISSED, f"no keepalive succeeded for {self.keepalive_ms} ms")
                 return
             grants = list(self._grants.values())
-            interval = _api.refresh_interval(self.keepalive_ms, [g.duration_seconds for g in grants if g.duration_seconds])
+            durations = [g.duration_seconds for g in grants if g.duration_seconds]
+            interval = _api.refresh_interval(self.keepalive_ms, durations)
             first_deadline = min([g._deadline for g in grants], default=math.inf)
             if first_deadline <= now:
                 continue  # one more lapsed since the clock was read
             next_send = max(last_ok + interval, retry_at)
             if now < next_send:
                 try:
-                    await asyncio.wait_for(self._wake.wait(), min(next_send, last_ok + lifetime, first_deadline) - now)
+                    wake = min(next_send, last_ok + lifetime, first_deadline)
+                    await asyncio.wait_for(self._wake.wait(), wake - now)
                 except asyncio.TimeoutError:
                     pass
                 self._wake.clear()
@@ -634,6 +640,14 @@ class Session:
     def _forked(self) -> None:
         """In a forked child: the session and its grants are the parent's. Its
         connections, and the loop's selector, are shared with the parent: no I/O."""
+        sock = self._writer.get_extra_info("socket") if self._writer is not None else None
+        if sock is not None:
+            # The child's copy of the event stream would keep it open after the parent
+            # dies. Closing the transport would unregister it from the shared selector:
+            # point the descriptor at /dev/null instead.
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, sock.fileno())
+            os.close(devnull)
         self._writer = None
         self._finish(_api.SESSION_ENDED, "a forked child does not hold its parent's grants", "lost")
 

@@ -189,9 +189,8 @@ class Grant:
         with self._lock:
             due = self._state == "held" and time.monotonic() >= self._deadline
             let_go = self._let_go
-        if due and self._end("lost", _api.LOCAL_DEADLINE, "validForMs ran out before the agent answered again"):
-            if not let_go:
-                self._session._release_later(self)
+        if due and self._end("lost", _api.LOCAL_DEADLINE, _api.LAPSED) and not let_go:
+            self._session._release_later(self)
 
     def _update(self, sent: float, info: GrantInfo) -> None:
         """The answer to a request sent at ``sent`` names this grant: its state, and
@@ -338,7 +337,7 @@ class Session:
         self._raise_if_ended()
         # A release of this Lease still under way would end the new grant.
         with self._lock:
-            pending = [done for (ns, n), done in self._releases.items() if n == name and namespace in (None, ns)]
+            pending = [e for (ns, n), e in self._releases.items() if n == name and namespace in (None, ns)]
         for done in pending:
             done.wait(SHORT_TIMEOUT)
         answered = False
@@ -576,7 +575,8 @@ class Session:
                 self._end(_api.KEEPALIVE_MISSED, f"no keepalive succeeded for {self.keepalive_ms} ms")
                 return
             grants = self._held()
-            interval = _api.refresh_interval(self.keepalive_ms, [g.duration_seconds for g in grants if g.duration_seconds])
+            durations = [g.duration_seconds for g in grants if g.duration_seconds]
+            interval = _api.refresh_interval(self.keepalive_ms, durations)
             first_deadline = min([g._deadline for g in grants], default=math.inf)
             if first_deadline <= now:
                 continue  # one more lapsed since the clock was read
