@@ -543,7 +543,8 @@ func waitMs(ctx context.Context) int64 {
 // that may have left a claim). Errors: *APIError for a request the agent refused (an
 // invalid name has Field "name"; Code CodeAlreadyAcquired when the session holds or
 // waits for the Lease already), an error matching ErrLost when the session ended (or
-// the claim was lost while waiting).
+// the claim was lost while waiting). Acquires and releases of one Lease in a session
+// go one at a time: a second acquire waits for the first to return.
 func (s *Session) Acquire(ctx context.Context, name string, opts *AcquireOptions) (*Grant, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
