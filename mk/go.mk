@@ -1,7 +1,7 @@
 # The Go client (clients/go), its conformance driver (tests/conformance/go) and the Go
 # example (examples/go-leader-redis). Included by the Makefile.
 #
-#   make go-client-check        go vet of the three modules, and the tests that need no agent
+#   make go-client-check        go vet of the three modules, and their tests that need no agent
 #   make go-client-test         every test of the client, the TestAgent* ones against the agent
 #                               at PALISADE_AGENT_SOCKET (which they need)
 #   make conformance-go-driver  target/clients/palisade-conformance-go
@@ -20,11 +20,11 @@ GO_DRIVER_BIN := target/clients/palisade-conformance-go
 EXAMPLE_GO_IMAGE := palisade.local/go-leader-redis:1
 REGISTRY_GO_IMAGE := $(PALISADE_TEST_REGISTRY)/go-leader-redis:1
 
-# Unit tests only: the TestAgent* tests need a running agent.
+# Tests that need no agent: the client's TestAgent* ones need a running agent.
 go-client-check:
 	cd $(GO_CLIENT_DIR) && go vet ./... && go test -skip '^TestAgent' ./...
-	cd $(GO_DRIVER_DIR) && go vet ./...
-	cd $(GO_EXAMPLE_DIR) && go vet ./...
+	cd $(GO_DRIVER_DIR) && go vet ./... && go test ./...
+	cd $(GO_EXAMPLE_DIR) && go vet ./... && go test ./...
 
 go-client-test:
 	@[ -n "$${PALISADE_AGENT_SOCKET:-}" ] || { echo "go-client-test: set PALISADE_AGENT_SOCKET to a running palisade agent's socket" >&2; exit 1; }
