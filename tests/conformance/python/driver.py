@@ -90,6 +90,7 @@ def main() -> int:
 
     say(f"granted {grant.token}")
     while True:
+        # `lost` reads the grant's local deadline too: a stopped agent shows here in time.
         if grant.lost:
             say(f"lost {grant.lost_reason}")
             say(f"write {grant.token}")

@@ -506,6 +506,7 @@ class Session:
             return False
         self._stopped = True
         self.end_reason, self.end_message = reason, message
+        _sessions.discard(self)
         assert self._wake is not None
         self._wake.set()
         if reason:
@@ -641,7 +642,7 @@ class Session:
         """In a forked child: the session and its grants are the parent's. Its
         connections, and the loop's selector, are shared with the parent: no I/O."""
         sock = self._writer.get_extra_info("socket") if self._writer is not None else None
-        if sock is not None:
+        if sock is not None and sock.fileno() >= 0:
             # The child's copy of the event stream would keep it open after the parent
             # dies. Closing the transport would unregister it from the shared selector:
             # point the descriptor at /dev/null instead.
@@ -730,7 +731,7 @@ def _after_fork_in_child() -> None:
     for session in list(_sessions):
         try:
             session._forked()
-        except RuntimeError as e:  # waiters on a closed loop
+        except (RuntimeError, OSError) as e:  # e.g. waiters on a closed loop
             log.warning("palisade session %s in a forked child: %s", session.id, e)
 
 

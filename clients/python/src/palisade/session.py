@@ -510,6 +510,7 @@ class Session:
             self.end_reason, self.end_message = reason, message
             self._stop.set()
             grants = list(self._grants.values())
+        _sessions.discard(self)
         self._wake.set()
         if reason:
             log.warning("palisade session %s ended: %s%s", self.id, reason, f": {message}" if message else "")
