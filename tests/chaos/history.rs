@@ -97,6 +97,8 @@ pub enum Event {
         claim_uid: String,
         t_ns: u64,
     },
+    /// The harness pinned a worker's connections to this API server of the HA plane.
+    Pinned { worker: String, server: u8 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,6 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::cluster::NAMESPACE;
+use crate::history::{Event, Recorder};
 use crate::{dbstores, worker};
 
 /// Writes per grant of the long-holding workers: 50 to 250 ms apart, one and a half
@@ -176,9 +177,18 @@ impl Processes {
         let n = self.spawned_workers;
         self.spawned_workers += 1;
         let identity = format!("w{n}");
+        // n / 2: long and short holders, agent and library workers, on each server.
+        let server = (n / 2) % self.worker_kubeconfigs.len();
+        if self.worker_kubeconfigs.len() > 1 {
+            Recorder::create(&self.out.join("pins.jsonl"))
+                .expect("the pins' history file")
+                .record(&Event::Pinned {
+                    worker: identity.clone(),
+                    server: server as u8,
+                });
+        }
         let args = worker::WorkerArgs {
-            // n / 2: long and short holders, agent and library workers, on each server.
-            kubeconfig: self.worker_kubeconfigs[(n / 2) % self.worker_kubeconfigs.len()].clone(),
+            kubeconfig: self.worker_kubeconfigs[server].clone(),
             namespace: NAMESPACE.into(),
             leases: self.worker_template.leases.clone(),
             identity: identity.clone(),

@@ -5,14 +5,23 @@
 //! - through one server, a Lease's resourceVersion never goes back;
 //! - a Lease seen through one server never shows a token lower than one already seen
 //!   through the other at the same or an older resourceVersion (a server that claims
-//!   to be as fresh must show at least that token).
+//!   to be as fresh must show at least that token);
+//! - the object fence's Lease check is judged on what each server has seen (DESIGN.md,
+//!   "Object fencing policy"): no server accepts a write to a fenced ConfigMap with a
+//!   token below a grant it showed the harness [`SIGHT_MARGIN`] before the write was
+//!   sent. (Its admission informer and the harness's watch are fed by the same watch
+//!   cache; the margin covers their delivery apart on a loaded machine.)
 //!
 //! And what it measures: how far behind one server showed a version the other had
 //! shown first (the watch caches' lag, worst case and 99th percentile).
 
 use std::collections::BTreeMap;
 
-use crate::history::Event;
+use crate::history::{Event, Outcome};
+
+/// How long after a server showed the harness a grant its admission may still judge
+/// by the previous one.
+pub const SIGHT_MARGIN_NS: u64 = 2_000_000_000;
 
 /// One observation: when, through which server, which version, which token.
 #[derive(Clone, Copy)]
@@ -54,12 +63,13 @@ pub fn check(events: &[Event], violations: &mut Vec<String>) -> CacheLag {
         }
     }
     let mut lags = Vec::new();
-    for (lease, mut seen) in by_lease {
+    for (lease, seen) in by_lease.iter_mut() {
         seen.sort_by_key(|s| s.t_ns);
-        never_back_in_time(lease, &seen, violations);
-        no_lower_token_at_a_fresher_version(lease, &seen, violations);
-        lags.extend(lags_of(&seen));
+        never_back_in_time(lease, seen, violations);
+        no_lower_token_at_a_fresher_version(lease, seen, violations);
+        lags.extend(lags_of(seen));
     }
+    no_stale_write_past_a_servers_sight(events, &by_lease, violations);
     lags.sort_unstable();
     CacheLag {
         versions: lags.len(),
@@ -102,6 +112,55 @@ fn no_lower_token_at_a_fresher_version(lease: &str, seen: &[Seen], violations: &
 
 /// For each version shown by more than one server: the last server's first showing
 /// minus the first server's (a relist showing an unchanged version again is not lag).
+/// A fenced ConfigMap write accepted through a server (the one its worker is pinned
+/// to) must not carry a token below a grant that server had shown the harness
+/// [`SIGHT_MARGIN_NS`] before the write was sent.
+fn no_stale_write_past_a_servers_sight(
+    events: &[Event],
+    by_lease: &BTreeMap<&str, Vec<Seen>>,
+    violations: &mut Vec<String>,
+) {
+    let pins: BTreeMap<&str, u8> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Pinned { worker, server } => Some((worker.as_str(), *server)),
+            _ => None,
+        })
+        .collect();
+    for e in events {
+        let Event::Write {
+            worker,
+            lease,
+            store,
+            token,
+            seq,
+            start_ns,
+            outcome: Outcome::Accepted,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        let Some(&server) = pins.get(worker.as_str()) else {
+            continue;
+        };
+        let newer = by_lease
+            .get(lease.as_str())
+            .and_then(|seen| seen.iter().find(|s| s.server == server && s.token > *token));
+        if store == "configmap"
+            && let Some(newer) = newer
+            && newer.t_ns + SIGHT_MARGIN_NS < *start_ns
+        {
+            violations.push(format!(
+                "configmap of {lease}: write {seq} of {worker} with token {token} accepted \
+                 through kube-apiserver-{server} {} ms after that server showed token {}",
+                (start_ns - newer.t_ns) / 1_000_000,
+                newer.token
+            ));
+        }
+    }
+}
+
 fn lags_of(seen: &[Seen]) -> Vec<u64> {
     let mut first: BTreeMap<u64, BTreeMap<u8, u64>> = BTreeMap::new();
     for s in seen {
@@ -146,7 +205,37 @@ pub fn self_check() -> Result<usize, String> {
     if !v.is_empty() || lag.versions != 2 || lag.max_ms >= 1000 {
         return Err(format!("a clean history was judged {v:?}, lag {lag:?}"));
     }
-    let planted: [(&str, Vec<Event>); 2] = [
+    // Worker a, pinned to server 0, writes with token 1 after server 0 showed token 2.
+    let pinned = || Event::Pinned {
+        worker: "a".into(),
+        server: 0,
+    };
+    let write = |start_ns: u64| Event::Write {
+        worker: "a".into(),
+        lease: "l".into(),
+        store: "configmap".into(),
+        token: 1,
+        seq: 1,
+        start_ns,
+        end_ns: start_ns + 5,
+        outcome: Outcome::Accepted,
+        rv: Some(start_ns),
+        detail: String::new(),
+    };
+    let within_sight = vec![
+        pinned(),
+        seen(10, 0, 200, 2),
+        seen(15, 1, 200, 2),
+        write(10 + SIGHT_MARGIN_NS),
+    ];
+    let mut v = Vec::new();
+    check(&within_sight, &mut v);
+    if !v.is_empty() {
+        return Err(format!(
+            "a write within the margin of its server's sight was judged {v:?}"
+        ));
+    }
+    let planted: [(&str, Vec<Event>); 3] = [
         (
             "a server going back in time",
             vec![seen(10, 0, 200, 2), seen(20, 0, 100, 1)],
@@ -154,6 +243,10 @@ pub fn self_check() -> Result<usize, String> {
         (
             "a lower token at a fresher version",
             vec![seen(10, 0, 200, 2), seen(20, 1, 300, 1)],
+        ),
+        (
+            "a stale write accepted by a server that had seen the newer grant",
+            vec![pinned(), seen(10, 0, 200, 2), write(11 + SIGHT_MARGIN_NS)],
         ),
     ];
     for (what, events) in &planted {
