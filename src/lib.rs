@@ -18,7 +18,7 @@
 //!
 //! `default` is the full build: `cli`, `postgres` and `redis`. A program that takes
 //! a Lease and fences its writes needs only
-//! `palisade = { version = "0.1", default-features = false, features = ["client", "fence"] }`.
+//! `palisade = { version = "0.2", default-features = false, features = ["client", "fence"] }`.
 //!
 //! # Entry points
 //!
