@@ -21,6 +21,11 @@ struct AgentProcess {
 
 impl AgentProcess {
     async fn start(ns: &TestNamespace) -> Self {
+        Self::start_with(ns, kubeconfig_path()).await
+    }
+
+    /// An agent that reaches the API server with `kubeconfig`.
+    async fn start_with(ns: &TestNamespace, kubeconfig: &Path) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (socket, tokens) = (dir.path().join("agent.sock"), dir.path().join("leases"));
         let admin_port = free_port();
@@ -31,7 +36,7 @@ impl AgentProcess {
             .arg(&tokens)
             .arg("--admin-addr")
             .arg(format!("127.0.0.1:{admin_port}"))
-            .env("KUBECONFIG", kubeconfig_path())
+            .env("KUBECONFIG", kubeconfig)
             .kill_on_drop(true)
             .spawn()
             .expect("spawning palisade agent");
@@ -552,4 +557,33 @@ async fn a_start_that_would_expose_the_api_or_lose_data_is_refused_naming_why() 
         "{stderr}"
     );
     assert!(!Path::new(socket).exists(), "no socket is left behind");
+}
+
+#[tokio::test]
+async fn an_acquire_whose_caller_hangs_up_leaves_nothing_behind() {
+    let ns = setup("agent-hangup").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let proxy = support::proxy::Proxy::start(support::apiserver_port())
+        .await
+        .unwrap();
+    let agent = AgentProcess::start_with(&ns, &support::kubeconfig_through(&proxy, &ns.name)).await;
+    let id = agent.session(30_000).await;
+    // The API server answers 2 s late: the acquire is still making sure the Lease
+    // exists when its caller hangs up.
+    proxy.set(support::proxy::Mode::Latency(Duration::from_secs(2)));
+    let body = json!({"name": "hangup", "durationSeconds": 6, "waitMs": 0}).to_string();
+    let mut caller = UnixStream::connect(&agent.socket).await.unwrap();
+    let head = format!(
+        "POST /v1/sessions/{id}/leases HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    caller.write_all(head.as_bytes()).await.unwrap();
+    caller.write_all(body.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(caller);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.set(support::proxy::Mode::Pass);
+    // The session holds and waits for nothing: the Lease can be acquired again.
+    let (status, grant) = agent.acquire(&id, "hangup", 20_000).await;
+    assert_eq!(status, 200, "{grant}");
 }

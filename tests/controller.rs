@@ -575,37 +575,8 @@ async fn controller_via(
     ns: &TestNamespace,
     extra: &[&str],
 ) -> ControllerProcess {
-    let admin = support::kubeconfig_path();
-    let text = std::fs::read_to_string(admin).unwrap();
-    let server = support::kubeconfig().clusters[0]
-        .cluster
-        .as_ref()
-        .and_then(|c| c.server.clone())
-        .expect("the kubeconfig names a server");
-    let port = server.rsplit(':').next().unwrap().trim_end_matches('/');
-    let path = support::repo_root().join(format!("target/proxied-{}.kubeconfig", ns.name));
-    std::fs::write(
-        &path,
-        text.replace(&server, &format!("https://127.0.0.1:{}", proxy.port)),
-    )
-    .unwrap();
-    assert_ne!(port, proxy.port.to_string());
+    let path = support::kubeconfig_through(proxy, &ns.name);
     ControllerProcess::start_with_kubeconfig(&ns.name, &path, extra).await
-}
-
-fn apiserver_port() -> u16 {
-    let server = support::kubeconfig().clusters[0]
-        .cluster
-        .as_ref()
-        .and_then(|c| c.server.clone())
-        .unwrap();
-    server
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .trim_end_matches('/')
-        .parse()
-        .unwrap()
 }
 
 /// Every connection the controller has open goes silent (no FIN,
@@ -615,7 +586,9 @@ fn apiserver_port() -> u16 {
 #[tokio::test]
 async fn a_silently_dead_connection_costs_the_controller_seconds() {
     let ns = setup("blackhole").await;
-    let proxy = proxy::Proxy::start(apiserver_port()).await.unwrap();
+    let proxy = proxy::Proxy::start(support::apiserver_port())
+        .await
+        .unwrap();
     let _controller = controller_via(&proxy, &ns, &["--leader-elect=false"]).await;
     create_lease(&ns, "db", 60).await;
     create_claim(&ns, "a", "db", None).await;
@@ -645,7 +618,9 @@ async fn a_silently_dead_connection_costs_the_controller_seconds() {
 #[tokio::test]
 async fn a_leader_cut_off_silently_steps_down_on_time() {
     let ns = setup("blackhole-leader").await;
-    let proxy = proxy::Proxy::start(apiserver_port()).await.unwrap();
+    let proxy = proxy::Proxy::start(support::apiserver_port())
+        .await
+        .unwrap();
     let args = elected(&ns);
     let mut leader = controller_via(&proxy, &ns, &args).await;
     let admin_port = leader.admin_port;
@@ -1039,7 +1014,9 @@ async fn a_slow_api_server_costs_latency_not_leadership() {
     use k8s_openapi::api::coordination::v1::Lease as ElectionRecord;
 
     let ns = setup("election-slow").await;
-    let proxy = proxy::Proxy::start(apiserver_port()).await.unwrap();
+    let proxy = proxy::Proxy::start(support::apiserver_port())
+        .await
+        .unwrap();
     let args = elected(&ns);
     let a = controller_via(&proxy, &ns, &args).await;
     let b = controller_via(&proxy, &ns, &args).await;

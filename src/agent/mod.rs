@@ -240,14 +240,20 @@ impl Agent {
                 ),
             )
         })?;
+        // Until the holder task owns it, the slot is this request's: if the request
+        // fails, or is dropped because its caller hung up, nothing would ever hold
+        // it, and every later acquire of the Lease in this session would be refused.
+        let unowned = Unowned {
+            session,
+            slot: Some(slot),
+        };
         if let Err(e) = leases
             .ensure_lease(&request.name, request.duration_secs)
             .await
         {
-            slot.release.cancel();
-            session.forget(&slot.key);
             return Err(kubernetes_error(&e, &namespace));
         }
+        let slot = unowned.hand_over();
         self.holders.spawn(hold(
             leases,
             request,
@@ -270,6 +276,28 @@ impl Agent {
         let clients: Vec<_> = self.clients.lock().unwrap().values().cloned().collect();
         for client in clients {
             client.flush(SHUTDOWN_LIMIT).await;
+        }
+    }
+}
+
+/// A session's slot that no holder task owns yet: forgotten when dropped, unless
+/// handed over.
+struct Unowned<'a> {
+    session: &'a Session,
+    slot: Option<Arc<Slot>>,
+}
+
+impl Unowned<'_> {
+    fn hand_over(mut self) -> Arc<Slot> {
+        self.slot.take().expect("handed over once")
+    }
+}
+
+impl Drop for Unowned<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.release.cancel();
+            self.session.forget(&slot.key);
         }
     }
 }

@@ -164,24 +164,10 @@ async fn run(args: Args) -> ExitCode {
     std::fs::create_dir_all(&out).expect("target/conformance");
 
     // The holders reach the API server through a proxy the outage scenario cuts.
-    let admin = std::fs::read_to_string(support::kubeconfig_path()).expect("the kubeconfig");
-    let server = admin
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .expect("a server in the kubeconfig")
-        .to_string();
-    let port: u16 = server
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a port");
-    let proxy = proxy::Proxy::start(port).await.expect("a proxy");
-    let kubeconfig = out.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        admin.replace(&server, &format!("https://127.0.0.1:{}", proxy.port)),
-    )
-    .unwrap();
+    let proxy = proxy::Proxy::start(support::apiserver_port())
+        .await
+        .expect("a proxy");
+    let kubeconfig = support::kubeconfig_through(&proxy, "conformance");
 
     let suite = Suite {
         setup: Setup {

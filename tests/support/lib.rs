@@ -82,6 +82,44 @@ pub async fn admin_config() -> Config {
         .expect("the admin kubeconfig written by cluster.sh is valid")
 }
 
+/// The test cluster's API server URL, as the admin kubeconfig names it.
+fn apiserver_url() -> String {
+    kubeconfig().clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.server.clone())
+        .expect("the kubeconfig names a server")
+}
+
+/// The test cluster's API server port (on loopback), for a proxy in front of it.
+pub fn apiserver_port() -> u16 {
+    apiserver_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .expect("the API server's URL names its port")
+}
+
+/// The admin kubeconfig with its server replaced by `proxy` (which forwards to the
+/// API server), written to `target/proxied-<name>.kubeconfig`: for processes whose
+/// API connections a test cuts or slows.
+pub fn kubeconfig_through(proxy: &proxy::Proxy, name: &str) -> PathBuf {
+    let text = std::fs::read_to_string(kubeconfig_path()).unwrap();
+    let server = apiserver_url();
+    assert_ne!(
+        apiserver_port(),
+        proxy.port,
+        "the proxy is not the API server"
+    );
+    let path = repo_root().join(format!("target/proxied-{name}.kubeconfig"));
+    std::fs::write(
+        &path,
+        text.replace(&server, &format!("https://127.0.0.1:{}", proxy.port)),
+    )
+    .unwrap();
+    path
+}
+
 /// A client configuration for the test cluster, for `namespace`, whose connections go
 /// through a new [`proxy::Proxy`] (which can make them die silently).
 pub async fn proxied_config(namespace: &str) -> (Config, proxy::Proxy) {
