@@ -70,7 +70,7 @@ pub fn builds_connections(config: &Config) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct Protocol(Arc<AtomicU8>);
 
-const UNKNOWN: u8 = 0;
+// 0: no answer seen yet.
 const HTTP1: u8 = 1;
 const HTTP2: u8 = 2;
 
@@ -88,11 +88,6 @@ impl Protocol {
     /// False before any answer: nothing is known yet.
     pub fn pinged(&self) -> bool {
         self.0.load(Ordering::Relaxed) == HTTP2
-    }
-
-    /// Whether any answer has been seen.
-    pub fn known(&self) -> bool {
-        self.0.load(Ordering::Relaxed) != UNKNOWN
     }
 }
 

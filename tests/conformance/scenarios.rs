@@ -124,6 +124,17 @@ impl Run<'_> {
         self.holders.len() - 1
     }
 
+    /// A holder `a`, granted and writing, and a waiter `b` whose claim is queued
+    /// behind it: where every fault scenario starts. Returns them and a's token.
+    async fn holder_and_waiter(&mut self) -> Result<(usize, u64, usize), String> {
+        let (a, spawned) = self.spawn_timed().await;
+        let (at, token_a) = self.granted(a, spawned, self.duration() * 2).await?;
+        let b = self.spawn().await;
+        self.admitted_writes(a, 2, at).await?;
+        sleep(Duration::from_secs(1)).await; // b's claim is queued
+        Ok((a, token_a, b))
+    }
+
     fn id(&self, h: usize) -> String {
         self.holders[h].id.clone()
     }
@@ -265,11 +276,7 @@ async fn exclusion(run: &mut Run<'_>) -> Result<String, String> {
 
 /// The holder is SIGKILLed; the next holder must not wait for the lease to expire.
 async fn kill(run: &mut Run<'_>) -> Result<String, String> {
-    let (a, spawned) = run.spawn_timed().await;
-    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
-    let b = run.spawn().await;
-    run.admitted_writes(a, 2, at).await?;
-    sleep(Duration::from_secs(1)).await; // b's claim is queued
+    let (a, token_a, b) = run.holder_and_waiter().await?;
     let killed = Instant::now();
     run.holders[a].signal(libc::SIGKILL);
     let how = if run.client.through_agent() {
@@ -297,11 +304,7 @@ async fn kill(run: &mut Run<'_>) -> Result<String, String> {
 /// The holder is SIGSTOPped past its lease: another is granted; once continued, the
 /// holder is told it lost the grant, and the fence refuses its stale write.
 async fn freeze(run: &mut Run<'_>) -> Result<String, String> {
-    let (a, spawned) = run.spawn_timed().await;
-    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
-    let b = run.spawn().await;
-    run.admitted_writes(a, 2, at).await?;
-    sleep(Duration::from_secs(1)).await;
+    let (a, token_a, b) = run.holder_and_waiter().await?;
     let stopped = Instant::now();
     run.holders[a].signal(libc::SIGSTOP);
     let (at_b, token_b) = run.granted(b, stopped, run.duration() * 3).await?;
@@ -338,11 +341,7 @@ async fn agent_kill(run: &mut Run<'_>) -> Result<String, String> {
     if !run.client.through_agent() {
         return Ok("n/a (no agent)".into());
     }
-    let (a, spawned) = run.spawn_timed().await;
-    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
-    let b = run.spawn().await;
-    run.admitted_writes(a, 2, at).await?;
-    sleep(Duration::from_secs(1)).await;
+    let (a, token_a, b) = run.holder_and_waiter().await?;
     let killed = Instant::now();
     run.holders[a].kill_agent();
     let (at_lost, reason) = run.told_lost(a, killed, Duration::from_secs(5)).await?;
@@ -373,11 +372,7 @@ async fn agent_freeze(run: &mut Run<'_>) -> Result<String, String> {
     if !run.client.through_agent() {
         return Ok("n/a (no agent)".into());
     }
-    let (a, spawned) = run.spawn_timed().await;
-    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
-    let b = run.spawn().await;
-    run.admitted_writes(a, 2, at).await?;
-    sleep(Duration::from_secs(1)).await;
+    let (a, token_a, b) = run.holder_and_waiter().await?;
     let frozen = Instant::now();
     run.holders[a].signal_agent(libc::SIGSTOP);
     let granted_b = run.granted(b, frozen, run.duration() * 3).await;
@@ -406,11 +401,7 @@ async fn agent_freeze(run: &mut Run<'_>) -> Result<String, String> {
 
 /// Every holder's link to the API server is cut for 3 s, then healed.
 async fn outage(run: &mut Run<'_>) -> Result<String, String> {
-    let (a, spawned) = run.spawn_timed().await;
-    let (at, _) = run.granted(a, spawned, run.duration() * 2).await?;
-    let b = run.spawn().await;
-    run.admitted_writes(a, 2, at).await?;
-    sleep(Duration::from_secs(1)).await;
+    let (a, _, b) = run.holder_and_waiter().await?;
     let cut = Instant::now();
     run.suite.cut_api(Duration::from_secs(3)).await;
     let healed = Instant::now();
@@ -451,11 +442,7 @@ async fn outage(run: &mut Run<'_>) -> Result<String, String> {
 
 /// A clean exit (SIGTERM) releases: the next holder is granted at once.
 async fn release(run: &mut Run<'_>) -> Result<String, String> {
-    let (a, spawned) = run.spawn_timed().await;
-    let (at, token_a) = run.granted(a, spawned, run.duration() * 2).await?;
-    let b = run.spawn().await;
-    run.admitted_writes(a, 2, at).await?;
-    sleep(Duration::from_secs(1)).await;
+    let (a, token_a, b) = run.holder_and_waiter().await?;
     let asked = Instant::now();
     run.holders[a].signal(libc::SIGTERM);
     let (at_b, token_b) = run.granted(b, asked, run.duration()).await?;

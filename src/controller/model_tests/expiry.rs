@@ -10,7 +10,7 @@ use kube::ResourceExt;
 
 use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase, RENEWED_TOKEN_ANNOTATION};
 use crate::conditions::{reasons, types};
-use crate::controller::grant::{Check, Ending, Work, decide};
+use crate::controller::grant::{Check, Decision, Ending, Work, decide};
 use crate::controller::index::{ExpiryConfirmed, Index, Learned};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder};
 
@@ -233,20 +233,12 @@ fn a_renewal_after_the_early_read_voids_it() {
 fn an_expiry_written_without_its_mark_is_mirrored_as_expired_not_superseded() {
     let now = Instant::now();
     let k = key();
-    let (mut index, mut lease, renewed) = renewed_holder(now);
+    let (mut index, lease, renewed) = renewed_holder(now);
     let expiry = renewed + Duration::from_secs(2);
     let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
     assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
     // The Lease write lands (freed: nobody waits), and the index learns it.
-    lease.status = d.lease_status.clone();
-    lease.metadata.resource_version = Some("61".into());
-    let learned = Learned {
-        lease_uid: Some("L".into()),
-        lease: Some(lease),
-        expired_unmarked: d.expired_unmarked.clone(),
-        ..Learned::default()
-    };
-    index.apply_outcome(&k, learned, expiry);
+    lease_write_lands(&mut index, lease, &d, expiry);
     // The mirrors' own pass, decided afresh: the claim shows `Granted` and the Lease
     // names nobody, yet its grant expired (it was not superseded) and needs no read.
     let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
@@ -303,28 +295,20 @@ fn freed_after_unmirrored_expiry() -> (Lease, LeaseClaim) {
     status.holder = None;
     status.phase = Some(LeasePhase::Free);
     lease.metadata.resource_version = Some("61".into());
-    let mut a = claim("a", "u1", 0);
-    a.spec.renew_time = Some(MicroTime(Timestamp::now()));
-    renewed_token(&mut a, 50);
-    (lease, a)
+    (lease, renewed_a())
 }
 
-#[test]
-fn a_claim_whose_grant_expired_before_its_mirror_landed_is_never_granted_again() {
-    let now = Instant::now();
-    let k = key();
-    // The holder's `Granted` mirror never landed: its claim says `Pending`.
-    let mut index = Index::default();
-    let mut lease = held_by_a();
-    index.apply_lease(lease.clone(), now);
+/// Claim `a` (UID u1), still `Pending`, with its client's renewal of token 50.
+fn renewed_a() -> LeaseClaim {
     let mut a = claim("a", "u1", 0);
     a.spec.renew_time = Some(MicroTime(Timestamp::now()));
     renewed_token(&mut a, 50);
-    index.apply_claim(a, now);
-    let expiry = now + Duration::from_secs(2);
-    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
-    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
-    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    a
+}
+
+/// The decision's Lease write lands on `lease` (as resourceVersion 61) and the
+/// index learns it, as the write pass reports it.
+fn lease_write_lands(index: &mut Index, mut lease: Lease, d: &Decision, at: Instant) {
     lease.status = d.lease_status.clone();
     lease.metadata.resource_version = Some("61".into());
     let learned = Learned {
@@ -333,7 +317,23 @@ fn a_claim_whose_grant_expired_before_its_mirror_landed_is_never_granted_again()
         expired_unmarked: d.expired_unmarked.clone(),
         ..Learned::default()
     };
-    index.apply_outcome(&k, learned, expiry);
+    index.apply_outcome(&key(), learned, at);
+}
+
+#[test]
+fn a_claim_whose_grant_expired_before_its_mirror_landed_is_never_granted_again() {
+    let now = Instant::now();
+    let k = key();
+    // The holder's `Granted` mirror never landed: its claim says `Pending`.
+    let mut index = Index::default();
+    let lease = held_by_a();
+    index.apply_lease(lease.clone(), now);
+    index.apply_claim(renewed_a(), now);
+    let expiry = now + Duration::from_secs(2);
+    let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
+    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    lease_write_lands(&mut index, lease, &d, expiry);
     let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
     assert_eq!(d.granted, None, "{d:?}");
     let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
