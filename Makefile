@@ -25,6 +25,7 @@
 #   make promtool       promtool (Prometheus), which checks the chart's alerts and dashboard (make test builds it)
 #   make image          build the container image (needs a Docker engine)
 #   make conformance    every way to hold a Lease through one black-box suite (tests/conformance/)
+#   make test-one TEST=name ARGS=...   one integration test target, after make test (or make cluster) started its parts
 #   make go-client-check, python-client-check   the thin clients' tests that need no agent
 #   make example-go-check, example-python-check the examples/ that use them, as pods on the node
 #
@@ -91,7 +92,7 @@ endif
 .PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test check crds cluster cluster-down cluster-status \
 	controlplane-bins linkproxy node-deps node-packages image-local chart chart-release demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
-	conformance
+	conformance test-one
 
 all: build
 
@@ -348,6 +349,15 @@ test: cluster chart promtool databases conformance-go-driver python-venv go-clie
 ifeq ($(NODE),1)
 	$(MAKE) --no-print-directory example-go-check example-python-check
 endif
+
+# One integration test target against what `make test` starts (run that, or `make cluster
+# databases chart image-local`, first), with the environment `make test` gives it:
+#   make test-one TEST=postgres ARGS='stale_writes --nocapture'
+TEST ?=
+ARGS ?=
+test-one:
+	@test -n "$(TEST)" || { echo "test-one: name the test target, e.g. make test-one TEST=postgres" >&2; exit 1; }
+	$(CONFORMANCE_ENV) PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked --test $(TEST) -- $(ARGS)
 
 # Benchmark figures (programs that print figures, not tests), in one run on the local
 # control plane. Each part writes BENCH_DIR/<source>.json in the schema of
