@@ -13,7 +13,7 @@
 //! ([`redis`], feature `redis`), in the transaction or script that does the write.
 //!
 //! ```
-//! use palisade::fence::{Fence, FenceError, FileStore};
+//! use palisade::fence::{Fence, FenceError, FileStore, Stale};
 //! # let dir = tempfile::tempdir()?;
 //! # let path = dir.path().join("ledger-fence");
 //! // Once, when the resource is set up; every writer then opens it.
@@ -24,7 +24,7 @@
 //! fence.admit_write("ledger", 1841, "credit 10")?;
 //! // A holder paused past its lease still has the older token: refused.
 //! let refused = fence.admit("ledger", 1839);
-//! assert!(matches!(refused, Err(FenceError::Stale { highest: 1841, .. })));
+//! assert!(matches!(refused, Err(FenceError::Stale(Stale { highest: 1841, .. }))));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -73,17 +73,24 @@ pub struct JournalEntry {
     pub payload: String,
 }
 
+/// A token lower than the highest admitted for its key: the writer lost its Lease to
+/// a holder that has written since. Do not retry. Every fence refuses with this one
+/// type (`FenceError::Stale`, `postgres::Error::Stale`, `redis::Error::Stale`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "write rejected: stale fencing token {token} for key {key:?} is lower than \
+     the highest admitted token {highest}"
+)]
+pub struct Stale {
+    pub key: String,
+    pub token: u64,
+    pub highest: u64,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum FenceError {
-    #[error(
-        "write rejected: stale fencing token {token} for key {key:?} is lower than \
-         the highest admitted token {highest}"
-    )]
-    Stale {
-        key: String,
-        token: u64,
-        highest: u64,
-    },
+    #[error(transparent)]
+    Stale(#[from] Stale),
     #[error("cannot {action} {}", path.display())]
     Io {
         action: &'static str,
@@ -115,11 +122,11 @@ pub enum FenceError {
 /// The fencing rule: `token` passes if it is at least `highest`, the mark for `key`.
 pub fn check(key: &str, token: u64, highest: Option<u64>) -> Result<Admitted, FenceError> {
     match highest {
-        Some(highest) if token < highest => Err(FenceError::Stale {
+        Some(highest) if token < highest => Err(FenceError::Stale(Stale {
             key: key.to_owned(),
             token,
             highest,
-        }),
+        })),
         previous => Ok(Admitted { token, previous }),
     }
 }
@@ -291,11 +298,11 @@ mod tests {
         let fence = memory_fence();
         fence.admit("k", 34).unwrap();
         match fence.admit("k", 33) {
-            Err(FenceError::Stale {
+            Err(FenceError::Stale(Stale {
                 key,
                 token,
                 highest,
-            }) => assert_eq!((key.as_str(), token, highest), ("k", 33, 34)),
+            })) => assert_eq!((key.as_str(), token, highest), ("k", 33, 34)),
             other => panic!("expected Stale, got {other:?}"),
         }
         assert_eq!(fence.highest("k").unwrap(), Some(34));
@@ -432,9 +439,9 @@ mod tests {
                     model.insert(key.clone(), token);
                     admitted.entry(key).or_default().push(token);
                 }
-                Err(FenceError::Stale {
+                Err(FenceError::Stale(Stale {
                     token: t, highest, ..
-                }) => {
+                })) => {
                     prop_assert_eq!(t, token);
                     prop_assert_eq!(Some(highest), mark);
                     prop_assert!(token < highest, "rejected {} with mark {}", token, highest);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use palisade::fence::{Fence, FenceError, FileStore, JournalEntry};
+use palisade::fence::{Fence, FenceError, FileStore, JournalEntry, Stale};
 use support::cli::{fence as fence_cmd, palisade};
 
 fn store_dir() -> (tempfile::TempDir, PathBuf) {
@@ -58,7 +58,7 @@ fn file_store_keeps_marks_and_journal_across_reopen() {
     assert_eq!(fence.highest("b").unwrap(), Some(9));
     assert!(matches!(
         fence.admit("a", 4),
-        Err(FenceError::Stale { highest: 5, .. })
+        Err(FenceError::Stale(Stale { highest: 5, .. }))
     ));
     assert_eq!(
         fence.journal().unwrap(),
@@ -80,7 +80,7 @@ fn every_admit_rereads_what_another_handle_wrote() {
     // `first` last saw 1; the store says 10.
     assert!(matches!(
         first.admit("k", 5),
-        Err(FenceError::Stale { highest: 10, .. })
+        Err(FenceError::Stale(Stale { highest: 10, .. }))
     ));
 }
 
@@ -212,7 +212,7 @@ fn threads_with_separate_handles_never_admit_a_lower_token() {
     for (token, result) in &results {
         match result {
             Ok(_) => {}
-            Err(FenceError::Stale { highest, .. }) => assert!(token < highest),
+            Err(FenceError::Stale(Stale { highest, .. })) => assert!(token < highest),
             Err(other) => panic!("store failed under contention: {other}"),
         }
     }
@@ -359,7 +359,7 @@ fn sigkill_mid_admit_leaves_a_store_that_still_refuses_stale_tokens() {
     );
     assert!(matches!(
         fence.admit("k", highest_reported - 1),
-        Err(FenceError::Stale { .. })
+        Err(FenceError::Stale(Stale { .. }))
     ));
 
     let journal = fence.journal().expect("journal parses after SIGKILL");

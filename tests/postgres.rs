@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
+use palisade::fence::Stale;
 use palisade::fence::postgres::{self, Error};
 use proptest::prelude::*;
 use tokio_postgres::{Client, IsolationLevel, NoTls};
@@ -294,11 +295,11 @@ async fn run_plan(level: IsolationLevel, prefix: &str, ops: &[Op], writers: u8) 
                             }
                         }
                     }
-                    Err(Error::Stale {
+                    Err(Error::Stale(Stale {
                         key: k,
                         token: t,
                         highest,
-                    }) => {
+                    })) => {
                         assert_eq!((k.as_str(), t), (key.as_str(), token));
                         outcomes.lock().unwrap().stale.push((k, t, highest));
                         tx.rollback().await.unwrap();
@@ -585,7 +586,7 @@ fn autocommit_call_commits_the_mark_by_itself() {
         assert_eq!(mark(&b, &key).await, Some(7));
         assert!(matches!(
             postgres::admit_with(&b, &key, 6).await,
-            Err(Error::Stale { highest: 7, .. })
+            Err(Error::Stale(Stale { highest: 7, .. }))
         ));
     });
 }
@@ -661,7 +662,7 @@ fn immediate_shutdown_and_restart_keep_every_committed_mark() {
             assert_eq!(mark(&client, key).await, Some(*token), "{key}");
             assert!(matches!(
                 postgres::admit_with(&client, key, *token as u64 - 1).await,
-                Err(Error::Stale { .. })
+                Err(Error::Stale(Stale { .. }))
             ));
         }
     });
@@ -743,7 +744,7 @@ fn least_privilege_role_fences_and_cannot_change_the_marks() {
 
         let tx = app.transaction().await.unwrap();
         match postgres::admit(&tx, &key, 4).await {
-            Err(Error::Stale { highest: 5, .. }) => {}
+            Err(Error::Stale(Stale { highest: 5, .. })) => {}
             other => panic!("a stale token as the application role: {other:?}"),
         }
         tx.rollback().await.unwrap();
@@ -1235,7 +1236,7 @@ fn upgrading_a_v1_install_keeps_the_marks_and_takes_dml_from_writers() {
         assert_eq!(admitted.previous, Some(9), "the mark was kept");
         assert!(matches!(
             postgres::admit_with(&v1_writer, "k", 8).await,
-            Err(Error::Stale { highest: 10, .. })
+            Err(Error::Stale(Stale { highest: 10, .. }))
         ));
         let lowered = v1_writer
             .execute("UPDATE palisade.marks SET token = 0 WHERE key = 'k'", &[])

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use palisade::fence::Stale;
 use palisade::fence::redis::{
     self as fence_redis, Error, RedisFence, Settings, UnsafeSetting, Write,
 };
@@ -225,11 +226,11 @@ fn concurrent_writers_never_commit_a_lower_token() {
                                     began,
                                     Instant::now(),
                                 )),
-                                Err(Error::Stale {
+                                Err(Error::Stale(Stale {
                                     key: k,
                                     token: t,
                                     highest,
-                                }) => {
+                                })) => {
                                     assert_eq!((&k, t), (&key, token));
                                     stale.lock().unwrap().push((k, t, highest));
                                 }
@@ -349,7 +350,7 @@ fn stale_refusal_names_key_and_tokens_and_writes_nothing() {
             .unwrap();
         assert!(matches!(
             fence.admit(&mut conn, &key, big, Write::None).await,
-            Err(Error::Stale { highest, .. }) if highest == big + 1
+            Err(Error::Stale(Stale { highest, .. })) if highest == big + 1
         ));
         fence
             .admit(&mut conn, &key, u64::MAX, Write::None)
@@ -456,7 +457,7 @@ fn sigkill_and_restart_keep_marks_and_writes() {
             RedisFence::new()
                 .admit(&mut conn, &key, 98, Write::None)
                 .await,
-            Err(Error::Stale { highest: 99, .. })
+            Err(Error::Stale(Stale { highest: 99, .. }))
         ));
     });
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::{Threads, block_on, parse_duration};
-use crate::fence::{Admitted, Fence, FenceError, FileStore, parse_token};
+use crate::fence::{Admitted, Fence, FenceError, FileStore, Stale, parse_token};
 
 /// Exit status of `palisade fence` when the token is stale and the write refused.
 pub const EXIT_STALE: u8 = 3;
@@ -80,8 +80,8 @@ pub struct FenceArgs {
 /// Why `palisade fence` admitted nothing; each kind has its exit status.
 #[derive(Debug)]
 enum Refusal {
-    /// The token is lower than the key's mark (exit 3), in the store's words.
-    Stale(Box<dyn Error>),
+    /// The token is lower than the key's mark (exit 3); one type for every store.
+    Stale(Stale),
     /// Bad arguments (exit 2).
     Usage(Box<dyn Error>),
     /// The store could not be read or written (exit 1), printed with its causes.
@@ -99,7 +99,7 @@ impl Refusal {
 
     fn report(self) -> ExitCode {
         let (code, message) = match self {
-            Refusal::Stale(e) => (EXIT_STALE, e.to_string()),
+            Refusal::Stale(stale) => (EXIT_STALE, stale.to_string()),
             Refusal::Usage(e) => (EXIT_USAGE, format!("palisade fence: {e}")),
             Refusal::Store(e) => (1, format!("palisade fence: {}", error_chain(e.as_ref()))),
         };
@@ -111,7 +111,7 @@ impl Refusal {
 impl From<FenceError> for Refusal {
     fn from(e: FenceError) -> Self {
         match e {
-            FenceError::Stale { .. } => Refusal::Stale(Box::new(e)),
+            FenceError::Stale(stale) => Refusal::Stale(stale),
             e => Refusal::store(e),
         }
     }
@@ -254,7 +254,7 @@ async fn postgres(args: &FenceArgs, url: &str, lease_key: Option<&str>) -> Resul
         ));
     }
     let refusal = |e: Error| match e {
-        Error::Stale { .. } => Refusal::Stale(Box::new(e)),
+        Error::Stale(stale) => Refusal::Stale(stale),
         Error::BadInput(_) => Refusal::Usage(Box::new(e)),
         Error::LockTimeout { key, .. } => Refusal::store(Error::LockTimeout {
             key,
@@ -332,7 +332,7 @@ async fn admit_under_lease_key(
         let probe = tx.savepoint("palisade_lease_key").await.map_err(database)?;
         let lease_mark = match postgres::admit(&probe, lease_key, 0).await {
             Ok(probed) => probed.previous,
-            Err(Error::Stale { highest, .. }) => Some(highest),
+            Err(Error::Stale(stale)) => Some(stale.highest),
             Err(e) => return Err(refusal(e)),
         };
         probe.rollback().await.map_err(database)?;
@@ -378,7 +378,7 @@ async fn redis(args: &FenceArgs, url: &str) -> Result<String, Refusal> {
         return Ok(show_marks(&marks));
     }
     let refusal = |e: Error| match e {
-        e @ Error::Stale { .. } => Refusal::Stale(Box::new(e)),
+        Error::Stale(stale) => Refusal::Stale(stale),
         e @ Error::BadInput(_) => Refusal::Usage(Box::new(e)),
         e => Refusal::store(e),
     };

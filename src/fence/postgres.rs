@@ -13,7 +13,7 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient, Transaction};
 
-use super::Admitted;
+use super::{Admitted, Stale};
 
 /// The shipped definition (`sql/palisade-fence.sql`): schema `palisade`, table
 /// `palisade.marks`, function `palisade.fence`. Idempotent and versioned.
@@ -29,15 +29,8 @@ pub const MAX_KEY_BYTES: usize = 1024;
 pub enum Error {
     /// The token is lower than the key's highest admitted token: the caller lost its
     /// Lease to a holder that has written since. Do not retry.
-    #[error(
-        "write rejected: stale fencing token {token} for key {key:?} is lower than \
-         the highest admitted token {highest}"
-    )]
-    Stale {
-        key: String,
-        token: u64,
-        highest: u64,
-    },
+    #[error(transparent)]
+    Stale(#[from] Stale),
     /// A serialization failure or deadlock (SQLSTATE 40001, 40P01): the transaction
     /// was rolled back without a decision. Retry it from the start.
     #[error("fencing check conflicted with a concurrent transaction; retry the transaction")]
@@ -209,11 +202,11 @@ fn classify(err: tokio_postgres::Error, key: &str, token: u64) -> Error {
             .detail()
             .and_then(|d| serde_json::from_str::<Detail>(d).ok())
         {
-            return Error::Stale {
+            return Error::Stale(Stale {
                 key: key.to_owned(),
                 token,
                 highest: detail.highest,
-            };
+            });
         }
         return Error::Database(err);
     }

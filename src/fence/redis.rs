@@ -18,7 +18,7 @@
 
 use redis::aio::ConnectionLike;
 
-use super::Admitted;
+use super::{Admitted, Stale};
 
 /// The fencing script.
 pub const SCRIPT: &str = include_str!("redis.lua");
@@ -57,15 +57,8 @@ impl std::fmt::Display for UnsafeSetting {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(
-        "write rejected: stale fencing token {token} for key {key:?} is lower than \
-         the highest admitted token {highest}"
-    )]
-    Stale {
-        key: String,
-        token: u64,
-        highest: u64,
-    },
+    #[error(transparent)]
+    Stale(#[from] Stale),
     /// The key's mark is not there: never created, or lost by Redis. Admitting now
     /// would start over and let any stale token through, so nothing was written.
     #[error(
@@ -309,11 +302,11 @@ impl RedisFence {
                     .and_then(|d| d.rsplit(' ').next())
                     .and_then(|t| t.trim().parse().ok());
                 match highest {
-                    Some(highest) => Err(Error::Stale {
+                    Some(highest) => Err(Error::Stale(Stale {
                         key: key.to_owned(),
                         token,
                         highest,
-                    }),
+                    })),
                     None => Err(Error::Redis(e)),
                 }
             }

@@ -488,7 +488,7 @@ impl Stores {
             tokio::time::timeout(WRITE_TIMEOUT, self.write_postgres(lease, token, seq, hold)).await;
         let (outcome, detail) = match result {
             Ok(Ok(())) => (Outcome::Accepted, String::new()),
-            Ok(Err(e @ PgError::Stale { .. })) => (Outcome::Stale, e.to_string()),
+            Ok(Err(e @ PgError::Stale(_))) => (Outcome::Stale, e.to_string()),
             Ok(Err(e)) => {
                 self.pg = None;
                 (Outcome::Error, format!("{e:?}"))
@@ -536,7 +536,7 @@ impl Stores {
         .await;
         let (outcome, detail) = match result {
             Ok(Ok(())) => (Outcome::Accepted, String::new()),
-            Ok(Err(e @ RedisError::Stale { .. })) => (Outcome::Stale, e.to_string()),
+            Ok(Err(e @ RedisError::Stale(_))) => (Outcome::Stale, e.to_string()),
             Ok(Err(e @ RedisError::NoMark { .. })) => (Outcome::NoMark, e.to_string()),
             Ok(Err(e)) => {
                 *conn = None;

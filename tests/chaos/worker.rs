@@ -201,7 +201,7 @@ pub fn write_file(
     let end_ns = now_ns();
     let (outcome, detail) = match result {
         Ok(_) => (Outcome::Accepted, String::new()),
-        Err(e @ FenceError::Stale { .. }) => (Outcome::Stale, e.to_string()),
+        Err(e @ FenceError::Stale(_)) => (Outcome::Stale, e.to_string()),
         Err(e) => (Outcome::Error, e.to_string()),
     };
     Event::Write {
