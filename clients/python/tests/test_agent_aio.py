@@ -34,7 +34,7 @@ def test_async_with_acquire_gives_a_token_and_releases(lease_name):
             assert 0 < await grant.check() <= DURATION * 2 / 3
             first = grant.token
         assert grant.released and not grant.is_lost
-        assert await grant.lost() is None, "a released grant was not lost"
+        assert await grant.wait_lost() is False and grant.lost_reason is None, "a released grant was not lost"
         with pytest.raises(LeaseLost):
             await grant.check()
         # Released on exit: a new session gets it at once, with a higher token.
@@ -102,7 +102,8 @@ def test_loss_is_reported_when_the_session_ends(lease_name):
         session = await aio.Session().open()
         grant = await session.acquire(lease_name, duration_seconds=DURATION, timeout=30)
         await end_session_out_of_band(session)
-        reason = await asyncio.wait_for(grant.lost(), 10)
+        assert await asyncio.wait_for(grant.wait_lost(), 10)
+        reason = grant.lost_reason
         assert reason == "SessionEnded" and grant.is_lost
         assert session.ended
         with pytest.raises(LeaseLost):

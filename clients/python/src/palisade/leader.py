@@ -83,7 +83,7 @@ async def run_async(
     )
     stop = asyncio.Event()
     leading = asyncio.ensure_future(on_started_leading(grant.token, stop))
-    lost = asyncio.ensure_future(grant.lost())
+    lost = asyncio.ensure_future(grant.wait_lost())
     try:
         await asyncio.wait({leading, lost}, return_when=asyncio.FIRST_COMPLETED)
         if leading.done():
