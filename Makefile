@@ -91,7 +91,7 @@ endif
 
 .PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test check crds cluster cluster-down cluster-status \
-	controlplane-bins linkproxy node-deps node-packages image-local chart chart-release demo-cluster demo bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
+	controlplane-bins linkproxy node-deps node-packages image-local chart chart-release demo-cluster demo demo-bins test-build test-bench-smoke test-suites test-chaos-ha test-examples bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
 	conformance test-one
 
 all: build
@@ -111,23 +111,27 @@ controlplane-bins: $(CONTROLPLANE_BINS)
 	@mkdir -p $(PALISADE_BIN_DIR)
 	@for b in $(CONTROLPLANE_BINS); do ln -sf "$$b" $(PALISADE_BIN_DIR)/; done
 
+# Each Go build keeps how long it took next to its binary (<binary>.seconds), which
+# make demo prints: what a newcomer's first run waits for.
+timed = t0=$$(date +%s); $(2); echo $$(($$(date +%s) - t0)) > $(1).seconds
+
 $(KUBE_BIN)/%:
 	@mkdir -p $(@D)
 	@echo "building $* $(K8S_VERSION) (takes minutes, cached in $(@D))"
-	cd tests/controlplane/kube && $(GO_BUILD) -ldflags "$(KUBE_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/$*
+	$(call timed,$@,cd tests/controlplane/kube && $(GO_BUILD) -ldflags "$(KUBE_LDFLAGS)" -o $@.tmp k8s.io/kubernetes/cmd/$*)
 	mv $@.tmp $@
 
 $(ETCD_BIN)/etcd:
 	@mkdir -p $(@D)
 	@echo "building etcd $(ETCD_VERSION) (cached in $(@D))"
-	cd tests/controlplane/etcd && $(GO_BUILD) -ldflags "-s -w" -o $@.tmp .
+	$(call timed,$@,cd tests/controlplane/etcd && $(GO_BUILD) -ldflags "-s -w" -o $@.tmp .)
 	mv $@.tmp $@
 
 $(HELM_BIN)/helm:
 	@mkdir -p $(@D)
 	@echo "building helm $(HELM_VERSION) (cached in $(@D))"
-	cd tests/controlplane/helm && $(GO_BUILD) \
-		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" -o $@.tmp helm.sh/helm/v3/cmd/helm
+	$(call timed,$@,cd tests/controlplane/helm && $(GO_BUILD) \
+		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION)" -o $@.tmp helm.sh/helm/v3/cmd/helm)
 	mv $@.tmp $@
 
 # promtool, for the chart's PrometheusRule and dashboard (tests/chart_monitoring.rs). The
@@ -139,9 +143,9 @@ promtool: $(PROMTOOL)
 $(PROMTOOL_BIN)/promtool:
 	@mkdir -p $(@D)
 	@echo "building promtool $(PROMETHEUS_VERSION) (cached in $(@D))"
-	cd tests/controlplane/promtool && $(GO_BUILD) -tags remove_all_sd \
+	$(call timed,$@,cd tests/controlplane/promtool && $(GO_BUILD) -tags remove_all_sd \
 		-ldflags "-s -w -X github.com/prometheus/common/version.Version=$(PROMETHEUS_VERSION)" \
-		-o $@.tmp github.com/prometheus/prometheus/cmd/promtool
+		-o $@.tmp github.com/prometheus/prometheus/cmd/promtool)
 	mv $@.tmp $@
 
 # crane: the cluster's image registry (`crane registry serve`, cluster.sh) and the pushes
@@ -149,9 +153,9 @@ $(PROMTOOL_BIN)/promtool:
 $(CRANE_BIN)/crane:
 	@mkdir -p $(@D)
 	@echo "building crane $(CRANE_VERSION) (cached in $(@D))"
-	cd tests/controlplane/registry && $(GO_BUILD) \
+	$(call timed,$@,cd tests/controlplane/registry && $(GO_BUILD) \
 		-ldflags "-s -w -X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$(CRANE_VERSION)" \
-		-o $@.tmp github.com/google/go-containerregistry/cmd/crane
+		-o $@.tmp github.com/google/go-containerregistry/cmd/crane)
 	mv $@.tmp $@
 
 # Debian packages of the node, installed when missing (as root, like CI).
@@ -328,10 +332,28 @@ CONFORMANCE_ARGS ?=
 conformance: cluster conformance-go-driver python-venv
 	$(CONFORMANCE_ENV) cargo test --locked --test conformance -- $(CONFORMANCE_ARGS)
 
-# The whole suite: integration tests (tests/*.rs) use the cluster `make cluster` starts;
-# then the examples of the thin clients run as pods on the node.
-test: cluster chart promtool databases conformance-go-driver python-venv go-client-check python-client-check linkproxy \
-		$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image)
+# The whole suite, in parts run in this order; each part's time goes to the log and to
+# target/test-parts.tsv, so any run (CI's included) gives the figures of docs/testing.md's
+# budget table. Integration tests (tests/*.rs) use the cluster `make cluster` starts; the
+# examples of the thin clients run last, as pods on the node.
+TEST_PARTS := controlplane-bins $(NODE_DEPS) cluster chart promtool databases conformance-go-driver python-venv \
+	go-client-check python-client-check linkproxy \
+	$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image) \
+	test-build test-bench-smoke test-suites test-chaos-ha $(if $(filter 1,$(NODE)),test-examples)
+test:
+	@mkdir -p target && : >target/test-parts.tsv && t0=$$(date +%s); \
+	for part in $(TEST_PARTS); do \
+		t=$$(date +%s); $(MAKE) --no-print-directory $$part || { echo "make test: $$part failed" >&2; exit 1; }; \
+		now=$$(date +%s); printf '%s\t%s\n' $$part $$((now - t)) >>target/test-parts.tsv; \
+		echo "make test: $$part took $$((now - t)) s ($$((now - t0)) s so far)"; \
+	done
+
+# Every test and bench target compiled once, so the parts below only run them.
+test-build:
+	cargo test --locked --no-run
+	cargo test --locked --no-run --benches
+
+test-bench-smoke:
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
@@ -343,12 +365,16 @@ test: cluster chart promtool databases conformance-go-driver python-venv go-clie
 	cp docs/performance.md target/bench-smoke/performance.md
 	cargo test --locked --bench report -- --dir target/bench-smoke --smoke \
 		--publish target/bench-smoke/performance.md
+
+test-suites:
 	$(CONFORMANCE_ENV) PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked -- --test-threads 4
+
+test-chaos-ha:
 	@echo "the fault-injection suite on the HA control plane, short run (make chaos HA=1 for 10 minutes):"
 	$(CONFORMANCE_ENV) cargo test --locked --test chaos -- --ha --duration 45s --seed 1
-ifeq ($(NODE),1)
+
+test-examples:
 	$(MAKE) --no-print-directory example-go-check example-python-check
-endif
 
 # One integration test target against what `make test` starts (run that, or `make cluster
 # databases chart image-local`, first), with the environment `make test` gives it:
@@ -441,10 +467,17 @@ demo-cluster: cluster image-local
 	KUBECONFIG=$(KUBECONFIG_TEST) KUBECTL=$(PALISADE_BIN_DIR)/kubectl HELM=$(PALISADE_BIN_DIR)/helm \
 		tests/demo/demo-cluster.sh
 
-# The fencing story with real processes; see tests/demo/demo.sh. Host processes only:
-# the control plane without the node (a running cluster, node or not, is reused).
+# The fencing story with real processes; see tests/demo/demo.sh. Host processes on the
+# bare control plane, etcd and kube-apiserver (a running cluster, node or not, is
+# reused), so it builds only those, kubectl and palisade, cargo beside the Go builds
+# (tests/demo/build.sh), and prints what each took.
+DEMO_BINS := $(KUBE_BIN)/kube-apiserver $(KUBE_BIN)/kubectl $(ETCD_BIN)/etcd
+demo-bins: $(DEMO_BINS)
+	@mkdir -p $(PALISADE_BIN_DIR)
+	@for b in $(DEMO_BINS); do ln -sf "$$b" $(PALISADE_BIN_DIR)/; done
+
 demo:
-	@$(MAKE) --no-print-directory cluster NODE=0
-	cargo build --locked --quiet
-	KUBECONFIG=$(KUBECONFIG_TEST) PALISADE=$(CURDIR)/target/debug/palisade KUBECTL=$(PALISADE_BIN_DIR)/kubectl \
+	@MAKE="$(MAKE)" tests/demo/build.sh $(DEMO_BINS)
+	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) BARE=1 tests/controlplane/cluster.sh up >/dev/null
+	@KUBECONFIG=$(KUBECONFIG_TEST) PALISADE=$(CURDIR)/target/debug/palisade KUBECTL=$(PALISADE_BIN_DIR)/kubectl \
 		tests/demo/demo.sh

@@ -37,6 +37,10 @@
 # The admin kubeconfig goes through lb-0; kubeconfig-lb-1 through lb-1;
 # kubeconfig-apiserver-0 and -1 straight to one server each. The controller-manager
 # uses lb-0. No node in HA mode: it is for the control-plane suites.
+#
+# BARE=1: etcd and kube-apiserver only (no controller-manager, registry or node): what
+# `make demo` needs, and all it builds. Any running plane serves it; a later `up`
+# without BARE replaces a bare plane with the whole one.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -51,16 +55,20 @@ START_TIMEOUT=${START_TIMEOUT:-90}
 # NODE=1: also a node (kube-scheduler, containerd, kubelet; tests/controlplane/node.sh).
 NODE=${NODE:-1}
 HA=${HA:-0}
+BARE=${BARE:-0}
 HA_PORT_BASE=${HA_PORT_BASE:-24000}
 if [[ $HA == 1 ]]; then
   NODE=0
   APISERVER_PORT=$((HA_PORT_BASE + 70))
 fi
+[[ $BARE != 1 ]] || NODE=0
 KUBERNETES_SERVICE_IP=${KUBERNETES_SERVICE_IP:-10.0.0.1}
 export STATE_DIR BIN_DIR APISERVER_PORT START_TIMEOUT KUBERNETES_SERVICE_IP REGISTRY_PORT
 
 if [[ $HA == 1 ]]; then
   components=(linkproxy etcd-0 etcd-1 etcd-2 kube-apiserver-0 kube-apiserver-1 kube-controller-manager)
+elif [[ $BARE == 1 ]]; then
+  components=(etcd kube-apiserver)
 else
   components=(etcd kube-apiserver kube-controller-manager)
 fi
@@ -331,7 +339,9 @@ up() {
   if healthy; then
     log "reusing the running cluster"
   else
-    for c in etcd kube-apiserver kube-controller-manager; do
+    local bins=(etcd kube-apiserver kube-controller-manager)
+    [[ $BARE != 1 ]] || bins=(etcd kube-apiserver)
+    for c in "${bins[@]}"; do
       [[ -x $BIN_DIR/$c ]] || { log "missing $BIN_DIR/$c (run make controlplane-bins)"; exit 1; }
     done
     "$root/tests/controlplane/node.sh" down
@@ -353,6 +363,11 @@ up() {
       wait_for kube-apiserver "/readyz" apiserver_ready
     fi
 
+    if [[ $BARE == 1 ]]; then
+      log "started etcd and kube-apiserver (bare: no controller-manager, registry or node) in $((SECONDS - t0))s"
+      echo "export KUBECONFIG=$STATE_DIR/kubeconfig"
+      return 0
+    fi
     start kube-controller-manager --kubeconfig "$STATE_DIR/kcm.kubeconfig" \
       --authentication-kubeconfig "$STATE_DIR/kcm.kubeconfig" --authorization-kubeconfig "$STATE_DIR/kcm.kubeconfig" \
       --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
@@ -363,7 +378,7 @@ up() {
     wait_for kube-controller-manager "the default ServiceAccount" default_sa_exists
     log "started in $((SECONDS - t0))s"
   fi
-  if [[ $HA != 1 ]]; then start_registry; fi
+  if [[ $HA != 1 && $BARE != 1 ]]; then start_registry; fi
   if [[ $NODE == 1 ]]; then "$root/tests/controlplane/node.sh" up; fi
   echo "export KUBECONFIG=$STATE_DIR/kubeconfig"
 }
@@ -378,7 +393,7 @@ default_sa_exists() {
 # what the registry holds, or that it does not answer.
 status() {
   healthy || return 1
-  if [[ $HA != 1 ]]; then
+  if [[ $HA != 1 && $BARE != 1 ]]; then
     registry_answers || { log "no registry answers on 127.0.0.1:$REGISTRY_PORT"; return 1; }
     log "registry on 127.0.0.1:$REGISTRY_PORT: $(curl -sf --max-time 2 "http://127.0.0.1:$REGISTRY_PORT/v2/_catalog")"
   fi

@@ -22,11 +22,18 @@ mkdir -p "$WORK"
 STORE=$WORK/store
 pids=()
 cleanup() {
+  # Out of the job table first: bash reports a killed job ("Killed") after the verdict.
+  disown -a
   for p in "${pids[@]}"; do
     # SIGKILL: the workers ignore SIGTERM, and nothing may outlive the demo.
     for g in "$p" $(pgrep -P "$p"); do kill -KILL -- "-$g" 2>/dev/null || true; done
   done
-  "$KUBECTL" delete namespace "$NS" --wait=false >/dev/null 2>&1 || true
+  clear_namespace --wait=false
+}
+# The demo's objects go, its namespace stays: the bare plane of `make demo` runs no
+# namespace controller, so a deleted namespace would never finish terminating.
+clear_namespace() {
+  "$KUBECTL" -n "$NS" delete leases.palisade.dev,leaseclaims.palisade.dev --all "$@" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 
@@ -46,8 +53,8 @@ journal_has() { grep -q "$1" "$STORE/journal.jsonl" 2>/dev/null; }
 say "1. Set-up: CRDs, a namespace, the controller"
 "$PALISADE" crds | "$KUBECTL" apply --server-side --field-manager palisade-demo -f - >/dev/null
 "$KUBECTL" wait --for condition=Established crd/leases.palisade.dev crd/leaseclaims.palisade.dev --timeout 30s >/dev/null
-"$KUBECTL" delete namespace "$NS" --ignore-not-found --wait=true >/dev/null
-"$KUBECTL" create namespace "$NS" >/dev/null
+"$KUBECTL" get namespace "$NS" >/dev/null 2>&1 || "$KUBECTL" create namespace "$NS" >/dev/null
+clear_namespace --wait=true
 setsid "$PALISADE" controller --namespace "$NS" --leader-elect=false --admin-addr 127.0.0.1:0 \
   >"$WORK/controller.log" 2>&1 &
 pids+=($!)
