@@ -25,7 +25,7 @@ pub mod reasons {
     pub const GRANTED: &str = "Granted";
     /// Lease `Held` False: no claim is waiting.
     pub const FREE: &str = "Free";
-    /// Lease `Held` False: no higher token fits (DESIGN "Token ceiling").
+    /// Lease `Held` False: no higher token fits (`crate::token`, "Token ceiling").
     pub const TOKENS_EXHAUSTED: &str = "TokensExhausted";
     /// Lease `TokenFromResourceVersion` True.
     pub const INTEGER: &str = "Integer";

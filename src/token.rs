@@ -6,11 +6,32 @@
 //! is at most the resourceVersion that published it. resourceVersions grow
 //! across the whole resource type, so tokens keep increasing even when a Lease
 //! is deleted and re-created under the same name.
+//!
+//! # Token ceiling
+//!
+//! The controller issues no token above [`MAX_TOKEN`], 999,999,999,999,999,999 (18
+//! digits, what the object-fencing policy accepts: CEL's `int()` cannot overflow on
+//! them). A Lease whose next token would exceed it (someone with `leases/status` set
+//! `fencingToken` near the int64 maximum) is not granted: claims keep waiting and
+//! condition `Held` is `False` with reason `TokensExhausted`, naming the token.
+//! Deleting and re-creating the Lease starts over above its new resourceVersion;
+//! fenced resources that admitted the huge token keep refusing lower ones, which is
+//! what fencing promises.
+//!
+//! # Marks hold tokens, not holders
+//!
+//! Every fence admits a token *equal* to its mark (a holder writes many times with
+//! one token), so an etcd restore without `--bump-revision` (DESIGN.md rule 3), which
+//! can issue a token twice, could let two holders both write. Considered and not
+//! done: marks that record the holder's claim UID and refuse an equal token from
+//! another holder. Every fence's interface (the SQL function, the Redis script, the
+//! file store, the admission policy) would take a holder argument, for a case the
+//! restore procedure excludes.
 
 /// The highest token palisade issues: 18 decimal digits, the most that the object-fencing
 /// admission policy (and any enforcement point parsing into a 64-bit integer with room
 /// to compare) accepts. A Lease whose next token would exceed it is not granted again
-/// (DESIGN "Token ceiling").
+/// ("Token ceiling" above).
 pub const MAX_TOKEN: i64 = 999_999_999_999_999_999;
 
 /// The token for the next grant, and whether the resourceVersion took part.

@@ -1,5 +1,17 @@
 //! The controller's one task: [`Loop`] owns the index and the work queue, decides
 //! dirty Leases, starts their write passes and applies what they report.
+//!
+//! # Outcomes per object
+//!
+//! A write's result (the Lease as written, or found gone on a re-read) is applied to
+//! the index only while it still holds the Lease object (UID) the write was computed
+//! for, so a Lease deleted and re-created under the same name while a write was in
+//! flight is never overwritten or forgotten. Likewise a pass's claims (those it
+//! wrote, or read to refute a decision) are applied only for claims whose UID the
+//! index still holds (`Index::apply_outcome`): a delete event that arrived while the
+//! pass ran wins. Found by the storm model (`model_tests`): before, a claim deleted
+//! during a pass came back as a ghost that could be granted the Lease (and then
+//! expired, a lease duration lost).
 
 use std::sync::Arc;
 use std::time::Instant;

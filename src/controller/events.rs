@@ -8,7 +8,7 @@
 //!   thousands of grants a minute;
 //! - without it, "granted with token 7" would be folded into the Event of token 6.
 //!
-//! Events are best effort: a bounded queue, a few creates in flight, and when the
+//! Events are best effort: a queue of [`QUEUE`] (1,024), 2 creates in flight, and when the
 //! API server cannot keep up, Events are dropped and counted
 //! (`palisade_events_dropped_total`) rather than buffered without limit. A grant
 //! never waits for its Event, and Events wait for grants: the controller holds

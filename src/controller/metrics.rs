@@ -41,7 +41,7 @@ pub struct Metrics {
     pub events_dropped: Counter,
     /// Events the API server refused or that failed in transit.
     pub events_failed: Counter,
-    /// Leases whose claim mirrors wait behind grant work (DESIGN.md, "Storms").
+    /// Leases whose claim mirrors wait behind grant work (the controller's work queue: "Storms").
     pub mirrors_deferred: Gauge,
 }
 

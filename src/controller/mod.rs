@@ -32,7 +32,56 @@
 //! the ended holder's claim, the Lease) and leaves the other claims' status mirrors
 //! to a [`Pass::Mirrors`] of their own, started when no Lease is dirty, decided
 //! afresh, on at most half the write slots; Events are held back while a decision
-//! waits or is written (DESIGN.md, "Storms").
+//! waits or is written (`queue`, "Storms: only the Lease write is urgent").
+//!
+//! # Unit of work
+//!
+//! The controller decides per Lease *name* (namespace/name), not per Lease object:
+//! claims may name a Lease before it exists. kube-runtime's `watcher` feeds one
+//! index; the work queue and expiry timers are ours, because kube-runtime's
+//! `Controller` reconciles existing objects of one kind only. After a pass that did
+//! not settle its Lease, its one [`Next`] says when to decide again: `Now` (the pass
+//! read what the next decision needs, e.g. the Lease after a conflict), `AfterError`
+//! (0.5 s: a call failed) and `Refuted` (a quorum read refuted an ending: at once if
+//! what it read corrected the index, otherwise after 0.5 s, as only the watches can
+//! correct it); otherwise the Lease is decided again at its next deadline (the
+//! holder's expiry, a pod recheck).
+//!
+//! # Unreadable objects
+//!
+//! Leases and claims are watched through kube's `DeserializeGuard`: an object that
+//! passes the API server's validation but cannot be read (for example a `renewTime`
+//! with more than nine fraction digits, valid RFC 3339) is logged, counted in
+//! `palisade_invalid_objects_total`, reported with a Warning Event `InvalidObject`
+//! on it, and ignored; it never stops the watch or other Leases (DESIGN.md rule 8).
+//!
+//! # Leader election
+//!
+//! A `coordination.k8s.io/v1` Lease written only with resourceVersion preconditions
+//! (`election`, which also says how a slow API server costs latency, not
+//! leadership). Timings: 1 s lease, 750 ms renew deadline, 250 ms retry
+//! (`--leader-elect-lease-duration`, `-renew-deadline`, `-retry-period`; chart values
+//! `controller.leaderElection.*`). Not client-go's 15 s / 10 s / 2 s: those guard
+//! controllers whose correctness rests on the election, and ours does not (a stale
+//! leader's writes fail their compare-and-swap, rule 2), so the only cost of a short
+//! lease is the election's own traffic: the leader renews 4 times a second (one PUT
+//! of the record it wrote last, no read first) and each standby reads 4 times a
+//! second, 8 small requests a second with two replicas (measured: 8.2/s against
+//! 0.2/s without the controller), per cluster, not per Lease. client-go's defaults
+//! cost 1.5/s; a standby that watched the record instead of reading it would save
+//! its 4. Whole seconds because the record's `leaseDurationSeconds` is; 1 s is its
+//! floor. A SIGKILLed leader is replaced within 1 s plus one retry and the gap to the
+//! first grant stays under 2 s (`make bench`, "failover", docs/performance.md).
+//!
+//! A leader steps down when it finds another holder, or when a renewal fails and
+//! none has succeeded for the renew deadline; until then two replicas may both act,
+//! which rule 2 makes safe. A leader that steps down stands by with warm caches
+//! instead of exiting: a renewal delayed by a loaded API server must cost about a
+//! second, not a pod restart and a relist. On SIGTERM it stops granting, lets
+//! in-flight writes finish, and releases the election lease so a standby takes over
+//! at once. Standbys keep their caches warm, and a new leader keeps the holder
+//! clocks its watches started (rule 4): a leadership that flaps cannot postpone an
+//! expiry.
 
 mod api_server;
 mod control_loop;

@@ -14,6 +14,38 @@
 //! mirrors are written once, from the latest decision, however many grants passed.
 //!
 //! The timers run on tokio's clock, so tests drive them on paused time.
+//!
+//! # Storms: only the Lease write is urgent
+//!
+//! When many grants end at once (a node with hundreds of holders dies, a partition)
+//! the API server's write rate is the limit, and of a handover's writes only the
+//! Lease is on the critical path when the holder had renewed its grant (its quorum
+//! read was made in the sixth of a duration before: `index::holder`, "Expiry is one
+//! write"); otherwise the ended holder's claim is too (conditioned on its
+//! resourceVersion, before the Lease, so a renewal racing the expiry keeps the
+//! grant). The client learns of its grant from the Lease and of its loss from
+//! either, and its renewals count before its own mirror is written (DESIGN.md,
+//! "Client deadlines"), so the other claims' mirrors (the new holder's `Granted`,
+//! each waiter's `position`, a superseded or pod-gone claim's `Revoked`) are
+//! deferred: a Lease whose mirrors are due joins the lower queue, served only when
+//! no Lease is dirty and on at most half of `--concurrency`, so a grant that comes
+//! up always finds a slot. Its mirrors are decided afresh from the index when
+//! written, so they are coalesced (one write per claim, the latest state), never
+//! older than a status already written (passes for one Lease never overlap, and the
+//! index holds every write made), and never written for a claim whose deletion the
+//! controller has seen; nothing needs dropping, since the queue holds at most one
+//! entry per Lease (`palisade_claim_mirrors_deferred`).
+//!
+//! Events wait too: no Event create starts while a decision waits or is written;
+//! the queue of 1,024 drops and counts beyond that (`palisade_events_dropped_total`).
+//! Events are not coalesced: each records a distinct fact (token N granted to X).
+//! What a user sees in a storm: `kubectl get leases.palisade.dev` is current
+//! (holder, token, waiting); `kubectl get plc` may show a new holder as `Pending` and
+//! stale queue positions for as long as grants keep coming, then catches up in one
+//! write per claim; Events arrive after the grants they describe. Tests: this
+//! module's (order, slots), the `mirrors` tests of `control_loop`, and the model in
+//! `model_tests` (per controller, no claim's status ever moves back along its
+//! lifecycle, and no write to a claim it has seen deleted).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;

@@ -7,6 +7,11 @@
 //! PUT of `/status`, which takes nothing but `status` from the request and keeps
 //! the stored `managedFields` when the request has none, so nothing stripped here
 //! is lost.
+//!
+//! **Memory.** Besides slimming (no `managedFields`, no
+//! `last-applied-configuration`), the controller applies a watch's (re)list object
+//! by object instead of holding the whole list until it ends, and keeps running
+//! counts for its gauges, so an event costs the same at 10 Leases and at 10,000.
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -3,6 +3,34 @@
 //! DESIGN rule 2, "Endings are confirmed"), and reports what it learned and one
 //! [`Next`]: when to decide the Lease again. It holds no rules: a refused call ends
 //! the pass, and which refusal means what is `crate::api_error`'s.
+//!
+//! # Endings are confirmed
+//!
+//! The controller's watches of Leases, claims and pods are separate streams and any
+//! of them can lag (a cut link, a failover, a second controller with election off),
+//! so no grant ends on the index alone. Before it writes anything, the pass confirms
+//! what the decision relies on with quorum reads (a GET without a resourceVersion is
+//! served from etcd): `Released` that the holder's claim is gone, being deleted or
+//! re-created; `PodGone` (holder or pending claim) that the pod is missing, being
+//! deleted, replaced or terminal; `LeaseDeleted` that no Lease of that name exists;
+//! `Superseded` without a Lease write that the Lease still has the resourceVersion
+//! decided from. For `Expired` (of a holder whose claim shows no renewal of the
+//! grant: `index::holder`, "Expiry is one write") and every `Revoked` of the holder,
+//! the holder's claim is marked ended *before* the Lease is handed on, with a JSON
+//! patch that tests the claim's UID and resourceVersion: a renewal that landed since
+//! (seen by the watches or not) makes that write fail, the controller re-reads the
+//! claim (counting the changed `renewTime` as an observed renewal) and keeps the
+//! grant; a renewal that lands after it finds the claim ended in its own response.
+//!
+//! A refuting read corrects the index only for objects (UIDs) the index holds, so a
+//! read never resurrects a deleted object; otherwise the Lease is decided again
+//! 0.5 s later. A refused mark whose claim re-reads unchanged (same UID and
+//! resourceVersion) was refused by a validation rule or an admission policy, not by
+//! a renewal: it counts as an error (`palisade_write_errors_total{kind="claim"}`, an
+//! error log naming the refusal) and the grant is kept until the write is allowed,
+//! since handing on unmarked could let the holder's first renewal count after the
+//! handover. Cost: one GET or one conditional claim write before the handover's
+//! Lease write.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,6 +1,28 @@
 //! Phase 5 of the grant decision: what each claim's status says (its place in the
 //! queue, its grant, how its grant ended), and the condition helper both the Lease
 //! and the claims' statuses are written with.
+//!
+//! # Claim mirrors
+//!
+//! Claim mirrors are written after the Lease with a JSON patch that first tests the
+//! claim's UID (so a claim re-created under the same name is never touched). They
+//! are not conditioned on the claim's resourceVersion: the holder's renewals change
+//! it constantly, and the mirror is not the authority (rule 1). A claim's status
+//! never moves back, whoever writes it: the CRD's transition rules refuse a status
+//! that leaves a final phase, goes from `Granted` to `Pending`, or changes a fencing
+//! token once set (422). So a second writer (an ex-leader's pass in flight, two
+//! replicas with `leaderElection.enabled=false`) cannot make an ended grant's renewals
+//! count again or grant a claim twice; a mirror refused that way is dropped, and the
+//! claim's watch event brings a new decision.
+//!
+//! A pass writes its mirrors after its Lease write, up to 4 at once (different
+//! claims; `write_pass`). Letting the next decision on a Lease run before they finish
+//! was tried: no faster handover, and 100 MiB instead of 60 at 10,000 Leases.
+//!
+//! **Writes per handover.** One Lease status write, then one status write per claim
+//! whose mirror changed (the new holder, the old holder if it still exists, and each
+//! waiter whose `position` moved). A renewal costs the holder's one write and no
+//! controller write.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;

@@ -7,6 +7,18 @@
 //! free happen together, DESIGN rule 5, and the claims' mirrors), with what it
 //! grants and ends for the events. Every rule lives here; the write pass only runs
 //! the plan.
+//!
+//! # FIFO order
+//!
+//! Claims are granted in `(metadata.creationTimestamp, metadata.name)` order.
+//! creationTimestamp has one-second resolution, so claims created within the same
+//! second are ordered by name.
+//!
+//! # FIFO order
+//!
+//! Claims are granted in `(metadata.creationTimestamp, metadata.name)` order.
+//! creationTimestamp has one-second resolution, so claims created within the same
+//! second are ordered by name.
 
 mod claim_status;
 
@@ -103,8 +115,8 @@ pub enum Check {
     },
 }
 
-/// A decision is a write plan: its steps are its fields, in the order DESIGN
-/// ("Endings are confirmed", rule 2) has them run. The write pass runs them in that
+/// A decision is a write plan: its steps are its fields, in the order rule 2 and
+/// "Endings are confirmed" (`write_pass`) have them run. The write pass runs them in that
 /// order and decides nothing; [`Decision::work`] says which of them are urgent.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Decision {
@@ -133,7 +145,7 @@ pub struct Decision {
 pub enum Work {
     /// Nothing to write.
     None,
-    /// Only claim mirrors: they wait until no Lease is dirty (DESIGN "Storms").
+    /// Only claim mirrors: they wait until no Lease is dirty (`queue`, "Storms").
     Mirrors,
     /// A Lease status or an ended holder's claim: written as soon as a slot is free.
     Urgent,
@@ -222,7 +234,7 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
     decision
 }
 
-/// The claims in grant order: `(creationTimestamp, name)` (DESIGN "Decisions": FIFO order).
+/// The claims in grant order (module docs, "FIFO order").
 fn in_fifo_order<'v>(view: &'v LeaseView<'v>) -> Vec<&'v ClaimView<'v>> {
     let mut claims: Vec<&ClaimView<'_>> = view.claims.iter().collect();
     claims.sort_by(|a, b| (a.claim.created, &a.claim.name).cmp(&(b.claim.created, &b.claim.name)));
@@ -351,7 +363,7 @@ fn hand_over<'w>(
         claim: next.claim.name.clone(),
         claim_uid: next.claim.uid.clone(),
         identity: next.claim.holder_identity.clone(),
-        // What the holder's client will believe (DESIGN "Client deadlines").
+        // What the holder's client will believe (DESIGN.md, "Client deadlines").
         lease_duration_seconds: Some(lease.spec.lease_duration_seconds),
     });
     status.fencing_token = Some(token.token);
@@ -413,7 +425,7 @@ fn describe_lease(
                 status.fencing_token.unwrap_or_default(),
             ),
         ),
-        // Issue no token rather than repeat or saturate one (DESIGN "Token
+        // Issue no token rather than repeat or saturate one (`token`, "Token
         // ceiling"). Nothing was granted, so fencingToken is still the last one issued.
         (None, Some(e)) => (
             false,

@@ -1,4 +1,28 @@
 //! The index's entries: what it keeps of each Lease name, claim and pod.
+//!
+//! # Pod gone
+//!
+//! A claim's pod is gone when the Pod object is missing, has a `deletionTimestamp`,
+//! has a UID other than `spec.pod.uid` (when given), or is `Succeeded`/`Failed`. A
+//! pending claim whose pod is gone is marked `Revoked` (reason `PodGone`) and never
+//! granted. Claims and pods arrive on separate watch streams, so a new claim may be
+//! seen before its pod: a *pending* claim whose pod the controller has not seen yet
+//! is neither granted nor revoked for [`POD_GRACE`] (10 s on the controller's clock,
+//! from when it first saw the claim); after that the pod counts as gone. A holder's
+//! missing pod is gone at once (it was seen when the grant was made, or in the
+//! complete list after a restart).
+//!
+//! # Lease deleted
+//!
+//! The claims a deleted Lease had granted become `Revoked` (reason `LeaseDeleted`),
+//! the holder too when its `Granted` mirror never landed (an entry remembers the
+//! holder of every Lease object that went away, deleted or replaced by a re-created
+//! one), and a Lease re-created under the name never grants such a claim: an
+//! unmirrored claim's renewals count (DESIGN.md, "Client deadlines"), so it must end.
+//! A client believes a grant only while the Lease publishes its claim *with its
+//! token*. Pending claims wait with condition `LeaseNotFound` and are granted when a
+//! Lease of that name appears. The new Lease's tokens start above its creation
+//! resourceVersion, hence above every earlier token (rule 3).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -102,7 +126,7 @@ impl PodEntry {
         }
     }
 
-    /// "Pod gone" for a pod that exists (DESIGN "Pod gone"): why it no longer backs
+    /// "Pod gone" (module docs) for a pod that exists: why it no longer backs
     /// a claim that names it (with `uid`, when the claim gave one), or None. The
     /// index's view and the write pass's quorum check both ask this.
     pub(crate) fn problem(&self, uid: Option<&str>) -> Option<PodProblem> {
@@ -132,10 +156,10 @@ pub(super) struct LeaseEntry {
     /// landed, and never granted by a later Lease of the name.
     pub(super) deleted_holders: Vec<String>,
     /// Claims whose grant this controller ended as expired without marking them
-    /// first (DESIGN "Expiry is one write"): their deferred mirror says `Expired`.
+    /// first (`holder`, "Expiry is one write"): their deferred mirror says `Expired`.
     pub(super) expired_holders: Vec<String>,
     /// A quorum read made in the holder's last sixth found its claim not renewed
-    /// (DESIGN "Expiry is one write"): boxed, since most entries never have one.
+    /// (`holder`, "Expiry is one write"): boxed, since most entries never have one.
     pub(super) expiry_confirmed: Option<Box<ExpiryConfirmed>>,
 }
 

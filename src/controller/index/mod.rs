@@ -53,7 +53,7 @@ pub struct LeaseView<'a> {
     /// `palisade.dev/renewed-token`): its client's first renewal of it has landed.
     pub holder_renewed: bool,
     /// When the quorum read that confirms the holder's expiry ahead of it is due
-    /// (DESIGN "Expiry is one write"): for a renewed holder not yet confirmed.
+    /// (`holder`, "Expiry is one write"): for a renewed holder not yet confirmed.
     pub expiry_check_at: Option<Instant>,
     /// A quorum read made since [`LeaseView::expiry_check_at`] found the holder's
     /// claim as the index shows it: its expiry needs no read of its own.
