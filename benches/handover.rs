@@ -48,8 +48,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, Config, ResourceExt};
-use palisade::api::{LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
+use palisade::crd::{LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use serde_json::json;
 
 use cluster::{WAIT_LIMIT, wait_waiting};

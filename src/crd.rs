@@ -1,4 +1,4 @@
-//! The API: `Lease` (the lock) and `LeaseClaim` (a pod asking for it), group
+//! The CRD types: `Lease` (the lock) and `LeaseClaim` (a pod asking for it), group
 //! `palisade.dev/v1alpha1`. The CRDs in `crds/` are generated from these types
 //! (`palisade crds`); see DESIGN.md for the meaning of every field.
 

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{
+use crate::crd::{
     ClaimPhase, Holder, Lease, LeaseClaim, LeaseClaimSpec, LeasePhase, LeaseSpec, LeaseStatus,
     PodRef,
 };

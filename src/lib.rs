@@ -1,6 +1,6 @@
 //! palisade: Kubernetes leases with fencing tokens.
 //!
-//! A grant of a [`api::Lease`] carries a strictly increasing fencing token; the
+//! A grant of a [`crd::Lease`] carries a strictly increasing fencing token; the
 //! protected resource rejects writes with a token lower than the highest it has
 //! seen. See DESIGN.md for the contract.
 //!
@@ -8,7 +8,7 @@
 //!
 //! | feature | what it adds | heavy dependencies |
 //! | --- | --- | --- |
-//! | `client` | [`api`], [`client`], [`kube_client`], [`api_error`]: the CRD types and the client library | kube, tokio |
+//! | `client` | [`crd`], [`client`], [`kube_client`], [`kube_error`]: the CRD types and the client library | kube, tokio |
 //! | `fence` | [`fence`]: the fencing rule, [`fence::FileStore`] and [`fence::MemoryStore`] | none |
 //! | `postgres` | [`fence::postgres`] (implies `fence`) | tokio-postgres |
 //! | `redis` | [`fence::redis`] (implies `fence`) | redis |
@@ -60,10 +60,6 @@
 pub mod admin;
 #[cfg(feature = "agent")]
 pub mod agent;
-#[cfg(feature = "client")]
-pub mod api;
-#[cfg(feature = "client")]
-pub mod api_error;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
@@ -73,12 +69,16 @@ pub mod client;
 pub mod conditions;
 #[cfg(feature = "controller")]
 pub mod controller;
+#[cfg(feature = "client")]
+pub mod crd;
 #[cfg(feature = "fence")]
 pub mod fence;
 #[cfg(all(test, feature = "client"))]
 mod fixtures;
 #[cfg(feature = "client")]
 pub mod kube_client;
+#[cfg(feature = "client")]
+pub mod kube_error;
 pub mod token;
 #[cfg(feature = "client")]
 mod watch_backoff;

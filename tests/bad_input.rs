@@ -3,7 +3,7 @@
 //! tests/input_properties.rs).
 
 use kube::api::{Patch, PatchParams};
-use palisade::api::{Lease, LeaseClaim};
+use palisade::crd::{Lease, LeaseClaim};
 use serde_json::{Value, json};
 use support::claims::create_claim;
 use support::setup;

@@ -16,7 +16,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use palisade::api::Lease;
+use palisade::crd::Lease;
 use serde_json::{Value, json};
 use support::claims::create_lease;
 use support::helm::{Release, chart_dir, helm_ok};

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use palisade::api::Lease;
+use palisade::crd::Lease;
 use serde::Deserialize;
 use support::claims::{create_claim, create_lease, delete_claim, wait_holder};
 use support::helm::{

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
+use palisade::crd::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use serde_json::json;
 use support::claims::{create_claim, create_lease, delete_claim, wait_claim_phase, wait_holder};
 use support::proxy;

@@ -2,7 +2,7 @@
 //! and the API server enforces their rules.
 
 use kube::api::{Patch, PatchParams};
-use palisade::api::{LeaseClaim, crds_yaml};
+use palisade::crd::{LeaseClaim, crds_yaml};
 use serde_json::json;
 use support::TestNamespace;
 use support::claims::create_claim;
@@ -13,7 +13,7 @@ fn checked_in_crds_match_the_rust_types() {
     let on_disk = std::fs::read_to_string(path).expect("crds/palisade.dev.yaml exists");
     assert!(
         on_disk == crds_yaml(),
-        "crds/palisade.dev.yaml is out of date with src/api.rs: run `make crds`"
+        "crds/palisade.dev.yaml is out of date with src/crd.rs: run `make crds`"
     );
 }
 
@@ -23,7 +23,7 @@ fn the_crd_reference_page_matches_the_crds() {
     let on_disk = std::fs::read_to_string(path).expect("docs/crd-reference.md exists");
     assert!(
         on_disk == support::crd_reference::markdown(),
-        "docs/crd-reference.md is out of date with src/api.rs: run `make crds`"
+        "docs/crd-reference.md is out of date with src/crd.rs: run `make crds`"
     );
 }
 

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use palisade::api::{Lease, LeaseClaim};
 use palisade::cli::{parse_duration, parse_lease_duration};
+use palisade::crd::{Lease, LeaseClaim};
 use palisade::fence::{ParseTokenError, parse_token};
 use palisade::token::parse_resource_version;
 use proptest::prelude::*;

@@ -7,8 +7,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use kube::api::DeleteParams;
-use palisade::api::{Lease, LeaseClaim, LeasePhase};
 use palisade::client::{AcquireOptions, Grant, LeaseClient, PodBinding};
+use palisade::crd::{Lease, LeaseClaim, LeasePhase};
 use support::{
     ControllerProcess, TestNamespace, WAIT, claim_names, palisade_on_cluster, wait_lease,
 };

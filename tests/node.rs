@@ -27,7 +27,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use palisade::api::Lease;
+use palisade::crd::Lease;
 use serde_json::json;
 use support::helm::{
     adopt_crds, assert_check_passed, chart_field, helm_command, oci_chart, release_crds,

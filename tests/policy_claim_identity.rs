@@ -8,7 +8,7 @@
 use kube::Api;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use palisade::api::LeaseClaim;
+use palisade::crd::LeaseClaim;
 use serde_json::json;
 use support::accounts::{bind_client_role, create_sa_and_pod, service_account_token};
 use support::admission::until_rejected;

@@ -15,7 +15,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use palisade::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
+use palisade::crd::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use serde_json::json;
 use support::accounts::service_account_token;
 use support::claims::{claim, create_lease, wait_claim_phase, wait_holder};

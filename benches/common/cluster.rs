@@ -10,8 +10,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
 use kube::{Client, Config, CustomResourceExt, ResourceExt};
-use palisade::api::{Lease, LeaseClaim};
 use palisade::client::LeaseClient;
+use palisade::crd::{Lease, LeaseClaim};
 use serde_json::json;
 
 /// The longest wait for a state a bench expects (every wait is bounded).

@@ -171,8 +171,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, CustomResourceExt, Resource, ResourceExt};
-use palisade::api::{Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use palisade::client::CLIENT_MANAGER;
+use palisade::crd::{Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

@@ -33,12 +33,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::metrics::AgentMetrics;
-use self::session::{GrantKey, Session, Slot, hold};
+use self::session::{GrantKey, Session, SessionGrant, hold};
 use self::token_files::TokenFiles;
-use self::wire::{AcquireRequest, ApiError, SessionRequest};
+use self::wire::{AcquireRequest, HttpError, SessionRequest};
 use crate::admin::{self, Readiness};
-use crate::api_error::ApiErrorKind;
 use crate::client::{Error as ClientError, LeaseClient, default_identity};
+use crate::kube_error::ApiErrorKind;
 
 /// The socket's default path: in an `emptyDir` mounted at `/run/palisade` in every
 /// container of the pod.
@@ -183,9 +183,9 @@ impl Agent {
     }
 
     /// The session named by a request, which counts as its keepalive.
-    pub fn session(&self, id: &str) -> Result<Arc<Session>, ApiError> {
+    pub fn session(&self, id: &str) -> Result<Arc<Session>, HttpError> {
         let session = self.sessions.lock().unwrap().get(id).cloned();
-        let session = session.ok_or_else(|| ApiError::unknown_session(id))?;
+        let session = session.ok_or_else(|| HttpError::unknown_session(id))?;
         session.seen();
         Ok(session)
     }
@@ -198,19 +198,19 @@ impl Agent {
         tracing::info!(session = %session.id, name = ?session.name, why, "session ended");
         self.metrics.sessions.dec();
         session.ended.cancel();
-        let releases = session.grants().into_iter().map(|slot| async move {
-            let mut phase = slot.phase();
+        let releases = session.grants().into_iter().map(|grant| async move {
+            let mut phase = grant.phase();
             let _ = phase.wait_for(|p| !p.is_live()).await;
         });
         let _ = tokio::time::timeout(END_SESSION_LIMIT, futures::future::join_all(releases)).await;
     }
 
-    /// Starts holding a grant for `session`; the slot's phase tells how it goes.
+    /// Starts holding a grant for `session`; the grant's phase tells how it goes.
     pub async fn acquire(
         &self,
         session: &Session,
         request: AcquireRequest,
-    ) -> Result<Arc<Slot>, ApiError> {
+    ) -> Result<Arc<SessionGrant>, HttpError> {
         let namespace = request
             .namespace
             .clone()
@@ -224,8 +224,8 @@ impl Agent {
             .holder_identity
             .clone()
             .unwrap_or_else(default_identity);
-        let slot = session.insert(key, identity).map_err(|existing| {
-            ApiError::new(
+        let grant = session.insert(key, identity).map_err(|existing| {
+            HttpError::new(
                 StatusCode::CONFLICT,
                 "already_acquired",
                 format!(
@@ -240,12 +240,12 @@ impl Agent {
                 ),
             )
         })?;
-        // Until the holder task owns it, the slot is this request's: if the request
+        // Until the holder task owns it, the grant is this request's: if the request
         // fails, or is dropped because its caller hung up, nothing would ever hold
         // it, and every later acquire of the Lease in this session would be refused.
         let unowned = Unowned {
             session,
-            slot: Some(slot),
+            grant: Some(grant),
         };
         if let Err(e) = leases
             .ensure_lease(&request.name, request.duration_secs)
@@ -253,15 +253,15 @@ impl Agent {
         {
             return Err(kubernetes_error(&e, &namespace));
         }
-        let slot = unowned.hand_over();
+        let grant = unowned.hand_over();
         self.holders.spawn(hold(
             leases,
             request,
-            slot.clone(),
+            grant.clone(),
             self.token_files.clone(),
             self.metrics.clone(),
         ));
-        Ok(slot)
+        Ok(grant)
     }
 
     /// Ends every session (the agent is stopping) and lets the claims' deletions finish.
@@ -280,41 +280,41 @@ impl Agent {
     }
 }
 
-/// A session's slot that no holder task owns yet: forgotten when dropped, unless
+/// A session's grant that no holder task owns yet: forgotten when dropped, unless
 /// handed over.
 struct Unowned<'a> {
     session: &'a Session,
-    slot: Option<Arc<Slot>>,
+    grant: Option<Arc<SessionGrant>>,
 }
 
 impl Unowned<'_> {
-    fn hand_over(mut self) -> Arc<Slot> {
-        self.slot.take().expect("handed over once")
+    fn hand_over(mut self) -> Arc<SessionGrant> {
+        self.grant.take().expect("handed over once")
     }
 }
 
 impl Drop for Unowned<'_> {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            slot.release.cancel();
-            self.session.forget(&slot.key);
+        if let Some(grant) = self.grant.take() {
+            grant.release.cancel();
+            self.session.forget(&grant.key);
         }
     }
 }
 
 /// An API server error of an acquire's Lease creation, as an answer.
-fn kubernetes_error(error: &ClientError, namespace: &str) -> ApiError {
+fn kubernetes_error(error: &ClientError, namespace: &str) -> HttpError {
     match error.api_kind() {
-        Some(ApiErrorKind::Forbidden) => ApiError::new(
+        Some(ApiErrorKind::Forbidden) => HttpError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
                 "the agent may not create or read Leases in namespace {namespace} (bind its service account to the chart's client ClusterRole there): {error}"
             ),
         ),
-        Some(ApiErrorKind::NotFound) => ApiError {
+        Some(ApiErrorKind::NotFound) => HttpError {
             field: Some("namespace".into()),
-            ..ApiError::new(
+            ..HttpError::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
                 format!(
@@ -322,12 +322,12 @@ fn kubernetes_error(error: &ClientError, namespace: &str) -> ApiError {
                 ),
             )
         },
-        Some(ApiErrorKind::Invalid) => ApiError::field(
+        Some(ApiErrorKind::Invalid) => HttpError::field(
             "invalid_field",
             "name",
             format!("the API server refused the Lease: {error}"),
         ),
-        _ => ApiError::new(
+        _ => HttpError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "kubernetes_unavailable",
             format!("the Kubernetes API could not be reached in time: {error}"),

@@ -20,8 +20,8 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::time::{Instant, timeout};
 
 use super::Agent;
-use super::session::{GrantKey, GrantView, Phase, Session, Slot};
-use super::wire::{self, ApiError, json};
+use super::session::{GrantKey, GrantState, GrantView, Phase, Session, SessionGrant};
+use super::wire::{self, HttpError, json};
 
 /// The OpenAPI document, served as it is in the repository.
 pub const OPENAPI: &str = include_str!("openapi.yaml");
@@ -67,8 +67,8 @@ async fn observe(State(agent): State<Arc<Agent>>, request: Request, next: Next) 
     response
 }
 
-async fn not_found() -> ApiError {
-    ApiError::new(
+async fn not_found() -> HttpError {
+    HttpError::new(
         StatusCode::NOT_FOUND,
         "not_found",
         "no such path in the agent's API (see /v1/openapi.yaml)",
@@ -105,7 +105,7 @@ async fn create_session(
     State(agent): State<Arc<Agent>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let request = wire::session_request(&headers, &body)?;
     let session = agent.start_session(request);
     Ok(json(StatusCode::CREATED, &session_view(&session)))
@@ -114,7 +114,7 @@ async fn create_session(
 async fn get_session(
     State(agent): State<Arc<Agent>>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let session = agent.session(&id)?;
     Ok(json(StatusCode::OK, &session_view(&session)))
 }
@@ -122,7 +122,7 @@ async fn get_session(
 async fn end_session(
     State(agent): State<Arc<Agent>>,
     Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     let session = agent.session(&id)?;
     agent.end_session(&session, "deleted").await;
     Ok(StatusCode::NO_CONTENT)
@@ -131,7 +131,7 @@ async fn end_session(
 async fn keepalive(
     State(agent): State<Arc<Agent>>,
     Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, HttpError> {
     agent.session(&id)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -155,10 +155,10 @@ impl Drop for StreamGuard {
 async fn events(
     State(agent): State<Arc<Agent>>,
     Path(id): Path<String>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, HttpError> {
     let session = agent.session(&id)?;
     if session.stream_opened.swap(true, Ordering::SeqCst) {
-        return Err(ApiError::new(
+        return Err(HttpError::new(
             StatusCode::CONFLICT,
             "stream_open",
             format!("session {id} has an event stream already (one per session)"),
@@ -205,31 +205,35 @@ async fn acquire(
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let session = agent.session(&id)?;
     let request = wire::acquire_request(&headers, &body)?;
     let wait = request.wait;
-    let slot = agent.acquire(&session, request).await?;
-    let phase = wait_while_waiting(&slot, wait).await;
+    let grant = agent.acquire(&session, request).await?;
+    let phase = wait_while_waiting(&grant, wait).await;
     let status = if phase.is_waiting() {
         StatusCode::ACCEPTED
     } else {
         StatusCode::OK
     };
-    Ok(json(status, &slot.view()))
+    Ok(json(status, &grant.view()))
 }
 
-/// The slot's phase once it is no longer waiting, or after `wait`.
-async fn wait_while_waiting(slot: &Slot, wait: Duration) -> Phase {
-    let mut phase = slot.phase();
+/// The grant's phase once it is no longer waiting, or after `wait`.
+async fn wait_while_waiting(grant: &SessionGrant, wait: Duration) -> Phase {
+    let mut phase = grant.phase();
     let _ = timeout(wait, phase.wait_for(|p| !p.is_waiting())).await;
     phase.borrow().clone()
 }
 
-fn grant_of(session: &Session, namespace: String, name: String) -> Result<Arc<Slot>, ApiError> {
+fn grant_of(
+    session: &Session,
+    namespace: String,
+    name: String,
+) -> Result<Arc<SessionGrant>, HttpError> {
     let key = GrantKey { namespace, name };
     session.grant(&key).ok_or_else(|| {
-        ApiError::new(
+        HttpError::new(
             StatusCode::NOT_FOUND,
             "unknown_grant",
             format!(
@@ -244,26 +248,26 @@ async fn get_grant(
     State(agent): State<Arc<Agent>>,
     Path((id, namespace, name)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let session = agent.session(&id)?;
     let wait = wire::wait_query(query.as_deref())?;
-    let slot = grant_of(&session, namespace, name)?;
+    let grant = grant_of(&session, namespace, name)?;
     if !wait.is_zero() {
-        wait_while_waiting(&slot, wait).await;
+        wait_while_waiting(&grant, wait).await;
         session.seen();
     }
-    Ok(json(StatusCode::OK, &slot.view()))
+    Ok(json(StatusCode::OK, &grant.view()))
 }
 
 async fn release(
     State(agent): State<Arc<Agent>>,
     Path((id, namespace, name)): Path<(String, String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, HttpError> {
     let session = agent.session(&id)?;
-    let slot = grant_of(&session, namespace, name)?;
-    let view = slot.view();
-    if view.state == "lost" {
-        return Err(ApiError::new(
+    let grant = grant_of(&session, namespace, name)?;
+    let view = grant.view();
+    if view.state == GrantState::Lost {
+        return Err(HttpError::new(
             StatusCode::CONFLICT,
             "grant_lost",
             format!(
@@ -274,15 +278,15 @@ async fn release(
             ),
         ));
     }
-    slot.release.cancel();
-    let mut phase = slot.phase();
+    grant.release.cancel();
+    let mut phase = grant.phase();
     let ended = timeout(RELEASE_LIMIT, phase.wait_for(|p| !p.is_live())).await;
     if ended.is_err() {
-        return Err(ApiError::new(
+        return Err(HttpError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "kubernetes_unavailable",
             "the claim's deletion did not finish in time; the grant ends at its deadline",
         ));
     }
-    Ok(json(StatusCode::OK, &slot.view()))
+    Ok(json(StatusCode::OK, &grant.view()))
 }

@@ -61,13 +61,23 @@ impl Phase {
     }
 }
 
+/// The `state` of a `Grant` in the OpenAPI document; the clients match these strings.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GrantState {
+    Waiting,
+    Held,
+    Lost,
+    Released,
+}
+
 /// The `Grant` of the OpenAPI document.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantView {
     pub name: String,
     pub namespace: String,
-    pub state: &'static str,
+    pub state: GrantState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<i64>,
     pub valid_for_ms: u64,
@@ -85,7 +95,7 @@ pub struct GrantView {
 }
 
 /// One grant of a session.
-pub struct Slot {
+pub struct SessionGrant {
     pub key: GrantKey,
     pub identity: String,
     phase: watch::Sender<Phase>,
@@ -97,7 +107,7 @@ pub struct Slot {
     keepalive: Duration,
 }
 
-impl Slot {
+impl SessionGrant {
     pub fn phase(&self) -> watch::Receiver<Phase> {
         self.phase.subscribe()
     }
@@ -119,7 +129,7 @@ impl Slot {
         let mut view = GrantView {
             name: self.key.name.clone(),
             namespace: self.key.namespace.clone(),
-            state: "waiting",
+            state: GrantState::Waiting,
             token: None,
             valid_for_ms: 0,
             lost_reason: None,
@@ -147,11 +157,11 @@ impl Slot {
                     .saturating_sub(BootInstant::now().since_boot());
                 if left.is_zero() {
                     // Past the local deadline: lost, even if the keeper has not run yet.
-                    view.state = "lost";
+                    view.state = GrantState::Lost;
                     view.lost_reason = Some(reason_code(LostReason::LocalDeadline));
                     view.lost_message = Some(LostReason::LocalDeadline.to_string());
                 } else {
-                    view.state = "held";
+                    view.state = GrantState::Held;
                     let left = session_left.map_or(left, |s| s.min(left));
                     view.valid_for_ms = left.as_millis() as u64;
                 }
@@ -162,14 +172,14 @@ impl Slot {
                 reason,
                 message,
             } => {
-                view.state = "lost";
+                view.state = GrantState::Lost;
                 view.token = *token;
                 view.claim = claim.clone();
                 view.lost_reason = Some(reason);
                 view.lost_message = Some(message.clone());
             }
             Phase::Released { token, claim } => {
-                view.state = "released";
+                view.state = GrantState::Released;
                 view.token = *token;
                 view.claim = claim.clone();
             }
@@ -201,7 +211,7 @@ pub struct Session {
     pub name: Option<String>,
     pub keepalive: Duration,
     last_seen: Arc<Mutex<Instant>>,
-    grants: Mutex<HashMap<GrantKey, Arc<Slot>>>,
+    grants: Mutex<HashMap<GrantKey, Arc<SessionGrant>>>,
     pub events: broadcast::Sender<GrantView>,
     /// Cancelled when the session ends, for whatever reason.
     pub ended: CancellationToken,
@@ -238,35 +248,40 @@ impl Session {
         self.expires_at().saturating_duration_since(Instant::now())
     }
 
-    pub fn grant(&self, key: &GrantKey) -> Option<Arc<Slot>> {
+    pub fn grant(&self, key: &GrantKey) -> Option<Arc<SessionGrant>> {
         self.grants.lock().unwrap().get(key).cloned()
     }
 
-    pub fn grants(&self) -> Vec<Arc<Slot>> {
-        let mut slots: Vec<_> = self.grants.lock().unwrap().values().cloned().collect();
-        slots.sort_by(|a, b| (&a.key.namespace, &a.key.name).cmp(&(&b.key.namespace, &b.key.name)));
-        slots
+    pub fn grants(&self) -> Vec<Arc<SessionGrant>> {
+        let mut grants: Vec<_> = self.grants.lock().unwrap().values().cloned().collect();
+        grants
+            .sort_by(|a, b| (&a.key.namespace, &a.key.name).cmp(&(&b.key.namespace, &b.key.name)));
+        grants
     }
 
     pub fn views(&self) -> Vec<GrantView> {
         self.grants().iter().map(|s| s.view()).collect()
     }
 
-    /// Drops a slot that never started (its Lease could not be created).
+    /// Drops a grant that never started (its Lease could not be created).
     pub fn forget(&self, key: &GrantKey) {
         self.grants.lock().unwrap().remove(key);
     }
 
-    /// A new slot for `key`, unless the session holds or waits for it already (then
-    /// that slot is returned as the error). A lost or released grant is replaced.
-    pub fn insert(&self, key: GrantKey, identity: String) -> Result<Arc<Slot>, Arc<Slot>> {
+    /// A new grant for `key`, unless the session holds or waits for it already (then
+    /// that grant is returned as the error). A lost or released grant is replaced.
+    pub fn insert(
+        &self,
+        key: GrantKey,
+        identity: String,
+    ) -> Result<Arc<SessionGrant>, Arc<SessionGrant>> {
         let mut grants = self.grants.lock().unwrap();
         if let Some(existing) = grants.get(&key)
             && existing.phase.borrow().is_live()
         {
             return Err(existing.clone());
         }
-        let slot = Arc::new(Slot {
+        let grant = Arc::new(SessionGrant {
             key: key.clone(),
             identity,
             phase: watch::channel(Phase::Waiting { claim: None }).0,
@@ -275,42 +290,42 @@ impl Session {
             session_expiry: self.last_seen.clone(),
             keepalive: self.keepalive,
         });
-        grants.insert(key, slot.clone());
-        Ok(slot)
+        grants.insert(key, grant.clone());
+        Ok(grant)
     }
 }
 
-/// Holds one grant from acquire to its end: the slot's phase follows it. Lets go
-/// (deleting the claim) when the slot's `release` is cancelled.
+/// Holds one grant from acquire to its end: the grant's phase follows it. Lets go
+/// (deleting the claim) when the grant's `release` is cancelled.
 pub async fn hold(
     leases: LeaseClient,
     request: AcquireRequest,
-    slot: Arc<Slot>,
+    grant: Arc<SessionGrant>,
     token_files: Arc<TokenFiles>,
     metrics: Arc<AgentMetrics>,
 ) {
     let options = AcquireOptions {
-        identity: Some(slot.identity.clone()),
+        identity: Some(grant.identity.clone()),
         pod: PodBinding::FromEnv,
         timeout: None,
     };
     let acquired = tokio::select! {
         acquired = leases.acquire(&request.name, options) => acquired,
         // Dropping the acquire deletes its claim (tracked by the client's `flush`).
-        () = slot.release.cancelled() => {
-            slot.set(Phase::Released { token: None, claim: None });
+        () = grant.release.cancelled() => {
+            grant.set(Phase::Released { token: None, claim: None });
             return;
         }
     };
-    let grant = match acquired {
-        Ok(grant) => grant,
+    let held = match acquired {
+        Ok(held) => held,
         Err(e) => {
             let (reason, token) = match &e {
                 ClientError::NotGranted { reason, .. } => (reason_code(*reason), None),
                 _ => (ACQUIRE_FAILED, None),
             };
             metrics.lost(reason);
-            slot.set(Phase::Lost {
+            grant.set(Phase::Lost {
                 token,
                 claim: None,
                 reason,
@@ -319,37 +334,66 @@ pub async fn hold(
             return;
         }
     };
-    let (token, claim) = (grant.token(), grant.claim_name().to_string());
-    token_files.write(&slot.key, token).await;
+    let (token, claim) = (held.token(), held.claim_name().to_string());
+    token_files.write(&grant.key, token).await;
     metrics.held.inc();
-    slot.set(Phase::Held {
+    grant.set(Phase::Held {
         token,
         claim: claim.clone(),
-        claim_uid: grant.claim_uid().to_string(),
-        duration: grant.lease_duration(),
-        deadline: grant.local_deadline(),
+        claim_uid: held.claim_uid().to_string(),
+        duration: held.lease_duration(),
+        deadline: held.local_deadline(),
     });
     tokio::select! {
-        reason = grant.lost() => {
-            token_files.remove(&slot.key, token).await;
+        reason = held.lost() => {
+            token_files.remove(&grant.key, token).await;
             metrics.held.dec();
             metrics.lost(reason_code(reason));
-            slot.set(Phase::Lost {
+            grant.set(Phase::Lost {
                 token: Some(token),
                 claim: Some(claim),
                 reason: reason_code(reason),
                 message: reason.to_string(),
             });
-            // Dropping the grant deletes its claim.
+            // Dropping `held` deletes its claim.
         }
-        () = slot.release.cancelled() => {
+        () = grant.release.cancelled() => {
             // The token file goes first: from here on nothing in the pod may use it.
-            token_files.remove(&slot.key, token).await;
+            token_files.remove(&grant.key, token).await;
             metrics.held.dec();
-            if let Err(e) = grant.release().await {
-                tracing::warn!(lease = %slot.key.name, error = %e, "releasing: the claim's delete failed; it expires");
+            if let Err(e) = held.release().await {
+                tracing::warn!(lease = %grant.key.name, error = %e, "releasing: the claim's delete failed; it expires");
             }
-            slot.set(Phase::Released { token: Some(token), claim: Some(claim) });
+            grant.set(Phase::Released { token: Some(token), claim: Some(claim) });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GrantState;
+
+    /// The Go and Python clients match these strings: they stay the OpenAPI document's.
+    #[test]
+    fn grant_states_are_the_openapi_documents() {
+        let states = [
+            GrantState::Waiting,
+            GrantState::Held,
+            GrantState::Lost,
+            GrantState::Released,
+        ];
+        let names: Vec<String> = states
+            .iter()
+            .map(|s| {
+                serde_json::to_value(s)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(names, ["waiting", "held", "lost", "released"]);
+        let listed = format!("enum: [{}]", names.join(", "));
+        assert!(super::super::routes::OPENAPI.contains(&listed), "{listed}");
     }
 }

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::api::MAX_LEASE_DURATION_SECONDS;
+use crate::crd::MAX_LEASE_DURATION_SECONDS;
 
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 pub const MIN_KEEPALIVE_MS: u64 = 1_000;
@@ -23,14 +23,14 @@ const MAX_SESSION_NAME_LEN: usize = 63;
 
 /// An error answer: `{"error": code, "field": ..., "message": ...}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
+pub struct HttpError {
     pub status: StatusCode,
     pub code: &'static str,
     pub field: Option<String>,
     pub message: String,
 }
 
-impl ApiError {
+impl HttpError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
@@ -66,7 +66,7 @@ struct ErrorBody<'a> {
     message: &'a str,
 }
 
-impl IntoResponse for ApiError {
+impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: self.code,
@@ -100,7 +100,7 @@ pub struct AcquireRequest {
     pub wait: Duration,
 }
 
-pub fn session_request(headers: &HeaderMap, body: &[u8]) -> Result<SessionRequest, ApiError> {
+pub fn session_request(headers: &HeaderMap, body: &[u8]) -> Result<SessionRequest, HttpError> {
     let mut fields = FieldReader::new(headers, body, true, &["keepaliveMs", "name"])?;
     let keepalive_ms = fields.integer("keepaliveMs", MIN_KEEPALIVE_MS, MAX_KEEPALIVE_MS)?;
     let name = fields.string("name", MAX_SESSION_NAME_LEN)?;
@@ -111,7 +111,7 @@ pub fn session_request(headers: &HeaderMap, body: &[u8]) -> Result<SessionReques
     })
 }
 
-pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireRequest, ApiError> {
+pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireRequest, HttpError> {
     let known = [
         "name",
         "namespace",
@@ -121,7 +121,7 @@ pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireReques
     ];
     let mut fields = FieldReader::new(headers, body, false, &known)?;
     let name = fields.string("name", 63)?.ok_or_else(|| {
-        ApiError::field(
+        HttpError::field(
             "missing_field",
             "name",
             "name (the Lease's name) is required",
@@ -137,7 +137,7 @@ pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireReques
         .map_or(DEFAULT_DURATION_SECS, |d| d as i64);
     let holder_identity = fields.string("holderIdentity", MAX_IDENTITY_LEN)?;
     if holder_identity.as_deref() == Some("") {
-        return Err(ApiError::field(
+        return Err(HttpError::field(
             "invalid_field",
             "holderIdentity",
             "holderIdentity must not be empty (leave it out for the pod's name)",
@@ -157,12 +157,12 @@ pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireReques
 }
 
 /// `waitMs` of a query string (`GET .../leases/{namespace}/{name}?waitMs=N`).
-pub fn wait_query(query: Option<&str>) -> Result<Duration, ApiError> {
+pub fn wait_query(query: Option<&str>) -> Result<Duration, HttpError> {
     let mut wait = Duration::ZERO;
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         if key != "waitMs" {
-            return Err(ApiError::field(
+            return Err(HttpError::field(
                 "unknown_field",
                 key,
                 format!("unknown query parameter {key:?} (only waitMs)"),
@@ -171,7 +171,7 @@ pub fn wait_query(query: Option<&str>) -> Result<Duration, ApiError> {
         wait = match value.parse::<u64>() {
             Ok(ms) if ms <= MAX_WAIT_MS => Duration::from_millis(ms),
             _ => {
-                return Err(ApiError::field(
+                return Err(HttpError::field(
                     "invalid_field",
                     "waitMs",
                     format!("waitMs must be an integer from 0 to {MAX_WAIT_MS}, not {value:?}"),
@@ -184,7 +184,7 @@ pub fn wait_query(query: Option<&str>) -> Result<Duration, ApiError> {
 
 /// A Lease's name and namespace are DNS labels (RFC 1123): the name doubles as a label
 /// value (`palisade.dev/fenced-by`). Checked here so that the error names the field.
-pub fn check_dns_label(field: &str, value: &str) -> Result<(), ApiError> {
+pub fn check_dns_label(field: &str, value: &str) -> Result<(), HttpError> {
     let valid = !value.is_empty()
         && value.len() <= 63
         && value
@@ -195,7 +195,7 @@ pub fn check_dns_label(field: &str, value: &str) -> Result<(), ApiError> {
     if valid {
         Ok(())
     } else {
-        Err(ApiError::field(
+        Err(HttpError::field(
             "invalid_field",
             field,
             format!(
@@ -218,10 +218,10 @@ impl FieldReader {
         body: &[u8],
         empty_ok: bool,
         known: &[&str],
-    ) -> Result<Self, ApiError> {
+    ) -> Result<Self, HttpError> {
         let reader = Self::parse(headers, body, empty_ok)?;
         match reader.fields.keys().find(|k| !known.contains(&k.as_str())) {
-            Some(field) => Err(ApiError::field(
+            Some(field) => Err(HttpError::field(
                 "unknown_field",
                 field,
                 format!("unknown field {field:?} (known: {})", known.join(", ")),
@@ -230,12 +230,12 @@ impl FieldReader {
         }
     }
 
-    fn parse(headers: &HeaderMap, body: &[u8], empty_ok: bool) -> Result<Self, ApiError> {
+    fn parse(headers: &HeaderMap, body: &[u8], empty_ok: bool) -> Result<Self, HttpError> {
         if let Some(kind) = headers.get(header::CONTENT_TYPE) {
             let kind = kind.to_str().unwrap_or("");
             let essence = kind.split(';').next().unwrap_or("").trim();
             if !essence.eq_ignore_ascii_case("application/json") {
-                return Err(ApiError::new(
+                return Err(HttpError::new(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     "unsupported_media_type",
                     format!("the body must be application/json, not {kind:?}"),
@@ -247,12 +247,12 @@ impl FieldReader {
         }
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(fields)) => Ok(Self { fields }),
-            Ok(_) => Err(ApiError::new(
+            Ok(_) => Err(HttpError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_json",
                 "the body must be a JSON object",
             )),
-            Err(e) => Err(ApiError::new(
+            Err(e) => Err(HttpError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_json",
                 format!("the body is not JSON: {e}"),
@@ -260,13 +260,13 @@ impl FieldReader {
         }
     }
 
-    fn integer(&mut self, field: &str, min: u64, max: u64) -> Result<Option<u64>, ApiError> {
+    fn integer(&mut self, field: &str, min: u64, max: u64) -> Result<Option<u64>, HttpError> {
         match self.fields.remove(field) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Number(n)) if n.as_u64().is_some_and(|v| (min..=max).contains(&v)) => {
                 Ok(n.as_u64())
             }
-            Some(other) => Err(ApiError::field(
+            Some(other) => Err(HttpError::field(
                 "invalid_field",
                 field,
                 format!("{field} must be an integer from {min} to {max}, not {other}"),
@@ -274,16 +274,16 @@ impl FieldReader {
         }
     }
 
-    fn string(&mut self, field: &str, max_len: usize) -> Result<Option<String>, ApiError> {
+    fn string(&mut self, field: &str, max_len: usize) -> Result<Option<String>, HttpError> {
         match self.fields.remove(field) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) if s.len() <= max_len => Ok(Some(s)),
-            Some(Value::String(s)) => Err(ApiError::field(
+            Some(Value::String(s)) => Err(HttpError::field(
                 "invalid_field",
                 field,
                 format!("{field} is {} characters long; at most {max_len}", s.len()),
             )),
-            Some(other) => Err(ApiError::field(
+            Some(other) => Err(HttpError::field(
                 "invalid_field",
                 field,
                 format!("{field} must be a string, not {other}"),
@@ -291,7 +291,7 @@ impl FieldReader {
         }
     }
 
-    fn finish(self) -> Result<(), ApiError> {
+    fn finish(self) -> Result<(), HttpError> {
         debug_assert!(self.fields.is_empty(), "every known field is read");
         Ok(())
     }
@@ -301,7 +301,7 @@ impl FieldReader {
 mod tests {
     use super::*;
 
-    fn acquire(body: &str) -> Result<AcquireRequest, ApiError> {
+    fn acquire(body: &str) -> Result<AcquireRequest, HttpError> {
         acquire_request(&HeaderMap::new(), body.as_bytes())
     }
 

@@ -15,11 +15,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::{Threads, block_on, init_logging, parse_duration};
-use crate::api::{
+use crate::client::{self, AcquireOptions, LeaseClient};
+use crate::crd::{
     DEFAULT_LEASE_DURATION_SECONDS, FENCED_BY_LABEL, FENCING_TOKEN_ANNOTATION, LeaseClaim,
     LeaseClaimSpec, PodRef,
 };
-use crate::client::{self, AcquireOptions, LeaseClient};
 
 /// The annotation a fenced write changes when its token does not (see the chart's
 /// object-fencing policy).

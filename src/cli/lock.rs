@@ -18,8 +18,8 @@ use super::{
     Threads, block_on, default_identity, init_logging, parse_duration, parse_lease_duration,
     show_duration,
 };
-use crate::api_error::ApiErrorKind;
 use crate::client::{AcquireOptions, Error, Grant, LeaseClient, LostReason, PodBinding, call};
+use crate::kube_error::ApiErrorKind;
 
 /// The lease was lost while CMD ran (EX_TEMPFAIL: try again).
 pub const EXIT_LOST: u8 = 75;

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::api::MAX_LEASE_DURATION_SECONDS;
+use crate::crd::MAX_LEASE_DURATION_SECONDS;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -7,8 +7,8 @@ use kube::ResourceExt;
 use kube::api::ListParams;
 
 use super::{Threads, block_on, init_logging};
-use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 use crate::client::{self, LeaseClient, call};
+use crate::crd::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
 
 /// Show Leases: holder, fencing token, phase and how many claims wait.
 #[derive(clap::Args, Debug)]

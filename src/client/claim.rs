@@ -11,8 +11,8 @@ use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
 use super::{CLIENT_MANAGER, Error, LeaseClient, call};
-use crate::api::{LeaseClaim, LeaseClaimSpec, PodRef};
-use crate::api_error::ApiErrorKind;
+use crate::crd::{LeaseClaim, LeaseClaimSpec, PodRef};
+use crate::kube_error::ApiErrorKind;
 
 /// The longest claim name prefix, as for `generateName` (5 random characters follow).
 const MAX_GENERATE_NAME_PREFIX: usize = 58;

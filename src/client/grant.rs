@@ -24,8 +24,8 @@ use super::clock::{BootInstant, BootTimer};
 use super::object_watch::Events;
 use super::wait::{Granted, claim_ending, holds_grant, lease_duration};
 use super::{CALL_TIMEOUT, CLIENT_MANAGER, Error, LostReason};
-use crate::api::{ClaimPhase, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
-use crate::api_error::ApiErrorKind;
+use crate::crd::{ClaimPhase, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
+use crate::kube_error::ApiErrorKind;
 
 /// A held Lease. Renewed in the background until released, dropped or lost.
 pub struct Grant {
@@ -495,13 +495,13 @@ fn judge_renewal(claim: &LeaseClaim, uid: &str, token: i64) -> Result<(), Renewa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::LeaseClaimSpec;
+    use crate::crd::LeaseClaimSpec;
 
     #[test]
     fn a_renewal_counts_unless_the_claim_shows_another_grant_or_an_end() {
         let mut claim = LeaseClaim::new("c", LeaseClaimSpec::default());
         claim.metadata.uid = Some("u1".into());
-        let with = |phase, token| crate::api::LeaseClaimStatus {
+        let with = |phase, token| crate::crd::LeaseClaimStatus {
             phase: Some(phase),
             fencing_token: token,
             ..Default::default()
@@ -539,7 +539,7 @@ mod tests {
 
     #[test]
     fn a_renewal_gives_up_only_when_the_claim_is_gone() {
-        let refused = |code: u16| RenewalError::Api(crate::api_error::refusal(code, "refused"));
+        let refused = |code: u16| RenewalError::Api(crate::kube_error::refusal(code, "refused"));
         for code in [404, 409, 422] {
             assert!(!refused(code).is_retried(), "{code}");
         }

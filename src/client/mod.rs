@@ -60,9 +60,9 @@ use clock::BootTimer;
 pub use grant::Grant;
 use wait::{await_grant, until_deadline};
 
-use crate::api::{Lease, LeaseClaim, LeaseSpec};
-use crate::api_error::ApiErrorKind;
 use crate::conditions::lost;
+use crate::crd::{Lease, LeaseClaim, LeaseSpec};
+use crate::kube_error::ApiErrorKind;
 
 /// Field manager of the writes made by this library.
 pub const CLIENT_MANAGER: &str = "palisade-client";

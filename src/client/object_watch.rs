@@ -29,7 +29,7 @@ use kube::runtime::utils::{Backoff, ResetTimerBackoff};
 use kube::runtime::watcher::ExponentialBackoff;
 
 use super::{Error, call};
-use crate::api_error::ApiErrorKind;
+use crate::kube_error::ApiErrorKind;
 
 /// The object (None: absent) each time it changes, or an error the watch retries.
 pub type Events<K> = BoxStream<'static, Result<Option<K>, Error>>;

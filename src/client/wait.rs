@@ -13,7 +13,7 @@ use super::claim::ClaimGuard;
 use super::clock::BootInstant;
 use super::object_watch::{Events, watch_one};
 use super::{Error, LostReason, WatchPeriods};
-use crate::api::{ClaimPhase, Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS};
+use crate::crd::{ClaimPhase, Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS};
 
 /// A grant, as the wait saw it: the claim (guarded), the Lease that names it, when
 /// that was seen, and the watches a holder goes on with.
@@ -168,7 +168,7 @@ async fn wait_for_grant(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::LeaseClaimSpec;
+    use crate::crd::LeaseClaimSpec;
     use crate::fixtures::LeaseBuilder;
 
     #[test]
@@ -217,7 +217,7 @@ mod tests {
             (ClaimPhase::Revoked, Some(LostReason::Revoked)),
             (ClaimPhase::Released, Some(LostReason::ClaimDeleted)),
         ] {
-            claim.status = Some(crate::api::LeaseClaimStatus {
+            claim.status = Some(crate::crd::LeaseClaimStatus {
                 phase: Some(phase),
                 ..Default::default()
             });

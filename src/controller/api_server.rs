@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use super::error::{Error, Result};
 use super::grant::ClaimUpdate;
 use super::index::LeaseKey;
-use crate::api::{CONTROLLER_MANAGER, Lease, LeaseClaim};
+use crate::crd::{CONTROLLER_MANAGER, Lease, LeaseClaim};
 use crate::kube_client::{CONTROLLER_CALL_TIMEOUT, within};
 
 /// Reads are quorum reads (served from etcd, not a cache); writes are conditional.

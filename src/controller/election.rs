@@ -31,8 +31,8 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::api_error::ApiErrorKind;
 use crate::kube_client::within;
+use crate::kube_error::ApiErrorKind;
 
 /// How long one attempt (a read and a write of the record) may take. It bounds a
 /// call on a connection that died silently too; the controller's connections also
@@ -373,7 +373,7 @@ mod tests {
         );
         let api = ElectionError::Api {
             kind: ApiErrorKind::Conflict,
-            source: crate::api_error::refusal(409, "test"),
+            source: crate::kube_error::refusal(409, "test"),
         };
         assert_eq!(api.label(), "conflict");
         assert!(

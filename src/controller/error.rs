@@ -2,7 +2,7 @@
 //! [`ApiErrorKind`], with a low-cardinality [`Error::label`]. (The election has its
 //! own, `election::ElectionError`.)
 
-use crate::api_error::ApiErrorKind;
+use crate::kube_error::ApiErrorKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -53,7 +53,7 @@ mod tests {
     use super::*;
 
     fn status(code: u16) -> kube::Error {
-        crate::api_error::refusal(code, "test")
+        crate::kube_error::refusal(code, "test")
     }
 
     #[test]

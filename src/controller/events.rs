@@ -29,7 +29,7 @@ use kube::{Client, Resource};
 use tokio::sync::{mpsc, watch};
 
 use super::metrics::Metrics;
-use crate::api::CONTROLLER_MANAGER;
+use crate::crd::CONTROLLER_MANAGER;
 
 /// Events waiting to be created; beyond this they are dropped and counted.
 pub const QUEUE: usize = 1024;

@@ -119,7 +119,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Readiness;
-use crate::api::{Lease, LeaseClaim};
+use crate::crd::{Lease, LeaseClaim};
 use crate::kube_client::ControllerClients;
 use crate::watch_backoff::backoff;
 

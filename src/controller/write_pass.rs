@@ -2,7 +2,7 @@
 //! then write it, each call conditioned on what the decision was computed from:
 //! DESIGN rule 2, "Endings are confirmed"), and reports what it learned and one
 //! [`Next`]: when to decide the Lease again. It holds no rules: a refused call ends
-//! the pass, and which refusal means what is `crate::api_error`'s.
+//! the pass, and which refusal means what is `crate::kube_error`'s.
 //!
 //! # Endings are confirmed
 //!
@@ -44,9 +44,9 @@ use super::events::{self, Publisher};
 use super::grant::{Check, ClaimUpdate, Decision, Ending};
 use super::index::{ExpiryConfirmed, Learned, LeaseKey, PodEntry};
 use super::metrics::{Metrics, WriteLabels};
-use crate::api::{Lease, LeaseStatus};
-use crate::api_error::ApiErrorKind::{Conflict, Invalid, NotFound};
 use crate::conditions;
+use crate::crd::{Lease, LeaseStatus};
+use crate::kube_error::ApiErrorKind::{Conflict, Invalid, NotFound};
 
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease as CoordinationLease;
 use kube::Client;
 use kube::api::Api;
-use palisade::api::Lease;
+use palisade::crd::Lease;
 use support::proxy::{Mode, Proxy};
 
 use crate::cluster::{ControlPlane, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use kube::api::Api;
-use palisade::api::Lease;
+use palisade::crd::Lease;
 
 use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
 use crate::faults::{FaultContext, HeldGrant, kill_controller, pick_grant, split_brain};

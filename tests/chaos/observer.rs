@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use palisade::api::Lease;
+use palisade::crd::Lease;
 
 use crate::cluster::NAMESPACE;
 use crate::history::{Event, Recorder};

@@ -2,7 +2,7 @@
 //! (watching, not polling) for the controller to grant, hand over or revoke.
 
 use kube::api::{DeleteParams, PostParams};
-use palisade::api::{ClaimPhase, Lease, LeaseClaim};
+use palisade::crd::{ClaimPhase, Lease, LeaseClaim};
 use serde_json::{Value, json};
 
 use super::{TestNamespace, holder_claim, wait_for, wait_lease};

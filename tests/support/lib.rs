@@ -244,8 +244,8 @@ pub async fn apply_crds(client: &Client, manager: &str) -> Result<(), String> {
     use kube::api::{Patch, PatchParams};
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [
-        palisade::api::Lease::crd(),
-        palisade::api::LeaseClaim::crd(),
+        palisade::crd::Lease::crd(),
+        palisade::crd::LeaseClaim::crd(),
     ] {
         let name = crd.metadata.name.clone().unwrap_or_default();
         crds.patch(
@@ -453,8 +453,8 @@ pub async fn wait_lease(
     ns: &TestNamespace,
     name: &str,
     what: &str,
-    pred: impl Fn(&palisade::api::Lease) -> bool,
-) -> palisade::api::Lease {
+    pred: impl Fn(&palisade::crd::Lease) -> bool,
+) -> palisade::crd::Lease {
     wait_for(ns.api(), name, what, |l| l.is_some_and(&pred))
         .await
         .expect("a Lease that satisfies the predicate exists")
@@ -463,7 +463,7 @@ pub async fn wait_lease(
 /// The names of all LeaseClaims in the namespace, sorted.
 pub async fn claim_names(ns: &TestNamespace) -> Vec<String> {
     use kube::ResourceExt;
-    let claims = ns.api::<palisade::api::LeaseClaim>();
+    let claims = ns.api::<palisade::crd::LeaseClaim>();
     let mut names: Vec<String> = claims
         .list(&Default::default())
         .await
@@ -492,7 +492,7 @@ pub async fn admin_get(port: u16, path: &str) -> std::io::Result<String> {
 }
 
 /// The claim that holds the Lease, if any.
-pub fn holder_claim(lease: &palisade::api::Lease) -> Option<String> {
+pub fn holder_claim(lease: &palisade::crd::Lease) -> Option<String> {
     lease
         .status
         .as_ref()?
@@ -502,7 +502,7 @@ pub fn holder_claim(lease: &palisade::api::Lease) -> Option<String> {
 }
 
 /// The Lease's fencing token; panics when it has none.
-pub fn token(lease: &palisade::api::Lease) -> i64 {
+pub fn token(lease: &palisade::crd::Lease) -> i64 {
     lease
         .status
         .as_ref()
@@ -531,7 +531,7 @@ pub async fn create_pod(ns: &TestNamespace, name: &str) -> k8s_openapi::api::cor
 /// Panics, naming `case`, if the server accepted it.
 pub async fn apply_rejected(ns: &TestNamespace, case: &str, mut body: serde_json::Value) -> String {
     use kube::api::{Patch, PatchParams};
-    use palisade::api::{Lease, LeaseClaim};
+    use palisade::crd::{Lease, LeaseClaim};
     body["apiVersion"] = serde_json::json!("palisade.dev/v1alpha1");
     let name = body["metadata"]["name"].as_str().unwrap().to_string();
     let strict = PatchParams::apply("palisade-tests").validation_strict();

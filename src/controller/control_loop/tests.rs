@@ -9,13 +9,13 @@ use kube::Client;
 use kube::ResourceExt;
 
 use super::*;
-use crate::api::{Lease, LeaseClaim};
 use crate::controller::index::Learned;
 use crate::controller::{ControllerConfig, Error, KubeApiServer, Result};
+use crate::crd::{Lease, LeaseClaim};
 
 mod outcomes {
     use super::*;
-    use crate::api::LeasePhase;
+    use crate::crd::LeasePhase;
     use crate::fixtures::LeaseBuilder;
 
     /// A client for tests that never reach the API server (its calls fail at once).
@@ -159,7 +159,7 @@ mod retries {
     }
 
     fn refused(code: u16) -> Error {
-        Error::api("test", crate::api_error::refusal(code, "test"))
+        Error::api("test", crate::kube_error::refusal(code, "test"))
     }
 
     impl ApiServer for Refusing {
@@ -248,8 +248,8 @@ mod retries {
 /// grants went before), and never take more than half the write slots.
 mod mirrors {
     use super::*;
-    use crate::api::LeasePhase;
     use crate::controller::grant::ClaimUpdate;
+    use crate::crd::LeasePhase;
     use crate::fixtures::{ClaimBuilder, LeaseBuilder};
 
     /// Accepts every write, as written.
@@ -367,7 +367,7 @@ mod mirrors {
         record(&mirrors_b);
         state.finish(mirrors_b, now);
         written.sort_by(|x, y| x.0.cmp(&y.0));
-        use crate::api::ClaimPhase::{Granted, Pending};
+        use crate::crd::ClaimPhase::{Granted, Pending};
         assert_eq!(
             written,
             [

@@ -28,9 +28,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Check, ClaimUpdate, Decision, Ending, held_a_deleted_lease, is_pending, marks_first};
-use crate::api::{ClaimPhase, LeaseClaimStatus, LeaseStatus};
 use crate::conditions::{messages, reasons, types};
 use crate::controller::index::{ClaimView, LeaseView, PodProblem};
+use crate::crd::{ClaimPhase, LeaseClaimStatus, LeaseStatus};
 
 /// Phase 5a: each waiter's place in the queue.
 pub(super) fn mirror_waiters(

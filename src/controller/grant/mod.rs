@@ -29,8 +29,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::index::{ClaimView, LeaseView, PodProblem};
-use crate::api::{ClaimPhase, Holder, Lease, LeaseClaimStatus, LeasePhase, LeaseStatus};
 use crate::conditions::{messages, reasons, types};
+use crate::crd::{ClaimPhase, Holder, Lease, LeaseClaimStatus, LeasePhase, LeaseStatus};
 use crate::token::{MAX_TOKEN, TokensExhausted, next_token};
 use claim_status::{
     check_pod_gone, lost, mirror_claims, mirror_waiters, push_mirror, set_condition,

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{Lease, LeaseClaimStatus, PodRef};
+use crate::crd::{Lease, LeaseClaimStatus, PodRef};
 
 /// A Lease by namespace and name; also the unit of work of the controller.
 ///

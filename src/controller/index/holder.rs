@@ -69,7 +69,7 @@
 use std::time::{Duration, Instant};
 
 use super::entries::LeaseEntry;
-use crate::api::MAX_LEASE_DURATION_SECONDS;
+use crate::crd::MAX_LEASE_DURATION_SECONDS;
 
 /// The holder expires a lease duration after the later of: when the index
 /// first saw it hold the lease (so a restarted controller gives it a fresh full

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
-use crate::api::{Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
+use crate::crd::{Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use crate::token::resource_version_newer;
 
 mod entries;

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 
 use super::{Index, LeaseKey};
-use crate::api::{Lease, LeaseClaim};
+use crate::crd::{Lease, LeaseClaim};
 
 /// What each watch's (re)list has delivered so far. Its objects go into the index as
 /// they come (holding 30,000 of them until the list ends would double the

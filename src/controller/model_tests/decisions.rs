@@ -4,9 +4,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{ClaimPhase, LeasePhase};
 use crate::controller::grant::{Ending, decide};
 use crate::controller::index::{Index, POD_GRACE};
+use crate::crd::{ClaimPhase, LeasePhase};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder, PodBuilder};
 
 use super::{NAME, claim, key};

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
-use crate::api::LeasePhase;
 use crate::controller::grant::{Ending, decide};
 use crate::controller::index::Index;
+use crate::crd::LeasePhase;
 use crate::fixtures::LeaseBuilder;
 
 use super::{NAME, claim, key};

@@ -8,10 +8,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use kube::ResourceExt;
 
-use crate::api::{ClaimPhase, Lease, LeaseClaim, LeasePhase, RENEWED_TOKEN_ANNOTATION};
 use crate::conditions::{reasons, types};
 use crate::controller::grant::{Check, Decision, Ending, Work, decide};
 use crate::controller::index::{ExpiryConfirmed, Index, Learned};
+use crate::crd::{ClaimPhase, Lease, LeaseClaim, LeasePhase, RENEWED_TOKEN_ANNOTATION};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder};
 
 use super::{NAME, claim, key};

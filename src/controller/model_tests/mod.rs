@@ -9,8 +9,8 @@ mod expiry;
 mod model;
 mod server;
 
-use crate::api::LeaseClaim;
 use crate::controller::index::LeaseKey;
+use crate::crd::LeaseClaim;
 use crate::fixtures::{ClaimBuilder, NS};
 
 const NAME: &str = "lock";

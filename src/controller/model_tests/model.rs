@@ -18,11 +18,11 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use crate::admin::Readiness;
-use crate::api::{ClaimPhase, Lease};
 use crate::controller::events::Publisher;
 use crate::controller::metrics::Metrics;
 use crate::controller::write_pass::Outcome;
 use crate::controller::{ControllerConfig, Input, Loop};
+use crate::crd::{ClaimPhase, Lease};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder, PodBuilder};
 
 use super::server::{Change, Model, World};

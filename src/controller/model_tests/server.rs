@@ -11,11 +11,11 @@ use k8s_openapi::jiff::Timestamp;
 
 use kube::ResourceExt;
 
-use crate::api::{ClaimPhase, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use crate::controller::api_server::ApiServer;
 use crate::controller::grant::ClaimUpdate;
 use crate::controller::index::LeaseKey;
 use crate::controller::{self};
+use crate::crd::{ClaimPhase, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 
 /// A model API server: one Lease, claims, pods; every write bumps a global resourceVersion.
 pub(super) struct World {
@@ -72,7 +72,7 @@ pub(super) struct Belief {
 /// waiting (further ahead as its position falls), granted, then final. One
 /// controller's writes to a claim never move it back: a deferred mirror written late
 /// would (a `Pending` over the `Granted`, or a place in the queue it has left).
-fn mirror_rank(status: &crate::api::LeaseClaimStatus) -> (u8, i64) {
+fn mirror_rank(status: &crate::crd::LeaseClaimStatus) -> (u8, i64) {
     match status.phase {
         Some(ClaimPhase::Granted) => (1, 0),
         Some(phase) if phase.is_final() => (2, 0),
@@ -84,8 +84,8 @@ fn mirror_rank(status: &crate::api::LeaseClaimStatus) -> (u8, i64) {
 /// the API server enforces whoever writes: a status never leaves a final phase, never
 /// goes from `Granted` back to `Pending`, and never changes a fencing token once set.
 fn moves_back(
-    old: Option<&crate::api::LeaseClaimStatus>,
-    new: &crate::api::LeaseClaimStatus,
+    old: Option<&crate::crd::LeaseClaimStatus>,
+    new: &crate::crd::LeaseClaimStatus,
 ) -> bool {
     let Some(old) = old else {
         return false;
@@ -348,7 +348,7 @@ pub(super) struct Model(pub(super) Arc<Mutex<World>>, pub(super) usize);
 fn refusal(call: &'static str, code: u16) -> controller::Error {
     controller::Error::api(
         call,
-        crate::api_error::refusal(code, "refused by the model"),
+        crate::kube_error::refusal(code, "refused by the model"),
     )
 }
 

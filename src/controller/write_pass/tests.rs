@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::*;
-use crate::api::{LeaseClaim, LeaseClaimStatus};
 use crate::controller::Error;
+use crate::crd::{LeaseClaim, LeaseClaimStatus};
 use crate::fixtures::{ClaimBuilder, LeaseBuilder, NS, PodBuilder};
 
 /// Answers reads with what it holds and writes by echoing them one version on,
@@ -36,7 +36,7 @@ impl Scripted {
         match self.refusals.get(name) {
             Some(code) => Err(Error::api(
                 "test",
-                crate::api_error::refusal(*code, "scripted"),
+                crate::kube_error::refusal(*code, "scripted"),
             )),
             None => Ok(()),
         }
