@@ -19,7 +19,7 @@
 //!   offers HTTP/1.1 only), and are PINGed every [`PING_INTERVAL`], idle or not; one
 //!   whose PING goes unanswered for [`PING_TIMEOUT`] is closed, failing every request
 //!   and watch on it. That is how a quiet watch is known alive without a request
-//!   (DESIGN.md, "Client API deadlines"), so watches last [`PINGED_WATCH_SECS`].
+//!   (`crate::client`, "API deadlines"), so watches last [`PINGED_WATCH_SECS`].
 //! - A read timeout: the controller's calls ([`controller_clients`]) give up on a
 //!   connection that delivers nothing for [`READ_TIMEOUT`] (counted from when the
 //!   request was written). Where we do not build the connections, its watches share
@@ -27,6 +27,20 @@
 //!   [`CONTROLLER_WATCH_TIMEOUT_SECS`], before the timeout can fire on a healthy but
 //!   quiet watch. [`within`] puts a deadline on a whole call, for those
 //!   configurations.
+//!
+//! **The controller's calls and watches.** Without a read timeout 16 writes on
+//! silently dead connections would stop all grants for those 15 minutes. Its calls
+//! keep HTTP/1.1 (one connection per call in flight) with the 5 s read timeout; its
+//! three watches share one PINGed HTTP/2 connection, like the client library's: a
+//! dead one is closed within 6 s, failing all three, which resume from their
+//! resourceVersions (no relist), and a quiet healthy watch lasts 5 minutes, so the
+//! idle controller costs the API server next to nothing beyond its election
+//! renewals. Where we do not build the connections (a proxy, an exec credential
+//! plugin, a TLS server name) the 4 s `timeoutSeconds` above applies. Every write,
+//! confirmation read and election call also runs under [`CONTROLLER_CALL_TIMEOUT`]
+//! (10 s; an election attempt gets what is left of the renew deadline), so a leader
+//! cut off silently steps down within its renew deadline. Bookmarks alone would not
+//! do: the API server sends one about once a minute.
 
 use std::future::Future;
 use std::sync::Arc;

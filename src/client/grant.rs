@@ -225,7 +225,7 @@ impl Drop for Grant {
 /// the claim when the grant is released or dropped.
 struct Keeper {
     /// The lease duration this grant is held under: the one the grant was observed
-    /// with, lowered by every shorter one seen since, never raised (DESIGN.md).
+    /// with, lowered by every shorter one seen since, never raised (DESIGN.md, "Client deadlines").
     duration: watch::Sender<Duration>,
     /// The grant's fencing token: a renewal counts only when the claim shows this grant.
     token: i64,
@@ -402,7 +402,7 @@ impl Keeper {
                 let sent_at = BootInstant::now();
                 // The UID makes the patch fail (422: immutable) on another object of the same name.
                 // The token says the renewal is of this grant, which this process has
-                // seen (DESIGN "Expiry is one write").
+                // seen ("Expiry is one write", in the controller's `index::holder`).
                 let patch = serde_json::json!({
                     "metadata": {
                         "uid": uid,
@@ -485,7 +485,7 @@ fn judge_renewal(claim: &LeaseClaim, uid: &str, token: i64) -> Result<(), Renewa
         // Pending or no status (final phases returned above): not mirrored yet, since
         // the Lease is written first and in a storm the mirror waits behind every
         // pending grant. The grant has not ended: the controller marks the claim
-        // before it hands the Lease on (DESIGN "Endings are confirmed"), unless this
+        // before it hands the Lease on (controller `write_pass`, "Endings confirmed"), unless this
         // client had renewed the grant, whose later renewals come after its local
         // deadline by then ("Expiry is one write").
         _ => Ok(()),

@@ -16,7 +16,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! How it keeps the contract (DESIGN.md, "Client side" and "Client library"):
+//! How it keeps the contract (DESIGN.md, "Client side" and "Client deadlines"):
 //!
 //! - The authority is `Lease.status` (rule 1): a claim holds the lease exactly
 //!   when `status.holder.claimUID` is its UID, and the token is
@@ -39,6 +39,77 @@
 //!   `Drop` are tracked; call [`LeaseClient::flush`] before the process exits to let
 //!   them finish. (A process that is killed outright leaves its claim: a pending
 //!   one waits in the queue, and once granted it expires after one lease duration.)
+//!
+//! # Deadlines: the details
+//!
+//! The rule and the outline of its proof are DESIGN.md's "Client deadlines"; what
+//! follows is why its parts are as they are.
+//!
+//! - **`CLOCK_BOOTTIME`** (a `timerfd`, `clock`): it keeps counting while the machine
+//!   is suspended, where `CLOCK_MONOTONIC` stops.
+//! - **The first renewal.** A waiter's watch that resumed after a silent death may
+//!   replay "granted to X" when the controller has already ended X's grant and
+//!   granted Y, and only a response from the API server tells (the ended grant's
+//!   claim was marked first, so the renewal's response shows it). Its third of a
+//!   duration bounds the case where the controller's clock started well before the
+//!   client saw the grant. Cost: one renewal, a few milliseconds, per acquire.
+//! - **Durations.** The client takes the shorter of the spec it observes and the
+//!   duration the grant recorded (`status.holder.leaseDurationSeconds`), so neither an
+//!   edit nor a spec raised between the grant and the client's first sight of it
+//!   makes it believe a longer deadline than the controller applies. The controller
+//!   never applies a shorter one to a grant in progress: it expires the longer of the
+//!   recorded duration and the current spec after the renewal it last observed,
+//!   after a restart or failover too (rule 4's fresh duration is that one); the next
+//!   grant uses the current spec. A lengthened spec so extends a grant on the
+//!   controller's side only, which is safe because the client never believes it. A
+//!   grant without the field (made by an older controller) is expired on the current
+//!   spec; it is not backfilled, since the duration it was made with is unknown.
+//! - **Unmirrored renewals count.** The mirror is written after the Lease, and in a
+//!   storm after every pending grant; the controller marks the holder's claim
+//!   `Expired` or `Revoked` before it hands the Lease on (an expiry of a holder that
+//!   had renewed its grant excepted: its renewals no longer count by then) and a
+//!   release deletes the claim, so an unmirrored claim's grant has not ended by the
+//!   controller's hand (a deleted Lease, or one rewritten by someone else, shows on
+//!   the Lease watch). Earlier versions retried an unmirrored response without moving
+//!   the deadline, so a holder whose mirror waited out two thirds of the duration
+//!   behind a storm lost its grant while the controller kept it.
+//!
+//! # API deadlines
+//!
+//! Every request of this library and of `palisade lock`/`status` (claim create,
+//! renewal patch, delete, Lease create and reads) has a deadline of [`CALL_TIMEOUT`]
+//! (5 s; a renewal attempt also at most a sixth of the duration); an abandoned
+//! request drops its connection (HTTP/1.1) or its stream (HTTP/2, whose connection
+//! the PINGs judge), and a retry goes out again. A claim's name is chosen here (5
+//! random characters, as `generateName` would), so a create whose response never
+//! came is deleted by name. Deletes are retried for at most 10 s. Watches resume from
+//! their last resourceVersion (a list only after 410 Gone) and ask the API server to
+//! end them after a timeout; a watch silent for 2 s past it is dropped with its
+//! connection (`object_watch` says why not kube's watcher). How a dead connection is
+//! noticed depends on who built the connections:
+//!
+//! - **Ours** ([`LeaseClient::try_default`]/`from_config`, the agent, `palisade
+//!   lock`): HTTP/2, PINGed every 3 s and closed when a PING goes unanswered for 3 s
+//!   (`crate::kube_client`), which fails every request and watch on it at once; they
+//!   resume on a new connection. So watches stay open for 5 minutes, like client-go's
+//!   reflectors, and a waiter costs under one request a minute (one holder and three
+//!   waiters: 0.23 requests/s, the holder's renewals 0.20 of it; 0.90 with the 5 s
+//!   Lease watch below). A waiter whose connections froze saw its grant 6.2 to 6.5 s
+//!   after the release. client-go detects dead HTTP/2 connections the same way (PINGs
+//!   after 30 s of silence). Offering HTTP/2 is not speaking it: the periods follow
+//!   the protocol of the last answer (`kube_client::Protocol`), so behind a server
+//!   that answers HTTP/1.1 (`kubectl proxy`, `--disable-http2-serving`) they are the
+//!   short ones below, and the controller reads the server's version before it starts
+//!   its watches and watches unPINGed with 4 s periods when the answer was not HTTP/2
+//!   (`tests/protocol.rs`).
+//! - **A `kube::Client` of the caller's** ([`LeaseClient::new`]): nothing is known of
+//!   its connections (kube's are HTTP/1.1, unPINGed), so the only sign of life is the
+//!   API server ending a watch on time. A waiter's Lease watch uses 5 s, so a silently
+//!   dead connection costs it about 7 s, plus 5 s (and a backoff under 0.4 s) for each
+//!   pooled connection the restart picks that died too (a CI run met one: 12.4 s);
+//!   every other watch uses 60 s: a holder's renewals (judged on the claim they
+//!   return) notice an ended grant without them, and a waiter's claim watch only ends
+//!   a wait early. A quiet watch costs one request per period.
 
 mod claim;
 pub(crate) mod clock;
