@@ -60,10 +60,12 @@ def acquire(
     duration_seconds: Optional[int] = None,
     holder_identity: Optional[str] = None,
     timeout: Optional[float] = None,
+    session: Optional[Session] = None,
 ) -> Grant:
-    """``default_session().acquire(...)``: see ``Session.acquire``. The Grant is a
-    context manager that releases the Lease on exit."""
-    return default_session().acquire(
+    """``(session or default_session()).acquire(...)``: see ``Session.acquire``. The
+    Grant is a context manager that releases the Lease on exit; ``aio.acquire`` is
+    this for asyncio."""
+    return (session or default_session()).acquire(
         name,
         namespace=namespace,
         duration_seconds=duration_seconds,
