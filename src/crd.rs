@@ -1,6 +1,8 @@
 //! The CRD types: `Lease` (the lock) and `LeaseClaim` (a pod asking for it), group
 //! `palisade.dev/v1alpha1`. The CRDs in `crds/` are generated from these types
-//! (`palisade crds`); see DESIGN.md for the meaning of every field.
+//! (`palisade crds`); see DESIGN.md for the meaning of every field. A Lease name must
+//! be a DNS label (at most 63 characters) because it is also the value of the
+//! `palisade.dev/fenced-by` label (`LEASE_NAME_RULE`).
 
 // kube-derive's repeated `printcolumn(type_ = ...)` arguments trip this lint.
 #![allow(clippy::duplicated_attributes)]
@@ -16,9 +18,9 @@ pub const VERSION: &str = "v1alpha1";
 pub const FENCING_TOKEN_ANNOTATION: &str = "palisade.dev/fencing-token";
 /// Set on a LeaseClaim by each of its holder's renewals: the fencing token of the
 /// grant renewed. Its holder has seen that grant, and its first renewal of it has
-/// landed (DESIGN "Expiry is one write"). An annotation, not a spec field, so that
-/// controllers and clients of earlier versions, which refuse unknown spec fields,
-/// read the claims of later clients.
+/// landed ("Expiry is one write", in the controller's `index::holder`). An
+/// annotation, not a spec field, so that controllers and clients of earlier
+/// versions, which refuse unknown spec fields, read the claims of later clients.
 pub const RENEWED_TOKEN_ANNOTATION: &str = "palisade.dev/renewed-token";
 /// Label that puts a Kubernetes object under fencing by the named Lease.
 pub const FENCED_BY_LABEL: &str = "palisade.dev/fenced-by";
@@ -192,7 +194,7 @@ pub enum ClaimPhase {
 }
 
 impl ClaimPhase {
-    /// A claim that lost its grant never gets it back (DESIGN: create a new claim instead).
+    /// A claim that lost its grant never gets it back (DESIGN.md, "LeaseClaim": create a new claim instead).
     pub fn is_final(self) -> bool {
         matches!(self, Self::Expired | Self::Revoked | Self::Released)
     }

@@ -1,4 +1,4 @@
-//! Fencing at the protected resource (DESIGN rule 6).
+//! Fencing at the protected resource (DESIGN.md rule 6).
 //!
 //! A [`Fence`] admits a write for a key only if its fencing token is at least the
 //! highest token admitted for that key so far. Equal tokens pass, because one

@@ -8,7 +8,7 @@
 //!
 //! | feature | what it adds | heavy dependencies |
 //! | --- | --- | --- |
-//! | `client` | [`crd`], [`client`], [`kube_client`], [`kube_error`]: the CRD types and the client library | kube, tokio |
+//! | `client` | [`crd`], [`client`], [`conditions`], [`kube_client`], [`kube_error`]: the CRD types, the client library and the reasons it reports | kube, tokio |
 //! | `fence` | [`fence`]: the fencing rule, [`fence::FileStore`] and [`fence::MemoryStore`] | none |
 //! | `postgres` | [`fence::postgres`] (implies `fence`) | tokio-postgres |
 //! | `redis` | [`fence::redis`] (implies `fence`) | redis |
@@ -19,6 +19,13 @@
 //! `default` is the full build: `cli`, `postgres` and `redis`. A program that takes
 //! a Lease and fences its writes needs only
 //! `palisade = { version = "0.2", default-features = false, features = ["client", "fence"] }`.
+//!
+//! Why split this way: a worker that only takes Leases and fences its writes then
+//! compiles no HTTP server, metrics or argument parser. Everything only the
+//! `palisade` binary does (flags, messages, exit codes, the runtime, logging, the
+//! identity default, `palisade lock`'s process supervision) lives in `cli`, whose
+//! module docs say why; a Rust program that holds a [`client::Grant`] stops its own
+//! work on [`client::Grant::lost`].
 //!
 //! # Entry points
 //!

@@ -188,7 +188,7 @@ async fn lead(
             Ok(()) => return Some(elector),
             // Stop granting at once (another replica may be granting already) and
             // stand by with warm caches: cheaper than a restart when a loaded API
-            // server delays renewals (DESIGN.md, "Leader election").
+            // server delays renewals (the controller module's docs, "Leader election").
             Err(lost) => tracing::error!(%lost, "lost leadership; standing by"),
         }
     }

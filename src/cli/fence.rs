@@ -1,5 +1,23 @@
 //! `palisade fence`: admit a fencing token from the shell, against a file store (a
 //! directory), PostgreSQL (`postgres://...`) or Redis (`redis://...`).
+//!
+//! **The default key** is `<namespace>/<lease>` from `PALISADE_NAMESPACE` and
+//! `PALISADE_LEASE` (the lease name with only the lease, `default` with neither),
+//! for every store: bare Lease names collide across namespaces in a shared database
+//! or store. Older versions defaulted to the bare lease name, so changing the default
+//! must not start a fence over: when the default key is namespaced, has no mark, and
+//! the bare lease name has one, the file and PostgreSQL stores refuse (exit 1, naming
+//! both keys, asking for `--key` or a migrated mark). PostgreSQL checks that inside
+//! the admitting transaction, reading the old key through the function itself
+//! (token 0 in a savepoint that is always rolled back), because a writer may not read
+//! `palisade.marks`; the extra round trips happen only on a key's first mark. Redis
+//! needs no such check: a key whose mark was never created fails closed there.
+//!
+//! **`--create`** takes no token (clap `conflicts_with`, which counts
+//! `PALISADE_FENCING_TOKEN` too, so under `palisade lock` it fails with exit 2 rather
+//! than quietly fence nothing): setting up and fencing are separate steps, because a
+//! writer that passed `--create` on every call would recreate a deleted store and
+//! have its stale token admitted as the first.
 
 use std::error::Error;
 use std::path::PathBuf;

@@ -1,6 +1,17 @@
 //! `palisade lock LEASE -- CMD ARGS...`: run a command while holding a Lease, like
 //! `etcdctl lock` and `consul lock`, but fenced: the command gets the grant's
 //! fencing token to pass to the resource it protects.
+//!
+//! **`--grace`** defaults to a sixth of the lease duration and is refused (exit 2,
+//! before any claim is made, and again if the duration at grant is shorter) when
+//! longer than a quarter of it: after the local deadline the controller cannot hand
+//! the lease on for a third of the duration (the safety margin), and the command must
+//! be gone within it; the last quarter of the margin is left for the SIGKILL and late
+//! timers. Refused rather than clamped, because a user who asked for a long grace
+//! wants the command to finish its work, and silently cutting that short is a
+//! surprise. If an edit shortens the Lease while the command runs, the grace is
+//! clamped to the new quarter. The process group, the terminal, stops and exit codes:
+//! `process`; the watchdog: `watchdog`.
 
 mod supervise;
 mod watchdog;

@@ -7,6 +7,18 @@
 //! logic they run lives in the library ([`crate::client`], [`crate::fence`],
 //! [`crate::controller`]); this module only turns flags into calls, and results into
 //! messages and exit codes.
+//!
+//! What only the binary does lives here, so that a library build (the crate's
+//! features) carries none of it: the async runtime (one builder: single-threaded for
+//! the client commands, multi-threaded for the controller), the logging set-up
+//! (stderr, `RUST_LOG`, else `warn` for client commands and `info` for the
+//! controller) and the identity default (`$POD_NAME`, else the host name; the
+//! controller adds its PID so two replicas on one host never share an election
+//! identity). `palisade lock`'s process supervision (the watchdog-led process group,
+//! signal forwarding) stays here, not in the library: it forks and takes over SIGINT,
+//! SIGTERM, SIGHUP, SIGTSTP, SIGCHLD and SIGTTOU for the whole process and reaps the
+//! command itself, which a library must not do behind its user's back, and its
+//! behaviour is the command's (exit codes, messages).
 
 pub mod agent;
 pub mod check;

@@ -1,5 +1,15 @@
 //! [`FileStore`]: marks in a directory, durable across crashes and shared by the
 //! processes of one host.
+//!
+//! Why it is built so (the layout is on [`FileStore`]): a store is made only on
+//! request ([`FileStore::create`], `palisade fence --create`), whole, and opening
+//! creates nothing: a missing or empty directory is `NoStore`, a store without
+//! `marks.json` or `journal.jsonl` is `Corrupt`, so a deleted or mistyped store never
+//! restarts at token zero. Creating opens an existing store as it is and refuses a
+//! non-empty directory that is not one. Waiting for the store's `flock` is bounded
+//! (5 s by default, `--lock-timeout`; polled, since `flock` has no timeout): a writer
+//! paused while holding it makes the others fail with `Locked` naming the store,
+//! instead of blocking them, the new holder included.
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};

@@ -9,6 +9,46 @@
 //! may create the schema); the writers' role needs only USAGE on the schema and
 //! EXECUTE on the function, and a call never creates anything: a missing install is
 //! [`Error::NotInstalled`].
+//!
+//! # Why it is built this way
+//!
+//! - *A function in the caller's transaction*, not a trigger or a separate service:
+//!   the protected write and the mark commit or roll back together, and every
+//!   language calls it with one statement. It takes the mark's row lock (`INSERT ...
+//!   ON CONFLICT DO NOTHING` for a new key, else `SELECT ... FOR UPDATE`) so READ
+//!   COMMITTED writers queue and the snapshot levels fail with 40001 instead of
+//!   comparing against an old mark; the stale SQLSTATE `PF001` is in a class
+//!   PostgreSQL leaves to applications. Keys are non-empty and at most 1024 bytes
+//!   (well under the btree entry limit); tokens are bigint, so the Rust caller
+//!   refuses tokens beyond i64 (palisade's own never are). Autocommit is allowed,
+//!   not detected: it is a correct check of its own, it just protects nothing after
+//!   it (docs/fences.md says so). The schema is versioned in `palisade.version`; an
+//!   older file refuses to overwrite a newer version.
+//! - *Installing is explicit* (`palisade fence --store URL --create`, [`install`], or
+//!   psql): a fence call runs no DDL. One that did would need a role that may create
+//!   the schema on every call, and would recreate a dropped schema empty, admitting
+//!   the next stale token as the first. A missing schema or function (3F000, 42883,
+//!   42P01) is [`Error::NotInstalled`], which says how to install.
+//! - *Schema version 2: `SECURITY DEFINER`.* The function runs with its owner's
+//!   rights (`search_path` pinned to `pg_catalog, pg_temp`), PUBLIC has no privilege
+//!   on the table, the version or the function, and writers get USAGE and EXECUTE
+//!   only: with no DML on `palisade.marks` they cannot lower a mark, which a
+//!   `SECURITY INVOKER` function (version 1) could not prevent. The upgrade from 1
+//!   moves each role that could write the marks to EXECUTE (so writers keep working)
+//!   and revokes its write access; privileges are set only when the schema reaches
+//!   version 2, so installing again never undoes an administrator's grants.
+//! - *`lock_timeout`.* The row lock makes a fencer wait for any transaction that
+//!   fenced the key and has not ended, a paused holder included, so the CLI sets
+//!   `lock_timeout` from `--lock-timeout` (at least 1 ms: 0 would mean no bound) and
+//!   55P03 is `Error::LockTimeout`, no decision, exit 1.
+//! - *What the database decides, stated rather than fixed:* a mark is as durable as
+//!   its commit (`synchronous_commit = off`, failover to an asynchronous standby can
+//!   lose it); a driver that wraps statements in savepoints (pgjdbc
+//!   `autosave=always`, psql `ON_ERROR_ROLLBACK`) turns PF001 into the failure of one
+//!   statement, so docs/fences.md recommends the call inside the write's own
+//!   statement (`INSERT ... SELECT ... FROM palisade.fence(...)`, `UPDATE ... FROM
+//!   palisade.fence(...)`), which `tests/postgres.rs` shows commits nothing stale
+//!   under both wrappings, while the separate statement's write commits.
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient, Transaction};

@@ -15,6 +15,29 @@
 //! fails closed. [`check_settings`] tells whether the server is set up so that marks
 //! are neither lost nor rolled back; docs/fences.md ("Redis")
 //! has what Redis cannot promise even so.
+//!
+//! # Why it is built this way
+//!
+//! A script because only a script makes compare-then-write atomic in Redis; it
+//! compares tokens as digit strings because Lua numbers are doubles. A Redis that
+//! lost its marks must be an error, never a fresh start, as with the file store; a
+//! store-wide sentinel cannot tell an evicted mark from a new key, so the mark itself
+//! is the sentinel: each key's mark is created once, explicitly (`SET NX`, keeping an
+//! existing one), and the script answers `NOMARK` when it is missing. A created,
+//! never-admitted mark is the empty string rather than "0": no token value is
+//! reserved (0 stays a token like any other, reported as the previous mark the second
+//! time, as in the file store), and no reader can take it for an admitted token. Data
+//! keys live under `palisade:{k}:data:`, which never names the mark of `k`, and the
+//! script refuses any protected key shaped like a mark, so no payload replaces one.
+//!
+//! What missing marks cannot catch, a mark rolled back by an RDB snapshot or an
+//! unsynced AOF, is left to the settings: [`check_settings`] reads them with CONFIG
+//! GET; `create` and the CLI refuse where they see them unsafe, and report "cannot
+//! see" where CONFIG is refused (managed services), since refusing there would make
+//! the fence unusable where the operator can still set them right; `admit` does not
+//! check, to keep one round trip per write. The CLI speaks TLS with rustls (no
+//! OpenSSL in the build) and talks to one server, not Redis Cluster, which the
+//! library serves through any cluster connection: the smaller change.
 
 use redis::aio::ConnectionLike;
 

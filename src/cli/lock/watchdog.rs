@@ -1,6 +1,34 @@
 //! The watchdog of CMD's process group: a forked process that SIGKILLs the group
 //! when `palisade lock` dies, or when the grant's kill time passes while it is
-//! stopped or starved. The rules: DESIGN.md, "`palisade lock`".
+//! stopped or starved.
+//!
+//! `palisade lock` runs the command in its own process group and signals the whole
+//! group. The group's leader is this watchdog, forked (without exec) before the
+//! command starts; it holds the read end of a pipe whose only write end `palisade
+//! lock` holds, and SIGKILLs the group when it reads EOF, i.e. when `palisade lock`
+//! exits or dies by any signal. `PR_SET_PDEATHSIG` (kept for the command itself)
+//! reaches only the direct child. On a normal exit the rest of the group is killed
+//! before the release too: nothing started under the lease outlives it. Processes
+//! that leave the group (`setsid`, `setpgid`) are out of reach, and documented so.
+//! The watchdog closes every descriptor it inherited but its two (the pipe and a
+//! timer), so a connection `palisade lock` drops really closes.
+//!
+//! **A stopped or starved `palisade lock` cannot act, so the watchdog does.**
+//! `palisade lock` publishes a kill time in a page shared with the watchdog: the
+//! grant's local deadline plus the grace (`--grace`), on `CLOCK_BOOTTIME`, moved on
+//! by every renewal that counts (`Grant::local_deadline`). The watchdog SIGKILLs the
+//! group when it passes, the moment `palisade lock` itself would have, a twelfth of
+//! the duration at least before the controller can hand the lease on. So SIGSTOP to
+//! `palisade lock` alone (or a pause) ends the command before the lease can move on;
+//! with `palisade lock` running both act, which is harmless. A SIGSTOP to the whole
+//! group stops the watchdog too, so the kill time waits for whoever continues the
+//! group (`process` has the rule `palisade lock` then applies).
+//!
+//! **The watchdog's death is noticed at once** (SIGCHLD, `waitid` with `WNOWAIT`,
+//! so its pid, the group's id, stays reserved): `palisade lock` says so, ends the
+//! command's group (SIGTERM, SIGKILL after the grace), releases the lease and exits
+//! 1, since without the watchdog nothing would end the group should `palisade lock`
+//! die.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
