@@ -13,14 +13,14 @@
 //! clamped to the new quarter. The process group, the terminal, stops and exit codes:
 //! `process`; the watchdog: `watchdog`.
 
-mod supervise;
+mod process;
 mod watchdog;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use self::supervise::{
+use self::process::{
     Child, ChildState, JobSignal, JobSignals, Signals, Terminal, exit_code, ignore_terminal_output,
     spawn, stop, stop_self,
 };

@@ -13,16 +13,16 @@
 //! 1. a watch event goes into the index (`index`: `Index::handle`, the one entry
 //!    point for all three kinds, relists included), which returns the Leases it
 //!    touched;
-//! 2. the work queue ([`WorkQueue`]) says which Lease to decide next, and when;
+//! 2. the work queue (`WorkQueue`) says which Lease to decide next, and when;
 //! 3. `grant::decide` turns the index's view of one Lease into a `Decision`: a
 //!    write plan whose fields are its steps in order (what to confirm by a quorum
 //!    read, the ended holder's claim mark, the Lease status, the other claims'
 //!    mirrors), and `Decision::work` says once whether it is urgent;
 //! 4. a write pass (`write_pass`) runs the plan's steps through `ApiServer`
-//!    ([`KubeApiServer`], or the model server of `model_tests`), one short function
+//!    (`KubeApiServer`, or the model server of `model_tests`), one short function
 //!    each, and holds no rules of its own;
 //! 5. its `Outcome` comes back with what it learned, which only
-//!    `Index::apply_outcome` applies (the UID guards live there), and one [`Next`]:
+//!    `Index::apply_outcome` applies (the UID guards live there), and one `Next`:
 //!    when to decide the Lease again.
 //!
 //! `Loop` (`control_loop`) joins them and is what tests drive; [`run`] feeds it from
@@ -30,7 +30,7 @@
 //!
 //! Under load only the Lease write is urgent: a pass acts on a decision (confirm,
 //! the ended holder's claim, the Lease) and leaves the other claims' status mirrors
-//! to a [`Pass::Mirrors`] of their own, started when no Lease is dirty, decided
+//! to a `Pass::Mirrors` of their own, started when no Lease is dirty, decided
 //! afresh, on at most half the write slots; Events are held back while a decision
 //! waits or is written (`queue`, "Storms: only the Lease write is urgent").
 //!
@@ -40,7 +40,7 @@
 //! claims may name a Lease before it exists. kube-runtime's `watcher` feeds one
 //! index; the work queue and expiry timers are ours, because kube-runtime's
 //! `Controller` reconciles existing objects of one kind only. After a pass that did
-//! not settle its Lease, its one [`Next`] says when to decide again: `Now` (the pass
+//! not settle its Lease, its one `Next` says when to decide again: `Now` (the pass
 //! read what the next decision needs, e.g. the Lease after a conflict), `AfterError`
 //! (0.5 s: a call failed) and `Refuted` (a quorum read refuted an ending: at once if
 //! what it read corrected the index, otherwise after 0.5 s, as only the watches can
@@ -98,13 +98,11 @@ mod queue;
 mod slim;
 mod write_pass;
 
-pub use api_server::KubeApiServer;
+pub(crate) use api_server::KubeApiServer;
 pub(crate) use control_loop::Loop;
 pub use error::{Error, Result};
 use events::Publisher;
 use metrics::Metrics;
-pub use queue::WorkQueue;
-pub use write_pass::{Next, Pass};
 
 use std::sync::Arc;
 use std::time::Instant;

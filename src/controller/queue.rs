@@ -108,11 +108,14 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.in_flight.remove(key);
     }
 
+    // Only the tests ask.
+    #[cfg(test)]
     pub fn is_in_flight(&self, key: &K) -> bool {
         self.in_flight.contains(key)
     }
 
     /// Keys waiting to be handed out (in flight or not).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.queue.len()
     }

@@ -1,16 +1,15 @@
-"""What a session and its grants do, once and without I/O; ``session`` (threads,
-blocking sockets) and ``aio`` (asyncio) are the shells that do the I/O and the waiting.
+"""The client's behaviour, once and without I/O: ``session`` (threads, blocking
+sockets) and ``aio`` (asyncio) are shells that do only the I/O and the waiting.
 
-Each operation is a generator, a *flow*, that yields the I/O it needs (``Call`` the
+Why: each operation is a generator (a *flow*) that yields what it needs (``Call`` the
 agent, ``Wait`` on an event, ``Join`` background releases, ``Shield`` a cleanup from
-cancellation) and is sent the result; each shell has one driver that performs them,
-blocking or awaiting, as psycopg 3 shares its sync and async code. The state (the
-deadline rule, lost or released, the session's end) is held here under a
-``threading.Lock``: a grant may be read from any thread, and a forked child resets it.
+cancellation) and is sent the result; each shell has one driver that performs these,
+blocking or awaiting, as psycopg 3 shares its sync and async code. The state sits
+here under a ``threading.Lock``: any thread may read a grant, a fork resets the locks.
 Rejected: the sync client as the asyncio one on a private loop in a daemon thread. A
-forked child would inherit that loop's epoll set, which is shared with the parent
-(cleaning up there unregisters the parent's sockets), every read would cross threads,
-and Ctrl-C in an acquire could not wait for it to leave the queue.
+forked child would inherit that loop's epoll set, shared with the parent (cleaning up
+there unregisters the parent's sockets), every read would cross threads, and Ctrl-C
+in an acquire could not wait for it to leave the queue.
 """
 
 from __future__ import annotations
@@ -108,7 +107,7 @@ class GrantBase:
 
     @property
     def lost(self) -> bool:
-        """``is_lost``."""
+        """The same as ``is_lost``."""
         return self._now() == LOST
 
     @property

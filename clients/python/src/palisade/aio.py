@@ -249,6 +249,10 @@ class Session(_core.SessionBase):
         if self._writer is not None:
             self._writer.close()
 
+    def _forked(self) -> None:
+        self.loop = None  # the parent's: nothing is scheduled on it from the child
+        super()._forked()
+
     def _drop_stream(self) -> None:
         # Its connections, and the loop's selector, are shared with the parent: no
         # I/O. The child's copy of the event stream would keep it open after the

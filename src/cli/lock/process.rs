@@ -1,6 +1,7 @@
-//! CMD under supervision: starting it in the watchdog's process group
-//! ([`super::watchdog`]) with the grant in its environment, its state changes (exited, stopped), the terminal, stopping it, its
-//! exit status, and the signals this process handles.
+//! CMD's process, which `supervise` (in `lock.rs`) watches: starting it in the
+//! watchdog's process group ([`super::watchdog`]) with the grant in its environment,
+//! its state changes (exited, stopped), the terminal, stopping it, its exit status,
+//! and the signals this process handles.
 //!
 //! Part of the command, not of the library: DESIGN.md, "The crate's features and the CLI".
 //! The rules for terminals, stops and the watchdog: DESIGN.md, "`palisade lock`".
