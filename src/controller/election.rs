@@ -48,7 +48,7 @@ pub struct ElectionConfig {
 }
 
 /// How long a leader's record stands, how long a leader keeps trying to renew it,
-/// and how often it tries. Why these defaults: DESIGN.md, "Leader election".
+/// and how often it tries. Why these defaults: the controller module's docs, "Leader election".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ElectionTimings {
     /// Written as the record's `leaseDurationSeconds`, so whole seconds, at least 1.

@@ -13,12 +13,6 @@
 //! Claims are granted in `(metadata.creationTimestamp, metadata.name)` order.
 //! creationTimestamp has one-second resolution, so claims created within the same
 //! second are ordered by name.
-//!
-//! # FIFO order
-//!
-//! Claims are granted in `(metadata.creationTimestamp, metadata.name)` order.
-//! creationTimestamp has one-second resolution, so claims created within the same
-//! second are ordered by name.
 
 mod claim_status;
 
@@ -298,9 +292,9 @@ fn not_renewed(view: &LeaseView<'_>, c: &ClaimView<'_>) -> Check {
     }
 }
 
-/// Whether the ended holder's claim is marked before the Lease is handed on (DESIGN
-/// "Endings are confirmed"): always, except an expiry whose holder's claim shows a
-/// renewal of this grant ("Expiry is one write"). That holder's client has counted
+/// Whether the ended holder's claim is marked before the Lease is handed on
+/// (`write_pass`, "Endings are confirmed"): always, except an expiry whose holder's
+/// claim shows a renewal of this grant (`index::holder`, "Expiry is one write"). That holder's client has counted
 /// its first renewal or given up, so a renewal landing after the quorum read comes
 /// after its local deadline and counts for nothing; the claim's `Expired` is then an
 /// ordinary deferred mirror, and the Lease the one urgent write.

@@ -1,5 +1,5 @@
 //! Decisions about a holder's expiry: its deadline, the quorum read ahead of it,
-//! and the write that ends it (DESIGN rule 4, "Expiry is one write").
+//! and the write that ends it (DESIGN.md rule 4; `index::holder`, "Expiry is one write").
 
 use std::time::{Duration, Instant};
 

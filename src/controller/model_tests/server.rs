@@ -56,7 +56,7 @@ pub(super) struct World {
     pub(super) seen_deleted: [HashSet<String>; 2],
 }
 
-/// What a holder's client believes, by the client library's rule (DESIGN "Client
+/// What a holder's client believes, by the client library's rule (DESIGN.md, "Client
 /// deadlines"): a renewal counts when its response shows the grant not ended, the
 /// first one after seeing the grant whenever it comes (the model lets every client
 /// see its grant as late as a replayed watch could), each later one only before the
@@ -80,7 +80,7 @@ fn mirror_rank(status: &crate::crd::LeaseClaimStatus) -> (u8, i64) {
     }
 }
 
-/// The CRD's transition rules on a claim's status (DESIGN "Claim mirrors"), which
+/// The CRD's transition rules on a claim's status (`grant::claim_status`, "Claim mirrors"), which
 /// the API server enforces whoever writes: a status never leaves a final phase, never
 /// goes from `Granted` back to `Pending`, and never changes a fencing token once set.
 fn moves_back(
@@ -236,7 +236,7 @@ impl World {
         };
         let uid = self.claims[&name].metadata.uid.clone().unwrap_or_default();
         // Only a client that has seen its grant renews (its claim's first renewal
-        // comes after the grant: DESIGN "Expiry is one write").
+        // comes after the grant: `index::holder`, "Expiry is one write").
         let Some(Some((_, secs))) = self.grants.get(&uid).cloned() else {
             return;
         };
