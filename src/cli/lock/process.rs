@@ -3,8 +3,39 @@
 //! its state changes (exited, stopped), the terminal, stopping it, its exit status,
 //! and the signals this process handles.
 //!
-//! Part of the command, not of the library: DESIGN.md, "The crate's features and the CLI".
-//! The rules for terminals, stops and the watchdog: DESIGN.md, "`palisade lock`".
+//! Part of the command, not of the library: the `cli` module's docs say why. The
+//! watchdog's rules are in [`super::watchdog`]; a terminal's and a stop's are here.
+//!
+//! **A terminal.** When standard input is the controlling terminal and `palisade
+//! lock` is in its foreground group, the command's group is made the foreground group
+//! before the command starts (so it can read the terminal, and Ctrl-C, Ctrl-Z and
+//! Ctrl-\ reach it, not `palisade lock`), and the terminal is handed back when it
+//! ends; after a stop it is handed over again only if `palisade lock` was put in the
+//! foreground (`fg`, not `bg`). Not when standard output is a pipe: a pipeline's other
+//! commands are in `palisade lock`'s group, and a pager there needs the terminal (it
+//! would be stopped, and the command blocked on the full pipe). SIGTTOU is ignored by
+//! `palisade lock` (not by the command), so it can move the terminal and write to it
+//! from the background.
+//!
+//! **Stops are the job's.** `palisade lock` reaps the command itself (`waitpid` with
+//! `WUNTRACED`); as for a shell, the job's stop is its direct child's (a shell waiting
+//! on a vfork child that was stopped before its exec is not stopped). When the command
+//! is stopped (Ctrl-Z, SIGSTOP, SIGTTIN...) or `palisade lock` gets SIGTSTP, it takes
+//! the terminal back, sends SIGTSTP to the command's group (the whole job stops, not
+//! only the command) and stops itself with SIGSTOP (never discarded, as SIGTSTP is in
+//! an orphaned process group), so the shell sees a stopped job and nothing renews the
+//! lease of a stopped command. When it is continued, it continues the command's group
+//! only if the grant is still held: its local deadline has not passed and a fresh read
+//! of the Lease still names its claim and token (what came while it was stopped may be
+//! unread). Otherwise it SIGKILLs the group before anything else and exits 75. A job
+//! stopped longer than the kill time finds the command already killed by the
+//! watchdog. A SIGSTOP to the whole group stops the watchdog too; `palisade lock` sees
+//! the command stopped and applies the same rule.
+//!
+//! **Exit codes**: the command's own status, 75 lost while running (also when the
+//! command was killed by the watchdog at the kill time), 76 not granted within
+//! `--timeout`, 2 bad input, 1 API error or the watchdog died, 126/127 cannot start,
+//! 129/130/143 signalled before the command started.
 
 use std::ffi::OsString;
 
