@@ -111,6 +111,19 @@ async fn bad_input_gets_a_4xx_that_names_the_field() {
     let agent = AgentProcess::start(&ns).await;
     let id = agent.session(10_000).await;
     let leases = format!("/v1/sessions/{id}/leases");
+    bodies_that_name_a_bad_field(&agent, &leases).await;
+    second_acquire_and_long_polls(&agent, &ns, &id).await;
+    unknown_sessions_grants_and_namespaces(&agent, &ns, &id).await;
+
+    // The document the clients are written against is served as it is in the repository.
+    let (status, doc) = request(&agent.socket, "GET", "/v1/openapi.yaml", None, None).await;
+    let file =
+        std::fs::read_to_string(support::repo_root().join("src/agent/openapi.yaml")).unwrap();
+    assert_eq!((status, doc.as_str()), (200, Some(file.as_str())));
+}
+
+/// Each bad body or content type of an acquire: its status, error code and field.
+async fn bodies_that_name_a_bad_field(agent: &AgentProcess, leases: &str) {
     // (body, content type, status, error code, field)
     type Case<'a> = (&'a str, Option<&'a str>, u16, &'a str, Option<&'a str>);
     let cases: Vec<Case> = vec![
@@ -170,7 +183,7 @@ async fn bad_input_gets_a_4xx_that_names_the_field() {
         let (got, answer) = request(
             &agent.socket,
             "POST",
-            &leases,
+            leases,
             Some(body),
             kind.or(Some("application/json")),
         )
@@ -186,14 +199,18 @@ async fn bad_input_gets_a_4xx_that_names_the_field() {
             "{answer}"
         );
     }
+}
 
-    let (status, held) = agent.acquire(&id, "billing", 10_000).await;
+/// A second acquire of a held Lease is a conflict; a second session waits, and its
+/// acquire and polls answer after their waitMs, not later.
+async fn second_acquire_and_long_polls(agent: &AgentProcess, ns: &TestNamespace, id: &str) {
+    let (status, held) = agent.acquire(id, "billing", 10_000).await;
     assert_eq!(
         (status, held["state"].as_str()),
         (200, Some("held")),
         "{held}"
     );
-    let (status, again) = agent.acquire(&id, "billing", 0).await;
+    let (status, again) = agent.acquire(id, "billing", 0).await;
     assert_eq!(
         (status, again["error"].as_str()),
         (409, Some("already_acquired")),
@@ -237,7 +254,14 @@ async fn bad_input_gets_a_4xx_that_names_the_field() {
         )
         .await;
     assert_eq!((status, e["field"].as_str()), (400, Some("waitMs")), "{e}");
+}
 
+/// Unknown sessions, grants and namespaces are 404s; a keepalive too short is a 400.
+async fn unknown_sessions_grants_and_namespaces(
+    agent: &AgentProcess,
+    ns: &TestNamespace,
+    id: &str,
+) {
     let (status, e) = agent
         .call("GET", "/v1/sessions/nope/leases/x/y", None)
         .await;
@@ -278,12 +302,6 @@ async fn bad_input_gets_a_4xx_that_names_the_field() {
         (404, Some("namespace")),
         "{e}"
     );
-
-    // The document the clients are written against is served as it is in the repository.
-    let (status, doc) = request(&agent.socket, "GET", "/v1/openapi.yaml", None, None).await;
-    let file =
-        std::fs::read_to_string(support::repo_root().join("src/agent/openapi.yaml")).unwrap();
-    assert_eq!((status, doc.as_str()), (200, Some(file.as_str())));
 }
 
 #[tokio::test]

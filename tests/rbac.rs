@@ -153,9 +153,43 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
     let kubeconfig = dir.path().join("kubeconfig");
     write_token_kubeconfig(&kubeconfig, &sa_token);
 
-    // Cluster-wide reads, as the default install does them (the process below watches
-    // only this namespace, to stay out of other tests' Leases).
-    let as_controller = support::client_with_token(&sa_token).await;
+    controller_reads_cluster_wide(&sa_token).await;
+
+    let election = format!("{}-controller", release.name);
+    let mut controller = ChartController::start(&ns, &kubeconfig, &election).await;
+    controller.wait_leading().await;
+    let elected = ns
+        .api::<CoordinationLease>()
+        .get(&election)
+        .await
+        .expect("the election Lease, created with the chart's Role");
+    assert_eq!(
+        elected.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("palisade-controller-0")
+    );
+
+    grant_then_hand_over(&ns).await;
+    a_pod_bound_claim_is_revoked_with_its_pod(&ns).await;
+    events_are_published(&ns, &controller).await;
+    requests_go_through_the_flow_schemas(&ns, &release.name).await;
+
+    controller.child.start_kill().unwrap();
+    let _ = controller.child.wait().await;
+    let log = controller.log_text();
+    for needle in ["forbidden", "Forbidden"] {
+        let hits: Vec<&str> = log.lines().filter(|l| l.contains(needle)).collect();
+        assert!(
+            hits.is_empty(),
+            "the controller hit an RBAC denial ({needle}) with the chart's role:\n{}",
+            hits.join("\n")
+        );
+    }
+}
+
+/// Cluster-wide reads, as the default install does them (the process below watches
+/// only this namespace, to stay out of other tests' Leases).
+async fn controller_reads_cluster_wide(sa_token: &str) {
+    let as_controller = support::client_with_token(sa_token).await;
     let lp = ListParams::default().limit(1);
     Api::<Lease>::all(as_controller.clone())
         .list(&lp)
@@ -171,36 +205,25 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
         .expect("controller SA lists Pods in all namespaces");
     let forbidden = api_error(Api::<Secret>::all(as_controller.clone()).list(&lp).await);
     assert_eq!(forbidden.code, 403, "{forbidden:?}");
+}
 
-    let election = format!("{}-controller", release.name);
-    let mut controller = ChartController::start(&ns, &kubeconfig, &election).await;
-    controller.wait_leading().await;
-    let elected = ns
-        .api::<CoordinationLease>()
-        .get(&election)
-        .await
-        .expect("the election Lease, created with the chart's Role");
-    assert_eq!(
-        elected.spec.and_then(|s| s.holder_identity).as_deref(),
-        Some("palisade-controller-0")
-    );
-
-    // Grant, then hand over on release with a higher token.
-    create_lease(&ns, "orders", 600).await;
+/// Grant, then hand over on release with a higher token.
+async fn grant_then_hand_over(ns: &TestNamespace) {
+    create_lease(ns, "orders", 600).await;
     let claims = ns.api::<LeaseClaim>();
     let pp = PostParams::default();
     claims
         .create(&pp, &claim("first", "orders", None))
         .await
         .unwrap();
-    let lease = wait_holder(&ns, "orders", "first").await;
+    let lease = wait_holder(ns, "orders", "first").await;
     let first_token = support::token(&lease);
-    wait_claim_phase(&ns, "first", ClaimPhase::Granted).await;
+    wait_claim_phase(ns, "first", ClaimPhase::Granted).await;
     claims
         .create(&pp, &claim("second", "orders", None))
         .await
         .unwrap();
-    wait_lease(&ns, "orders", "a waiter", |l| {
+    wait_lease(ns, "orders", "a waiter", |l| {
         l.status
             .as_ref()
             .is_some_and(|s| s.waiting_count == Some(1))
@@ -210,18 +233,22 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
         .delete("first", &DeleteParams::default())
         .await
         .unwrap();
-    let lease = wait_holder(&ns, "orders", "second").await;
+    let lease = wait_holder(ns, "orders", "second").await;
     let second_token = support::token(&lease);
     assert!(
         second_token > first_token,
         "handover token {second_token} not above {first_token}"
     );
-    let second = wait_claim_phase(&ns, "second", ClaimPhase::Granted).await;
+    let second = wait_claim_phase(ns, "second", ClaimPhase::Granted).await;
     assert_eq!(second.status.unwrap().fencing_token, Some(second_token));
+}
 
-    // A pod-bound claim is revoked when its pod goes.
-    let pod = support::create_pod(&ns, "worker-0").await;
-    create_lease(&ns, "guarded", 600).await;
+/// A pod-bound claim is revoked when its pod goes.
+async fn a_pod_bound_claim_is_revoked_with_its_pod(ns: &TestNamespace) {
+    let claims = ns.api::<LeaseClaim>();
+    let pp = PostParams::default();
+    let pod = support::create_pod(ns, "worker-0").await;
+    create_lease(ns, "guarded", 600).await;
     claims
         .create(
             &pp,
@@ -233,20 +260,22 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
         )
         .await
         .unwrap();
-    wait_holder(&ns, "guarded", "worker-0").await;
+    wait_holder(ns, "guarded", "worker-0").await;
     ns.api::<Pod>()
         .delete("worker-0", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
-    wait_claim_phase(&ns, "worker-0", ClaimPhase::Revoked).await;
-    wait_lease(&ns, "guarded", "phase Free", |l| {
+    wait_claim_phase(ns, "worker-0", ClaimPhase::Revoked).await;
+    wait_lease(ns, "guarded", "phase Free", |l| {
         l.status
             .as_ref()
             .is_some_and(|s| s.phase == Some(LeasePhase::Free) && s.holder.is_none())
     })
     .await;
+}
 
-    // Events were published (events.k8s.io create).
+/// Events were published (events.k8s.io create).
+async fn events_are_published(ns: &TestNamespace, controller: &ChartController) {
     let deadline = Instant::now() + WAIT;
     loop {
         let events = ns
@@ -270,11 +299,12 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
 
-    // API Priority and Fairness: the API server dispatched the controller's requests
-    // through the chart's FlowSchema and level, and the leader's renewals (every
-    // retryPeriod, 250 ms) through the election FlowSchema to leader-election.
-    let full = &release.name;
+/// API Priority and Fairness: the API server dispatched the controller's requests
+/// through the chart's FlowSchema and level, and the leader's renewals (every
+/// retryPeriod, 250 ms) through the election FlowSchema to leader-election.
+async fn requests_go_through_the_flow_schemas(ns: &TestNamespace, full: &str) {
     let work = dispatched(&ns.client, full, full).await;
     assert!(
         work > 0,
@@ -294,18 +324,6 @@ async fn controller_grants_and_hands_over_with_only_the_chart_rbac() {
          ({} in the last second)",
         renewals_later - renewals
     );
-
-    controller.child.start_kill().unwrap();
-    let _ = controller.child.wait().await;
-    let log = controller.log_text();
-    for needle in ["forbidden", "Forbidden"] {
-        let hits: Vec<&str> = log.lines().filter(|l| l.contains(needle)).collect();
-        assert!(
-            hits.is_empty(),
-            "the controller hit an RBAC denial ({needle}) with the chart's role:\n{}",
-            hits.join("\n")
-        );
-    }
 }
 
 /// Requests the API server has dispatched through `flow_schema` to `priority_level`
@@ -376,12 +394,43 @@ async fn rbac_allows_exactly_the_needed_verbs() {
     let ns = setup("helm-can-i").await;
     let release = Release::install(&ns, &[&ns.name], &[]);
     let n = ns.name.as_str();
-    let elsewhere = "palisade-elsewhere";
-    let all = "";
     let election = format!("{}-controller", release.name);
-    let (p, c, ev) = ("palisade.dev", "coordination.k8s.io", "events.k8s.io");
 
-    let controller: Vec<Check> = vec![
+    let controller = controller_checks(n, &election, &release.name);
+    bind_a_workload_to_the_client_role(&ns, &release.name).await;
+    let client = client_checks(n);
+
+    let admin = ns.client.clone();
+    let mut wrong = can_i(&admin, n, &release.name, &controller).await;
+    // RoleBindings are effective at once, but retry briefly for the authorizer's cache.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut client_wrong = can_i(&admin, n, "app", &client).await;
+    while !client_wrong.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client_wrong = can_i(&admin, n, "app", &client).await;
+    }
+    wrong.extend(client_wrong);
+    assert!(
+        wrong.is_empty(),
+        "RBAC is not as designed:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// A namespace not the test's: the controller's ClusterRole reaches it, a workload's
+/// RoleBinding does not.
+const ELSEWHERE: &str = "palisade-elsewhere";
+/// All namespaces: a cluster-wide request.
+const ALL: &str = "";
+/// The API groups the checks name.
+const P: &str = "palisade.dev";
+const C: &str = "coordination.k8s.io";
+const EV: &str = "events.k8s.io";
+
+/// The controller's ServiceAccount (`sa`) in namespace `n`, its election Lease `election`.
+fn controller_checks<'a>(n: &'a str, election: &'a str, sa: &'a str) -> Vec<Check<'a>> {
+    let (elsewhere, all, p, c, ev) = (ELSEWHERE, ALL, P, C, EV);
+    vec![
         // allowed: what src/controller/ (election.rs included) calls
         ("list", p, "leases", "", all, "", true),
         ("watch", p, "leases", "", all, "", true),
@@ -397,8 +446,8 @@ async fn rbac_allows_exactly_the_needed_verbs() {
         ("get", "", "pods", "", elsewhere, "x", true),
         ("create", ev, "events", "", elsewhere, "", true),
         ("create", c, "leases", "", n, "", true),
-        ("get", c, "leases", "", n, &election, true),
-        ("update", c, "leases", "", n, &election, true),
+        ("get", c, "leases", "", n, election, true),
+        ("update", c, "leases", "", n, election, true),
         // denied: everything else
         ("create", p, "leases", "", elsewhere, "", false),
         ("update", p, "leases", "", elsewhere, "x", false),
@@ -420,7 +469,7 @@ async fn rbac_allows_exactly_the_needed_verbs() {
         ("patch", ev, "events", "", elsewhere, "x", false),
         ("update", ev, "events", "", elsewhere, "x", false),
         ("list", c, "leases", "", n, "", false),
-        ("delete", c, "leases", "", n, &election, false),
+        ("delete", c, "leases", "", n, election, false),
         ("get", c, "leases", "", n, "someone-elses-election", false),
         (
             "update",
@@ -432,16 +481,8 @@ async fn rbac_allows_exactly_the_needed_verbs() {
             false,
         ),
         ("create", c, "leases", "", elsewhere, "", false),
-        ("get", c, "leases", "", elsewhere, &election, false),
-        (
-            "create",
-            "",
-            "serviceaccounts",
-            "token",
-            n,
-            &release.name,
-            false,
-        ),
+        ("get", c, "leases", "", elsewhere, election, false),
+        ("create", "", "serviceaccounts", "token", n, sa, false),
         (
             "create",
             "admissionregistration.k8s.io",
@@ -451,9 +492,12 @@ async fn rbac_allows_exactly_the_needed_verbs() {
             "",
             false,
         ),
-    ];
+    ]
+}
 
-    // A workload's ServiceAccount bound to the client role in its namespace.
+/// A workload's ServiceAccount bound to the client role in its namespace.
+async fn bind_a_workload_to_the_client_role(ns: &TestNamespace, release: &str) {
+    let n = ns.name.as_str();
     let sas = ns.api::<ServiceAccount>();
     sas.create(
         &PostParams::default(),
@@ -464,7 +508,7 @@ async fn rbac_allows_exactly_the_needed_verbs() {
     let binding: RoleBinding = serde_json::from_value(json!({
         "metadata": {"name": "app-palisade"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": format!("{}-client", release.name)},
+                    "name": format!("{release}-client")},
         "subjects": [{"kind": "ServiceAccount", "name": "app", "namespace": n}]
     }))
     .unwrap();
@@ -472,7 +516,12 @@ async fn rbac_allows_exactly_the_needed_verbs() {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    let client: Vec<Check> = vec![
+}
+
+/// The workload's ServiceAccount `app` in namespace `n`.
+fn client_checks(n: &str) -> Vec<Check<'_>> {
+    let (elsewhere, all, p, c) = (ELSEWHERE, ALL, P, C);
+    vec![
         ("create", p, "leases", "", n, "", true),
         ("get", p, "leases", "", n, "x", true),
         ("list", p, "leases", "", n, "", true),
@@ -499,21 +548,5 @@ async fn rbac_allows_exactly_the_needed_verbs() {
         // the RoleBinding grants its own namespace only
         ("create", p, "leaseclaims", "", elsewhere, "", false),
         ("list", p, "leases", "", all, "", false),
-    ];
-
-    let admin = ns.client.clone();
-    let mut wrong = can_i(&admin, n, &release.name, &controller).await;
-    // RoleBindings are effective at once, but retry briefly for the authorizer's cache.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut client_wrong = can_i(&admin, n, "app", &client).await;
-    while !client_wrong.is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        client_wrong = can_i(&admin, n, "app", &client).await;
-    }
-    wrong.extend(client_wrong);
-    assert!(
-        wrong.is_empty(),
-        "RBAC is not as designed:\n{}",
-        wrong.join("\n")
-    );
+    ]
 }
