@@ -39,7 +39,7 @@ use crate::conditions;
 mod tests;
 
 /// One controller's state: the index, the work queue and how to write. It decides
-/// and starts write passes; [`run`] (or a test) runs them and hands their outcomes
+/// and starts write passes; [`run`](super::run) (or a test) runs them and hands their outcomes
 /// back to [`Loop::finish`]. Every step takes the controller's clock reading.
 pub(crate) struct Loop<S> {
     api: S,

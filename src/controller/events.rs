@@ -58,7 +58,8 @@ impl Publisher {
         Self::spawn_behind(client, instance, metrics, watch::channel(false).1)
     }
 
-    /// Like [`Publisher::spawn`], but no create starts while `busy` is true.
+    /// Starts the background task that creates the queued Events; no create starts
+    /// while `busy` is true.
     pub fn spawn_behind(
         client: Client,
         instance: &str,
