@@ -20,6 +20,7 @@
 #   make cluster-down   stop it and remove its state (and the databases')
 #   make databases      start (or reuse) PostgreSQL and Redis on 127.0.0.1 (PG_PORT, REDIS_PORT)
 #   make check          cargo fmt --check, clippy -D warnings, each feature set builds, cargo doc -D warnings
+#                       (public, and with private items), the size limits of src/ and tests/
 #   make crds           regenerate crds/, the chart's copy and docs/crd-reference.md from the Rust types
 #   make chart-lint     helm lint --strict of charts/palisade
 #   make promtool       promtool (Prometheus), which checks the chart's alerts and dashboard (make test builds it)
@@ -309,6 +310,9 @@ check:
 	@for f in $(FEATURE_SETS); do echo "cargo check --no-default-features --features $$f"; \
 		cargo check --locked --quiet --no-default-features --features $$f; done
 	RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps
+	@# The rationale of each decision lives in the docs of the module that enforces it,
+	@# private ones included (DESIGN.md's index links there).
+	RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps --document-private-items
 	@heavy=$$(cargo tree --locked --no-default-features --features client,fence -e normal --prefix none \
 		| { grep -oE '^(axum|prometheus-client|clap|tracing-subscriber) ' || true; } | sort -u | tr '\n' ' '); \
 	if [ -n "$$heavy" ]; then echo "the client,fence build pulls in $$heavy(it must not)" >&2; exit 1; fi; \
