@@ -47,8 +47,8 @@
 //!   `autosave=always`, psql `ON_ERROR_ROLLBACK`) turns PF001 into the failure of one
 //!   statement, so docs/fences.md recommends the call inside the write's own
 //!   statement (`INSERT ... SELECT ... FROM palisade.fence(...)`, `UPDATE ... FROM
-//!   palisade.fence(...)`), which `tests/postgres.rs` shows commits nothing stale
-//!   under both wrappings, while the separate statement's write commits.
+//!   palisade.fence(...)`), which `tests/postgres/savepoints.rs` shows commits
+//!   nothing stale under both wrappings, while the separate statement's write commits.
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, GenericClient, Transaction};

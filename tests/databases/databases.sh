@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test databases: PostgreSQL and Redis on 127.0.0.1, data under STATE_DIR
 # (target/databases by default), for the fencing checks in the databases
-# (palisade::fence::postgres and ::redis, tests/postgres.rs, tests/redis.rs, the chaos suite).
+# (palisade::fence::postgres and ::redis, tests/postgres/, tests/redis/, the chaos suite).
 #
 #   databases.sh up        start both, or reuse healthy running ones; installs the
 #                          Debian packages postgresql and redis-server when missing

@@ -1,5 +1,5 @@
 -- Version 1 of sql/palisade-fence.sql as it shipped, for the upgrade test in
--- tests/postgres.rs. Not installed by anything else.
+-- tests/postgres/install.rs. Not installed by anything else.
 --
 -- palisade: fencing tokens checked inside PostgreSQL, version 1.
 --
