@@ -32,16 +32,38 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases() {
     let release = Release::install(&ns, &[&ns.name], &[]);
     let full = release.name.clone();
 
+    release_is_deployed_with_notes(&ns, &release.name);
+    namespaced_objects_exist(&ns, &full).await;
+    cluster_objects_exist(&client, &full).await;
+
+    // A user's Lease, created while the chart is installed.
+    create_lease(&ns, "users-lease", 30).await;
+
+    release.uninstall();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = left_behind(&ns, &full).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "helm uninstall left controller objects behind: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ns.api::<Lease>()
+        .get("users-lease")
+        .await
+        .expect("helm uninstall keeps the user's Lease");
+}
+
+/// The release is deployed, and its notes tell how to check the install, create a
+/// Lease and run `palisade lock`.
+fn release_is_deployed_with_notes(ns: &TestNamespace, release: &str) {
     let status = helm_ok(
         true,
-        &[
-            "status",
-            &release.name,
-            "--namespace",
-            &ns.name,
-            "-o",
-            "json",
-        ],
+        &["status", release, "--namespace", &ns.name, "-o", "json"],
     );
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(status["info"]["status"], "deployed");
@@ -50,16 +72,18 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases() {
             .as_str()
             .is_some_and(|n| n.contains("kind: Lease")
                 && n.contains("palisade lock")
-                && n.contains(&format!("helm test {} -n {}", release.name, ns.name))),
+                && n.contains(&format!("helm test {release} -n {}", ns.name))),
         "NOTES tell how to check the install, create a Lease and run palisade lock: {}",
         status["info"]["notes"]
     );
+}
 
-    // Namespaced objects (the Deployment never runs: there is no kubelet).
-    let deploy = ns.api::<Deployment>().get(&full).await.expect("Deployment");
+/// Namespaced objects (the Deployment never runs: there is no kubelet).
+async fn namespaced_objects_exist(ns: &TestNamespace, full: &str) {
+    let deploy = ns.api::<Deployment>().get(full).await.expect("Deployment");
     assert_eq!(deploy.spec.unwrap().replicas, Some(2));
     ns.api::<ServiceAccount>()
-        .get(&full)
+        .get(full)
         .await
         .expect("ServiceAccount");
     ns.api::<Service>()
@@ -67,7 +91,7 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases() {
         .await
         .expect("metrics Service");
     ns.api::<PodDisruptionBudget>()
-        .get(&full)
+        .get(full)
         .await
         .expect("PDB");
     ns.api::<Role>()
@@ -78,7 +102,11 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases() {
         .get(&format!("{full}-election"))
         .await
         .expect("election RoleBinding");
-    // Cluster-scoped objects.
+}
+
+/// Cluster-scoped objects: the roles, the admission policies and the API priority
+/// objects.
+async fn cluster_objects_exist(client: &kube::Client, full: &str) {
     let cluster_roles: Api<ClusterRole> = Api::all(client.clone());
     cluster_roles
         .get(&format!("{full}-controller"))
@@ -105,10 +133,10 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases() {
     // API Priority and Fairness: the API server accepts both FlowSchemas and the level,
     // and finds the levels they name.
     Api::<PriorityLevelConfiguration>::all(client.clone())
-        .get(&full)
+        .get(full)
         .await
         .expect("PriorityLevelConfiguration");
-    for name in [full.clone(), format!("{full}-election")] {
+    for name in [full.to_string(), format!("{full}-election")] {
         Api::<FlowSchema>::all(client.clone())
             .get(&name)
             .await
@@ -135,27 +163,6 @@ async fn install_creates_the_objects_and_uninstall_keeps_user_leases() {
         selected,
         "edit does not aggregate {full}-client: {labels:?}"
     );
-
-    // A user's Lease, created while the chart is installed.
-    create_lease(&ns, "users-lease", 30).await;
-
-    release.uninstall();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let left = left_behind(&ns, &full).await;
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "helm uninstall left controller objects behind: {left:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    ns.api::<Lease>()
-        .get("users-lease")
-        .await
-        .expect("helm uninstall keeps the user's Lease");
 }
 
 /// Whether the named object exists.
@@ -431,18 +438,49 @@ async fn api_priority_classifies_the_controller_requests_and_only_those() {
     let full = release.name.clone();
     let schemas: Api<FlowSchema> = Api::all(ns.client.clone());
     let levels: Api<PriorityLevelConfiguration> = Api::all(ns.client.clone());
-    let ours = uid(&schemas.get(&full).await.unwrap());
-    let election = uid(&schemas.get(&format!("{full}-election")).await.unwrap());
-    let our_level = uid(&levels.get(&full).await.unwrap());
-    let leader_election = uid(&levels.get("leader-election").await.unwrap());
+    let uids = Uids {
+        ours: uid(&schemas.get(&full).await.unwrap()),
+        election: uid(&schemas.get(&format!("{full}-election")).await.unwrap()),
+        our_level: uid(&levels.get(&full).await.unwrap()),
+        leader_election: uid(&levels.get("leader-election").await.unwrap()),
+    };
 
-    // The API server digests new FlowSchemas asynchronously: wait until it uses ours.
     let controller = impersonating(&format!("system:serviceaccount:{}:{full}", ns.name)).await;
     let leases = format!("/apis/palisade.dev/v1alpha1/namespaces/{}/leases", ns.name);
+    our_flow_schema_is_in_use(&controller, &leases, &full, &uids).await;
+    let lease = format!(
+        "/apis/coordination.k8s.io/v1/namespaces/{}/leases/{full}-controller",
+        ns.name
+    );
+    only_the_controllers_requests_are_ours(&ns, &controller, &leases, &lease, &uids).await;
+    the_election_on_the_charts_own_level(&ns, &controller, &full, &lease, &uids).await;
+}
+
+/// The UIDs of the release's FlowSchemas and of the levels they name, as the API
+/// server's classification headers show them.
+#[derive(Clone)]
+struct Uids {
+    ours: String,
+    election: String,
+    our_level: String,
+    leader_election: String,
+}
+
+/// The API server digests new FlowSchemas asynchronously: waits until it classifies the
+/// controller's GET of `leases` by ours.
+async fn our_flow_schema_is_in_use(
+    controller: &kube::Client,
+    leases: &str,
+    full: &str,
+    uids: &Uids,
+) {
+    let Uids {
+        ours, our_level, ..
+    } = uids.clone();
     let installed = Instant::now();
     let deadline = installed + WAIT;
     loop {
-        let (schema, level) = classified_as(&controller, &leases).await;
+        let (schema, level) = classified_as(controller, leases).await;
         if schema == ours {
             assert_eq!(level, our_level, "{leases}");
             eprintln!(
@@ -457,6 +495,23 @@ async fn api_priority_classifies_the_controller_requests_and_only_those() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The controller's requests go through our FlowSchema and level, its election Lease
+/// (`lease`) to leader-election; nobody else's do.
+async fn only_the_controllers_requests_are_ours(
+    ns: &TestNamespace,
+    controller: &kube::Client,
+    leases: &str,
+    lease: &str,
+    uids: &Uids,
+) {
+    let Uids {
+        ours,
+        election,
+        our_level,
+        leader_election,
+    } = uids.clone();
     // The controller's other requests: cluster-wide lists and watches, its status writes'
     // resources, Events.
     for path in [
@@ -473,31 +528,27 @@ async fn api_priority_classifies_the_controller_requests_and_only_those() {
         ),
     ] {
         assert_eq!(
-            classified_as(&controller, &path).await,
+            classified_as(controller, &path).await,
             (ours.clone(), our_level.clone()),
             "{path}"
         );
     }
     // coordination.k8s.io Leases outside the release namespace are not the election.
     let elsewhere = "/apis/coordination.k8s.io/v1/namespaces/default/leases/x";
-    let (schema, _) = classified_as(&controller, elsewhere).await;
+    let (schema, _) = classified_as(controller, elsewhere).await;
     assert!(
         schema != ours && schema != election,
         "{elsewhere} classified by our FlowSchema {schema}"
     );
     // The election Lease goes to the built-in leader-election level.
-    let lease = format!(
-        "/apis/coordination.k8s.io/v1/namespaces/{}/leases/{full}-controller",
-        ns.name
-    );
     assert_eq!(
-        classified_as(&controller, &lease).await,
+        classified_as(controller, lease).await,
         (election.clone(), leader_election.clone()),
         "{lease}"
     );
     // Requests the controller does not make keep the cluster's default classification.
     let configmaps = format!("/api/v1/namespaces/{}/configmaps", ns.name);
-    let (schema, level) = classified_as(&controller, &configmaps).await;
+    let (schema, level) = classified_as(controller, &configmaps).await;
     assert!(
         schema != ours && schema != election && level != our_level,
         "{configmaps} classified by {schema}"
@@ -506,7 +557,7 @@ async fn api_priority_classifies_the_controller_requests_and_only_those() {
     // admin, are not ours.
     let other = impersonating(&format!("system:serviceaccount:{}:default", ns.name)).await;
     for (who, client) in [("default ServiceAccount", &other), ("admin", &ns.client)] {
-        for path in [&leases, &lease] {
+        for path in [leases, lease] {
             let (schema, level) = classified_as(client, path).await;
             assert!(
                 schema != ours && schema != election && level != our_level,
@@ -514,14 +565,26 @@ async fn api_priority_classifies_the_controller_requests_and_only_those() {
             );
         }
     }
+}
 
-    // With the election on the chart's own level (electionPriorityLevel empty), the
-    // election FlowSchema is gone and the main one takes the election Lease.
+/// With the election on the chart's own level (electionPriorityLevel empty), the
+/// election FlowSchema is gone and the main one takes the election Lease.
+async fn the_election_on_the_charts_own_level(
+    ns: &TestNamespace,
+    controller: &kube::Client,
+    full: &str,
+    lease: &str,
+    uids: &Uids,
+) {
+    let Uids {
+        ours, our_level, ..
+    } = uids.clone();
+    let schemas: Api<FlowSchema> = Api::all(ns.client.clone());
     helm_ok(
         true,
         &[
             "upgrade",
-            &full,
+            full,
             chart_dir().to_str().unwrap(),
             "--namespace",
             &ns.name,
@@ -539,7 +602,7 @@ async fn api_priority_classifies_the_controller_requests_and_only_those() {
     );
     let deadline = Instant::now() + WAIT;
     loop {
-        let classified = classified_as(&controller, &lease).await;
+        let classified = classified_as(controller, lease).await;
         if classified == (ours.clone(), our_level.clone()) {
             break;
         }

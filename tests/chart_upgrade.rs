@@ -94,6 +94,26 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
         &values,
     );
 
+    this_charts_crds_are_served(&ns, &columns_before, &previous.version, &version).await;
+    leases_keep_holders_and_tokens_rise(&ns, &leases, &before).await;
+
+    let tested = helm_ok(true, &["test", &release, "--namespace", &ns.name, "--logs"]);
+    let logs = text(&tested);
+    println!("helm test after the upgrade:\n{logs}");
+    assert_check_passed(&logs, "after the upgrade");
+
+    uninstall_keeps_the_crds_and_leases(&ns, &release, &leases).await;
+    release_crds();
+}
+
+/// The upgraded CRDs are this chart's: the Lease's printer columns, as `kubectl get`
+/// shows them.
+async fn this_charts_crds_are_served(
+    ns: &TestNamespace,
+    columns_before: &[String],
+    previous_version: &str,
+    version: &str,
+) {
     let current_crds = std::fs::read_to_string(support::repo_root().join("crds/palisade.dev.yaml"))
         .expect("crds/palisade.dev.yaml");
     let columns = printer_columns("leases.palisade.dev").await;
@@ -103,8 +123,7 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
         "the upgraded CRD is this chart's"
     );
     println!(
-        "leases.palisade.dev columns: chart {} {columns_before:?} -> chart {version} {columns:?}",
-        previous.version
+        "leases.palisade.dev columns: chart {previous_version} {columns_before:?} -> chart {version} {columns:?}"
     );
     let table = kubectl_ok(&["get", "pl", "-n", &ns.name]).stdout;
     let table = String::from_utf8_lossy(&table);
@@ -115,8 +134,17 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
             "kubectl get pl shows the column {column}:\n{table}"
         );
     }
-    for (lease, (holder, token_before)) in leases.iter().zip(&before) {
-        let now = wait_holder(&ns, lease, holder).await;
+}
+
+/// Every Lease kept its holder and token; the upgraded controller grants with a higher
+/// token.
+async fn leases_keep_holders_and_tokens_rise(
+    ns: &TestNamespace,
+    leases: &[String],
+    before: &[(String, i64)],
+) {
+    for (lease, (holder, token_before)) in leases.iter().zip(before) {
+        let now = wait_holder(ns, lease, holder).await;
         assert_eq!(
             token(&now),
             *token_before,
@@ -125,23 +153,21 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
     }
     // The upgraded controller grants with a higher token.
     let first = &leases[0];
-    delete_claim(&ns, &before[0].0).await;
-    let next = wait_holder(&ns, first, &format!("{first}-waiter")).await;
+    delete_claim(ns, &before[0].0).await;
+    let next = wait_holder(ns, first, &format!("{first}-waiter")).await;
     assert!(
         token(&next) > before[0].1,
         "the next grant's token {} > {}",
         token(&next),
         before[0].1
     );
+}
 
-    let tested = helm_ok(true, &["test", &release, "--namespace", &ns.name, "--logs"]);
-    let logs = text(&tested);
-    println!("helm test after the upgrade:\n{logs}");
-    assert_check_passed(&logs, "after the upgrade");
-
+/// `helm uninstall` keeps the CRDs (resource-policy keep) and the Leases.
+async fn uninstall_keeps_the_crds_and_leases(ns: &TestNamespace, release: &str, leases: &[String]) {
     helm_ok(
         true,
-        &["uninstall", &release, "--namespace", &ns.name, "--wait"],
+        &["uninstall", release, "--namespace", &ns.name, "--wait"],
     );
     let crds: Api<CustomResourceDefinition> = Api::all(ns.client.clone());
     for crd in CRDS {
@@ -157,13 +183,12 @@ async fn upgrade_from_the_last_released_chart_keeps_every_lease_and_token() {
             Some("keep")
         );
     }
-    for lease in &leases {
+    for lease in leases {
         ns.api::<Lease>()
             .get(lease)
             .await
             .expect("helm uninstall keeps the Leases");
     }
-    release_crds();
 }
 
 /// Lets pods of `ns` run on the node (cluster.sh keeps other namespaces' pods off it),
