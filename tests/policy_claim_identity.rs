@@ -5,6 +5,7 @@
 //! The policy bindings are limited to the test's namespaces (`policies.namespaceSelector`),
 //! so tests running at the same time never see each other's policies.
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -53,7 +54,40 @@ async fn a_pod_may_only_claim_for_itself() {
         "{refused:?}"
     );
 
-    // ... for itself it is allowed, with or without its UID.
+    for_itself_with_its_name_and_uid_only(&a_claims, a, b).await;
+    renews_and_releases_only_its_own(&a_claims, &admin_claims).await;
+
+    // spec.pod is namespace-local: in another namespace "worker-a" is not this pod.
+    let e = api_error(
+        Api::<LeaseClaim>::namespaced(as_a.clone(), &other.name)
+            .create(
+                &pp,
+                &claim("abroad", "jobs", Some(json!({"name": "worker-a"}))),
+            )
+            .await,
+    );
+    assert!(
+        e.message.contains("a pod may only claim for itself") && e.message.contains("namespace"),
+        "{e:?}"
+    );
+
+    // A token that is not bound to a pod is not a pod's request.
+    let unbound =
+        support::client_with_token(&service_account_token(&ns, "worker", None).await).await;
+    Api::<LeaseClaim>::namespaced(unbound, &ns.name)
+        .create(
+            &pp,
+            &claim("unbound", "jobs", Some(json!({"name": "worker-b"}))),
+        )
+        .await
+        .expect("a service-account token without a pod is not checked");
+}
+
+/// Pod A claiming for itself is allowed, with or without its UID; without spec.pod, or
+/// with B's UID, it is refused.
+async fn for_itself_with_its_name_and_uid_only(a_claims: &Api<LeaseClaim>, a: &Pod, b: &Pod) {
+    let pp = PostParams::default();
+    // For itself it is allowed, with or without its UID.
     a_claims
         .create(
             &pp,
@@ -96,8 +130,14 @@ async fn a_pod_may_only_claim_for_itself() {
         e.message.contains("a pod may only claim for itself") && e.message.contains("spec.pod.uid"),
         "{e:?}"
     );
+}
 
-    // Renewing (an UPDATE): its own claim yes, someone else's no.
+/// Renewing (an UPDATE): its own claim yes, someone else's no; releasing its own.
+async fn renews_and_releases_only_its_own(
+    a_claims: &Api<LeaseClaim>,
+    admin_claims: &Api<LeaseClaim>,
+) {
+    let pp = PostParams::default();
     let renew = Patch::Merge(json!({"spec": {"renewTime": "2030-01-01T00:00:00.000000Z"}}));
     a_claims
         .patch("for-a", &PatchParams::default(), &renew)
@@ -123,31 +163,6 @@ async fn a_pod_may_only_claim_for_itself() {
         .delete("for-a", &DeleteParams::default())
         .await
         .expect("pod worker-a releases its claim");
-
-    // spec.pod is namespace-local: in another namespace "worker-a" is not this pod.
-    let e = api_error(
-        Api::<LeaseClaim>::namespaced(as_a.clone(), &other.name)
-            .create(
-                &pp,
-                &claim("abroad", "jobs", Some(json!({"name": "worker-a"}))),
-            )
-            .await,
-    );
-    assert!(
-        e.message.contains("a pod may only claim for itself") && e.message.contains("namespace"),
-        "{e:?}"
-    );
-
-    // A token that is not bound to a pod is not a pod's request.
-    let unbound =
-        support::client_with_token(&service_account_token(&ns, "worker", None).await).await;
-    Api::<LeaseClaim>::namespaced(unbound, &ns.name)
-        .create(
-            &pp,
-            &claim("unbound", "jobs", Some(json!({"name": "worker-b"}))),
-        )
-        .await
-        .expect("a service-account token without a pod is not checked");
 }
 
 #[tokio::test]
