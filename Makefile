@@ -254,7 +254,7 @@ image-local: $(CRANE_BIN)/crane $(IMAGE_DIR)/palisade.tar $(IMAGE_DIR)/palisade-
 	@$(PUSH_IMAGES) $(IMAGE_DIR)/palisade.tar $(REGISTRY_IMAGE) $(IMAGE_DIR)/palisade-example.tar $(REGISTRY_EXAMPLE_IMAGE)
 
 # The chart as a user gets it: packaged (its version from Chart.yaml) into target/charts/
-# and pushed to oci://<registry>/charts/palisade, which tests/node.rs installs.
+# and pushed to oci://<registry>/charts/palisade, which tests/node/ installs.
 CHART_VERSION = $(shell awk '$$1 == "version:" {gsub(/"/, "", $$2); print $$2; exit}' charts/palisade/Chart.yaml)
 chart: controlplane-bins
 	@curl -sf --max-time 3 -o /dev/null http://$(PALISADE_TEST_REGISTRY)/v2/ || { echo "chart: no image registry" \
