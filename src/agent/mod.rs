@@ -11,7 +11,41 @@
 //! Why a session ends, and so lets go of its Leases: it missed its keepalive (the
 //! application is dead or hung), its event stream closed (the application's process
 //! died: the kernel closed its socket), or it was deleted. DESIGN.md, "The agent",
-//! has the reasoning and what an application must do in each case.
+//! has the contract and what an application must do in each case; why it is so:
+//!
+//! - **A native sidecar**, because it then starts before the application containers
+//!   and stops after them. As an ordinary container (clusters before 1.29) it may
+//!   stop first: it releases its grants on SIGTERM, the application sees the loss on
+//!   its event stream and must stop writing; the fence covers the rest.
+//! - **No authentication, and that is sound.** Only the pod's own containers reach
+//!   the socket (an `emptyDir` is not shared across pods) or the pod's loopback; the
+//!   agent's power is exactly its service account's, which every container of the pod
+//!   may use anyway (a mounted token, or the same service account); and a grant holds
+//!   nothing by itself: the fence decides at the resource. The socket is mode 0666 so
+//!   containers running as other users reach it. Hence a non-loopback `--listen` is
+//!   refused, and so is any `--listen` in a pod on the node's network (`hostNetwork:
+//!   true`: the Downward API's `POD_IP` equals `HOST_IP`, and a pod that does not
+//!   pass both is refused too), where the loopback is every node process's.
+//! - **The event stream ends a session, but is no keepalive.** When the application
+//!   dies the kernel closes its socket and hyper notices within milliseconds, so its
+//!   grants are released (the claims deleted, the next waiter granted at once); a
+//!   frozen process keeps its sockets open, so only a missed keepalive ends its
+//!   session. Keepalives are liveness, not safety: a frozen application that wakes
+//!   after its session ended is refused by the fence, as any stale holder is.
+//! - **When the agent dies** (SIGKILL, OOM) every connection to it drops, so every
+//!   client reports the loss at once, while the Leases themselves end only at the
+//!   normal deadlines (one duration after the last renewal): applications learn of
+//!   the loss before anyone else can be granted.
+//! - **The timing contract stays in the library**: a grant here is the library's
+//!   `Grant` (renewals every third of the duration, the local deadline on
+//!   `CLOCK_BOOTTIME`, acquire confirmed by a first renewal). The thin clients count
+//!   `validForMs` down from when they *sent* the request, because a frozen or starved
+//!   agent, a blocked event loop or a forked child must stop believing by its own
+//!   clock, not by its keepalive, which nothing bounds by the lease duration.
+//! - **Acquire is a bounded long poll** (`waitMs`, at most 30 s), so no request is
+//!   held open longer than its caller asked.
+//! - **Bad input**: unknown fields are reported before missing ones (a misspelt field
+//!   is the likely cause), and names are checked before any API call.
 
 mod metrics;
 pub mod routes;

@@ -7,7 +7,8 @@
 //! left when it starts (token files and the directories that held only them; nothing
 //! else in the directory is touched), and a file is only as good as the agent being
 //! alive: a program reads it right before the write it protects, and the fence
-//! refuses the write if the token went stale in between (DESIGN.md, "The agent").
+//! refuses the write if the token went stale in between. A token directory that holds
+//! the agent's socket is refused.
 //!
 //! The agent runs on one thread, which also renews its grants: each file operation
 //! runs on tokio's blocking pool, so a slow or stuck disk delays the file, never a
