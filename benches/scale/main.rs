@@ -98,7 +98,7 @@
 //!    (`w-i` where `h-i` still holds, else a new claim `s-i`). Each holder then renews
 //!    once, naming its grant's token as every renewal of the client library does (the
 //!    renewer of the earlier phases does not know the tokens), so their expiries are
-//!    one write each (DESIGN "Expiry is one write"). How they come due at
+//!    one write each ("Expiry is one write", `src/controller/index/holder.rs`). How they come due at
 //!    one instant without N renewals: the controller gives every held grant a fresh
 //!    full duration when it takes over (DESIGN rule 4; a restart is a takeover), so a
 //!    controller started with no holder renewing makes all N due one lease duration
@@ -113,7 +113,8 @@
 //!    bench's Lease watch already open: N status writes that each change the
 //!    resourceVersion, timed. Two such passes before the storm and one after it; the
 //!    median of the three is the **floor**: the API server's own rate for one status
-//!    write per Lease. Then the spec's `leaseDurationSeconds` (32 in flight), then
+//!    write per Lease (three, since one pass of 1,000 writes lasts a second or two and
+//!    its rate moved by half within a day). Then the spec's `leaseDurationSeconds` (32 in flight), then
 //!    the controller.
 //!    Per Lease: delay = when the watch saw the waiter named holder - the due
 //!    instant, signed, never clamped (Latency `storm-past-duration`, config N);

@@ -81,7 +81,7 @@ pub(crate) async fn storm(
         .context("creating the storm's waiter claims")?;
     let created_s = t.elapsed().as_secs_f64();
     // Each holder's last renewal, as the client library sends every one: it names
-    // the grant renewed (DESIGN "Expiry is one write").
+    // the grant renewed ("Expiry is one write", src/controller/index/holder.rs).
     let held: Vec<(String, String, i64)> = holders.values().filter_map(|h| h.0.clone()).collect();
     stream::iter(held)
         .map(|(claim, uid, token)| {

@@ -94,8 +94,8 @@ async fn overlap(
     // that woke first would write with a token that is still the newest. It wakes
     // as soon as etcd has the newer grant, whether or not its API server (lagging,
     // maybe) or the new holder has seen it: the object's own token and each
-    // server's sight of the Lease are what the fence promises (DESIGN.md, "Object
-    // fencing policy").
+    // server's sight of the Lease are what the fence promises (docs/fences.md, "Why
+    // the policy is built this way").
     let lease = Duration::from_secs(LEASE_SECONDS).as_millis() as u64;
     let pause = rng.millis(lease * 5 / 2, lease * 4);
     let paused = match held {

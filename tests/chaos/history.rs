@@ -5,6 +5,34 @@
 //! appends what it observed through its own watches and the faults it injected.
 //! The file-backed fence keeps its own journal, in the order it accepted writes.
 //! The checker reads all of it after the run; it never trusts a single source.
+//!
+//! What it calls a violation. Tokens are compared per Lease in the Lease's
+//! resourceVersion order, and per store in commit order (the file fence's journal; the
+//! ConfigMap's resourceVersions, from accepted responses and the harness's watch
+//! together); every version of a Lease's fenced ConfigMap the watch sees still names
+//! that Lease in its label (a stale worker tries to move it to another Lease or a
+//! missing one). "Stale" in real time means a write that *started* after a higher
+//! token's write had been *acknowledged*, on the machine-wide monotonic clock; writes
+//! that overlap are ordered by the store, and only the commit-order rule applies to
+//! them. A write whose outcome is unknown (timeout, cut connection) is judged by what
+//! the store shows. Timing contract: each worker's renewals are recorded with their
+//! send time and response; a renewal with a 2xx response in which the claim has not
+//! ended makes its holder believe it holds the Lease until send time + two thirds of
+//! the duration, and a Lease version naming another holder (or none), seen by the
+//! harness before that, is a violation unless the holder had released. The first
+//! belief of a holder needs no rule of its own: `acquire` returns only after a renewal
+//! counted, and that renewal is recorded like every other. Claim phases: the
+//! renewals' responses, in send order, never show a claim's phase move back (out of a
+//! final phase, or from `Granted` to `Pending`). Liveness: once the faults stop, every
+//! Lease is granted again within its duration plus 10 s (watches cut by the faults
+//! reconnect with the backoff of `src/watch_backoff.rs`) plus the election's takeover
+//! (1 s lease, 250 ms retry: the suite runs two elected replicas, and the last fault
+//! may have killed the leader). Expiry under changing leadership: a holder
+//! `flap_leadership` stops (`Silenced`) must be replaced (another holder or none)
+//! within the duration plus 5 s while leadership changes hands about once a second.
+//! The HA plane's rules (a resourceVersion never going back through one server, no
+//! lower token at a newer one across servers, no fenced write accepted below a grant
+//! its server had shown 2 s before) are in `watch_caches.rs`.
 
 mod record;
 mod self_check;
@@ -355,7 +383,7 @@ fn check_stale_accepted(events: &[Event], v: &mut Verdict) {
 }
 
 /// Every version of a Lease's fenced ConfigMap is still fenced by that Lease: the label's
-/// value never changes (DESIGN: object fencing policy). A stale holder that moved the
+/// value never changes (docs/fences.md, "Why the policy is built this way"). A stale holder that moved the
 /// object to another Lease, or to none that exists, would be judged against that one.
 fn check_labels_kept(events: &[Event], expect: &Expectations, v: &mut Verdict) {
     for e in events {

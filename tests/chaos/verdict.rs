@@ -17,7 +17,7 @@ use crate::processes::{ELECTION_LEASE, ELECTION_RETRY};
 /// leader election); and the replicas may have to elect a leader first, when the last
 /// fault killed the leader or both replicas: a standby takes over once the dead
 /// leader's record has stood unrenewed for the election's lease duration, at its next
-/// try at the latest (the election's own promise, DESIGN.md "Leader election").
+/// try at the latest (the election's own promise, "Leader election" in src/controller/mod.rs).
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(10)
     .saturating_add(ELECTION_LEASE)
     .saturating_add(ELECTION_RETRY);

@@ -6,8 +6,8 @@
 //! - a Lease seen through one server never shows a token lower than one already seen
 //!   through the other at the same or an older resourceVersion (a server that claims
 //!   to be as fresh must show at least that token);
-//! - the object fence's Lease check is judged on what each server has seen (DESIGN.md,
-//!   "Object fencing policy"): no server accepts a write to a fenced ConfigMap with a
+//! - the object fence's Lease check is judged on what each server has seen (docs/fences.md,
+//!   "Why the policy is built this way"): no server accepts a write to a fenced ConfigMap with a
 //!   token below a grant it showed the harness [`SIGHT_MARGIN`] before the write was
 //!   sent. (Its admission informer and the harness's watch are fed by the same watch
 //!   cache; the margin covers their delivery apart on a loaded machine.)

@@ -116,7 +116,7 @@ async fn a_renewing_holder_keeps_a_short_lease_for_several_durations() {
         .await
         .unwrap();
     assert!(claim.spec.renew_time.is_some(), "renewTime is written");
-    // The renewal names the grant it renews (DESIGN "Expiry is one write").
+    // The renewal names the grant it renews ("Expiry is one write", src/controller/index/holder.rs).
     let renewed = grant.token().to_string();
     assert_eq!(
         claim.annotations().get(RENEWED_TOKEN_ANNOTATION),

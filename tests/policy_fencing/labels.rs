@@ -1,4 +1,4 @@
-//! The label: one Lease for the object's life (DESIGN: object fencing policy).
+//! The label: one Lease for the object's life (docs/fences.md, "Why the policy is built this way").
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::PatchParams;
