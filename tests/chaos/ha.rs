@@ -61,8 +61,8 @@ pub async fn inject(
 }
 
 /// A grant to pause beside an HA fault, waiting out the moment between a release
-/// and the next grant: a long holder's if one holds within two seconds (it has
-/// writes ahead of it when it wakes; a short holder may only have its release).
+/// and the next grant: a long holder's with writes ahead of it, if one holds within
+/// two seconds (a holder past its last write wakes only to release).
 async fn pick_for_overlap(
     ctx: &FaultContext<'_>,
     procs: &Processes,
@@ -71,7 +71,7 @@ async fn pick_for_overlap(
     let mut any = None;
     for _ in 0..10 {
         if let Some(held) = pick_grant(ctx, procs, rng).await {
-            if holds_long(&held.identity) {
+            if holds_long(&held.identity) && procs.writes_left(&held.identity, held.token) >= 3 {
                 return Some(held);
             }
             any.get_or_insert(held);

@@ -197,11 +197,7 @@ impl Processes {
             seed: self.worker_template.seed ^ ((n as u64 + 1) * 0x9E37_79B9),
             // Every other worker holds its grants for several lease durations, so
             // renewals (and the timing contract) matter, not only short holds.
-            writes_per_grant: if holds_long(&identity) {
-                LONG_HOLD_WRITES
-            } else {
-                3
-            },
+            writes_per_grant: writes_per_grant(&identity),
         };
         let log = std::fs::File::create(self.out.join(format!("worker-{identity}.log")))
             .expect("worker log");
@@ -226,6 +222,22 @@ impl Processes {
 
     /// The worker's process group, as kill(2) takes it (negative): the worker and,
     /// for an agent worker, its agent and driver.
+    /// The writes worker `identity` still has to make with `token` (its history file,
+    /// read to its last whole line): a holder paused after its last one wakes only to
+    /// release, and its pause proves nothing.
+    pub fn writes_left(&self, identity: &str, token: u64) -> u64 {
+        let path = self.out.join(format!("worker-{identity}.jsonl"));
+        let made = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|e| e["kind"] == "write" && e["token"] == token)
+            .filter_map(|e| e["seq"].as_u64())
+            .collect::<std::collections::HashSet<_>>()
+            .len() as u64;
+        writes_per_grant(identity).saturating_sub(made)
+    }
+
     pub fn worker_pid(&self, identity: &str) -> Option<i32> {
         self.workers
             .iter()
@@ -268,6 +280,15 @@ impl Drop for Processes {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// How many writes worker `identity` makes with each grant before it releases.
+fn writes_per_grant(identity: &str) -> u64 {
+    if holds_long(identity) {
+        LONG_HOLD_WRITES
+    } else {
+        3
     }
 }
 
