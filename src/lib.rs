@@ -86,6 +86,8 @@ mod fixtures;
 pub mod kube_client;
 #[cfg(feature = "client")]
 pub mod kube_error;
+#[cfg(feature = "operator")]
+pub mod operator;
 pub mod token;
 #[cfg(feature = "client")]
 mod watch_backoff;
