@@ -14,7 +14,9 @@
 #                      wait until it is healthy (HA: etcd-0..2, kube-apiserver-0..1)
 #
 # Binaries come from BIN_DIR (built by `make controlplane-bins`). State, logs and
-# the admin kubeconfig live in STATE_DIR (target/cluster by default).
+# the admin kubeconfig live in STATE_DIR (target/cluster by default), and each API
+# server's audit log (STATE_DIR/<component>-audit.log), which holds only what
+# tests/controlplane/audit-policy.yaml names: a few test namespaces' writes.
 #
 # With the single-server plane (not HA), an OCI registry on 127.0.0.1:REGISTRY_PORT
 # (`crane registry serve`, blobs in STATE_DIR/registry): make image-local and make chart
@@ -235,6 +237,8 @@ EOF
     --service-account-issuer "https://127.0.0.1:$APISERVER_PORT" \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --api-audiences "https://127.0.0.1:$APISERVER_PORT" \
+    --audit-policy-file "$root/tests/controlplane/audit-policy.yaml" --audit-log-path "$STATE_DIR/$c-audit.log" \
+    --audit-log-maxsize 100 --audit-log-maxbackup 1 \
     --endpoint-reconciler-type none --v 1
 }
 
