@@ -47,11 +47,15 @@ pub enum Answer {
 pub fn classify(result: &Result<Lease, kube::Error>) -> Answer {
     match result {
         Ok(_) => Answer::LeaseMissing,
-        Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("stale fencing token") => {
+        Err(kube::Error::Api(status))
+            if status.code == 403 && status.message.contains("stale fencing token") =>
+        {
             Answer::Refuses
         }
         Err(kube::Error::Api(status)) if status.code == 409 => Answer::StillAccepts,
-        Err(kube::Error::Api(status)) => Answer::Unknown(format!("HTTP {}: {}", status.code, status.message)),
+        Err(kube::Error::Api(status)) => {
+            Answer::Unknown(format!("HTTP {}: {}", status.code, status.message))
+        }
         Err(other) => Answer::Unknown(other.to_string()),
     }
 }
@@ -90,7 +94,9 @@ pub fn parse_list(list: &str) -> Result<Vec<Uri>, Error> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     if servers.is_empty() {
-        return Err(Error::Servers("PALISADE_APISERVERS is set but names no server".into()));
+        return Err(Error::Servers(
+            "PALISADE_APISERVERS is set but names no server".into(),
+        ));
     }
     Ok(servers)
 }
@@ -110,7 +116,11 @@ pub fn endpoint_urls(slices: &[EndpointSlice]) -> Vec<Uri> {
             continue;
         };
         for endpoint in &slice.endpoints {
-            let ready = endpoint.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            let ready = endpoint
+                .conditions
+                .as_ref()
+                .and_then(|c| c.ready)
+                .unwrap_or(true);
             if !ready {
                 continue;
             }
@@ -132,7 +142,12 @@ pub fn endpoint_urls(slices: &[EndpointSlice]) -> Vec<Uri> {
 /// A client for `server` with `config`'s credentials, stamping `T - 1`. TLS is
 /// verified against the name the configuration uses, so an API server's address
 /// needs no certificate of its own.
-fn probe_client(config: &Config, server: &Uri, username: &str, stale: i64) -> Result<Client, Error> {
+fn probe_client(
+    config: &Config,
+    server: &Uri,
+    username: &str,
+    stale: i64,
+) -> Result<Client, Error> {
     let mut config = config.clone();
     if *server != config.cluster_url {
         if config.tls_server_name.is_none() {
@@ -140,7 +155,8 @@ fn probe_client(config: &Config, server: &Uri, username: &str, stale: i64) -> Re
         }
         config.cluster_url = server.clone();
     }
-    let stamp = Stamp::new(username, TokenCell::fixed(stale)).map_err(|e| Error::Identity(e.to_string()))?;
+    let stamp = Stamp::new(username, TokenCell::fixed(stale))
+        .map_err(|e| Error::Identity(e.to_string()))?;
     let builder = kube::client::ClientBuilder::try_from(config).map_err(Error::Client)?;
     Ok(builder
         .with_layer(&tower::util::MapRequestLayer::new(move |r| stamp.apply(r)))
@@ -169,7 +185,11 @@ pub async fn confirm(
     let mut pending = Vec::new();
     for server in servers {
         let client = probe_client(config, server, username, token - 1)?;
-        pending.push((server.clone(), Api::<Lease>::namespaced(client, namespace), Answer::Unknown("not asked yet".into())));
+        pending.push((
+            server.clone(),
+            Api::<Lease>::namespaced(client, namespace),
+            Answer::Unknown("not asked yet".into()),
+        ));
     }
     let deadline = tokio::time::Instant::now() + timeout;
     let mut pause = Duration::from_millis(10);
@@ -177,7 +197,9 @@ pub async fn confirm(
         for (server, api, last) in &mut pending {
             *last = classify(&api.create(&dry_run, &probe).await);
             if *last == Answer::LeaseMissing {
-                return Err(Error::LeaseMissing(format!("{namespace}/{lease} (asked {server})")));
+                return Err(Error::LeaseMissing(format!(
+                    "{namespace}/{lease} (asked {server})"
+                )));
             }
         }
         pending.retain(|(_, _, answer)| *answer != Answer::Refuses);
@@ -204,17 +226,28 @@ mod tests {
     use kube::core::Status;
 
     fn refusal(code: u16, message: &str) -> Result<Lease, kube::Error> {
-        Err(kube::Error::Api(Box::new(Status::failure(message, "").with_code(code))))
+        Err(kube::Error::Api(Box::new(
+            Status::failure(message, "").with_code(code),
+        )))
     }
 
     #[test]
     fn answers_are_named_from_code_and_message() {
         let stale = "ValidatingAdmissionPolicy ... denied request: CREATE leases ops/l refused: stale fencing token 41 of system:serviceaccount:ops:op is lower than the current token 42";
         assert_eq!(classify(&refusal(403, stale)), Answer::Refuses);
-        assert_eq!(classify(&refusal(409, "leases \"l\" already exists")), Answer::StillAccepts);
-        assert_eq!(classify(&Ok(Lease::new("l", LeaseSpec::default()))), Answer::LeaseMissing);
+        assert_eq!(
+            classify(&refusal(409, "leases \"l\" already exists")),
+            Answer::StillAccepts
+        );
+        assert_eq!(
+            classify(&Ok(Lease::new("l", LeaseSpec::default()))),
+            Answer::LeaseMissing
+        );
         let rbac = classify(&refusal(403, "cannot impersonate resource userextras"));
-        assert!(matches!(rbac, Answer::Unknown(ref m) if m.contains("impersonate")), "{rbac:?}");
+        assert!(
+            matches!(rbac, Answer::Unknown(ref m) if m.contains("impersonate")),
+            "{rbac:?}"
+        );
     }
 
     #[test]
@@ -250,7 +283,9 @@ mod tests {
     fn a_server_list_names_its_bad_entry() {
         let servers = parse_list("https://127.0.0.1:6443, https://127.0.0.1:6444").unwrap();
         assert_eq!(servers.len(), 2);
-        let error = parse_list("https://127.0.0.1:6443,127.0.0.1").unwrap_err().to_string();
+        let error = parse_list("https://127.0.0.1:6443,127.0.0.1")
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("\"127.0.0.1\""), "{error}");
         assert!(parse_list(" , ").is_err());
     }

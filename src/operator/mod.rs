@@ -53,11 +53,15 @@ pub enum Error {
     Identity(String),
     #[error("fenced operator: building a client: {0}")]
     Client(#[source] kube::Error),
-    #[error("fenced operator: listing the API servers (EndpointSlices of Service default/kubernetes): {0}")]
+    #[error(
+        "fenced operator: listing the API servers (EndpointSlices of Service default/kubernetes): {0}"
+    )]
     Discover(#[source] kube::Error),
     #[error("fenced operator: {0}")]
     Servers(String),
-    #[error("fenced operator: Lease {0} does not exist, so the API server judges nothing; create it first")]
+    #[error(
+        "fenced operator: Lease {0} does not exist, so the API server judges nothing; create it first"
+    )]
     LeaseMissing(String),
     #[error(
         "fenced operator: not every API server refuses the predecessor's tokens yet (below {token}); still waiting for {waiting}. Is the chart's policies.operators entry for this service account installed?"
@@ -128,7 +132,8 @@ impl Fence {
     pub fn client(&self) -> Result<Client, Error> {
         let stamp = stamp::Stamp::new(&self.username, self.token.clone())
             .map_err(|e| Error::Identity(e.to_string()))?;
-        let (builder, _) = crate::kube_client::builder(self.config.clone()).map_err(Error::Client)?;
+        let (builder, _) =
+            crate::kube_client::builder(self.config.clone()).map_err(Error::Client)?;
         Ok(builder
             .with_layer(&tower::util::MapRequestLayer::new(move |r| stamp.apply(r)))
             .build())
@@ -165,7 +170,11 @@ async fn whoami(client: &Client) -> Result<String, Error> {
     let review = reviews
         .create(&Default::default(), &SelfSubjectReview::default())
         .await
-        .map_err(|e| Error::Identity(format!("asking the API server who this is (SelfSubjectReview): {e}")))?;
+        .map_err(|e| {
+            Error::Identity(format!(
+                "asking the API server who this is (SelfSubjectReview): {e}"
+            ))
+        })?;
     review
         .status
         .and_then(|s| s.user_info)
@@ -196,7 +205,11 @@ where
     F: FnOnce(Client) -> Fut,
     Fut: Future,
 {
-    let grant = leases.in_namespace(&fence.namespace).acquire(&fence.lease, options).await.map_err(Error::Acquire)?;
+    let grant = leases
+        .in_namespace(&fence.namespace)
+        .acquire(&fence.lease, options)
+        .await
+        .map_err(Error::Acquire)?;
     let lost = grant.lost();
     let token = grant.token();
     let client = fence.client()?;

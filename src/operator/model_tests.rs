@@ -94,8 +94,9 @@ impl World {
         }
         o.revision += 1;
         if old && self.new_wrote[object] {
-            self.violations
-                .push(format!("the old leader's {op:?} of object {object} landed after the new leader's write"));
+            self.violations.push(format!(
+                "the old leader's {op:?} of object {object} landed after the new leader's write"
+            ));
         }
         if !old {
             self.new_wrote[object] = true;
@@ -189,7 +190,10 @@ fn without_the_confirmation_a_lagging_server_lets_a_stale_write_land() {
         Step::Commit(0),
     ];
     assert_eq!(run(&steps, false).len(), 1);
-    assert!(run(&steps, true).is_empty(), "the confirmation holds the new leader back");
+    assert!(
+        run(&steps, true).is_empty(),
+        "the confirmation holds the new leader back"
+    );
 }
 
 #[test]
@@ -222,5 +226,8 @@ fn the_random_schedules_reach_the_race_the_confirmation_prevents() {
         let steps = strategy.new_tree(&mut runner).unwrap().current();
         !run(&steps, false).is_empty()
     });
-    assert!(found, "4096 random schedules without the confirmation never let a stale write land");
+    assert!(
+        found,
+        "4096 random schedules without the confirmation never let a stale write land"
+    );
 }

@@ -64,7 +64,10 @@ impl Stamp {
         if token > 0 {
             let headers = request.headers_mut();
             headers.insert(HeaderName::from_static(USER_HEADER), self.user.clone());
-            headers.insert(HeaderName::from_static(TOKEN_HEADER), HeaderValue::from(token));
+            headers.insert(
+                HeaderName::from_static(TOKEN_HEADER),
+                HeaderValue::from(token),
+            );
         }
         request
     }
@@ -82,10 +85,16 @@ mod tests {
     fn a_request_carries_the_current_token_and_the_own_username() {
         let cell = TokenCell::default();
         let stamp = Stamp::new("system:serviceaccount:ops:op", cell.clone()).unwrap();
-        assert!(stamped(&stamp).headers().is_empty(), "no token yet: unstamped");
+        assert!(
+            stamped(&stamp).headers().is_empty(),
+            "no token yet: unstamped"
+        );
         cell.set(42);
         let request = stamped(&stamp);
-        assert_eq!(request.headers()[USER_HEADER], "system:serviceaccount:ops:op");
+        assert_eq!(
+            request.headers()[USER_HEADER],
+            "system:serviceaccount:ops:op"
+        );
         assert_eq!(request.headers()[TOKEN_HEADER], "42");
         cell.set(43);
         assert_eq!(stamped(&stamp).headers()[TOKEN_HEADER], "43");
