@@ -1,7 +1,9 @@
-# The Go client (clients/go), its conformance driver (tests/conformance/go) and the Go
-# example (examples/go-leader-redis). Included by the Makefile.
+# The Go client (clients/go), its client-go integration (clients/go/kube, a module of its
+# own), its conformance driver (tests/conformance/go) and the Go example
+# (examples/go-leader-redis). Included by the Makefile.
 #
-#   make go-client-check        go vet of the three modules, and their tests that need no agent
+#   make go-client-check        go vet of the four modules, and their tests that need no agent
+#                               (nor a cluster)
 #   make go-client-test         every test of the client, the TestAgent* ones against the agent
 #                               at PALISADE_AGENT_SOCKET (which they need)
 #   make conformance-go-driver  target/clients/palisade-conformance-go
@@ -23,6 +25,7 @@ REGISTRY_GO_IMAGE := $(PALISADE_TEST_REGISTRY)/go-leader-redis:1
 # Tests that need no agent: the client's TestAgent* ones need a running agent.
 go-client-check:
 	cd $(GO_CLIENT_DIR) && go vet ./... && go test -skip '^TestAgent' ./...
+	cd $(GO_CLIENT_DIR)/kube && go vet ./... && go test ./...
 	cd $(GO_DRIVER_DIR) && go vet ./... && go test ./...
 	cd $(GO_EXAMPLE_DIR) && go vet ./... && go test ./...
 
