@@ -15,6 +15,7 @@ import (
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 )
 
@@ -122,11 +123,13 @@ type fakeAPIServer struct {
 	bodies   [][]byte
 	reviews  []*http.Request
 	selector string
+	// requestBodies: the last body sent to each path.
+	requestBodies map[string][]byte
 }
 
 func newFakeAPIServer(t *testing.T) *fakeAPIServer {
 	t.Helper()
-	f := &fakeAPIServer{username: testUser, asked: map[string]int{}}
+	f := &fakeAPIServer{username: testUser, asked: map[string]int{}, requestBodies: map[string][]byte{}}
 	f.answer = func(string, int) (int, []byte) { return 403, statusBody(403, "Forbidden", staleRefusal) }
 	f.srv = httptest.NewTLSServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
@@ -136,6 +139,7 @@ func newFakeAPIServer(t *testing.T) *fakeAPIServer {
 func (f *fakeAPIServer) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	f.mu.Lock()
+	f.requestBodies[r.URL.Path] = body
 	reply := func(code int, b []byte) {
 		f.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
@@ -152,7 +156,10 @@ func (f *fakeAPIServer) serve(w http.ResponseWriter, r *http.Request) {
 			reply(403, statusBody(403, "Forbidden", `endpointslices.discovery.k8s.io is forbidden: User "system:serviceaccount:ops:op" cannot list resource "endpointslices"`))
 			return
 		}
-		b, _ := json.Marshal(discoveryv1.EndpointSliceList{Items: f.slices})
+		b, _ := json.Marshal(discoveryv1.EndpointSliceList{
+			TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSliceList"},
+			Items:    f.slices,
+		})
 		reply(200, b)
 	case r.Method == http.MethodPost && r.URL.Path == "/apis/palisade.dev/v1alpha1/namespaces/ops/leases":
 		f.asked[r.Host]++
@@ -208,6 +215,11 @@ func TestNewFenceLearnsTheUsernameUnstamped(t *testing.T) {
 	}
 	if r.Header.Get("Authorization") != "Bearer secret" {
 		t.Errorf("the SelfSubjectReview did not authenticate as the config: %v", r.Header)
+	}
+	var sent map[string]any
+	json.Unmarshal(api.requestBodies["/apis/authentication.k8s.io/v1/selfsubjectreviews"], &sent)
+	if sent["apiVersion"] != "authentication.k8s.io/v1" || sent["kind"] != "SelfSubjectReview" {
+		t.Errorf("the SelfSubjectReview sent: %v", sent)
 	}
 	if f.timeout != 30*time.Second {
 		t.Errorf("default confirm timeout %v, want 30s", f.timeout)

@@ -82,9 +82,10 @@ type FenceOptions struct {
 // that is not a service account (system:serviceaccount:<ns>:<name>).
 // lease/namespace: the palisade Lease it leads by.
 //
-// cfg must not impersonate (cfg.Impersonate empty): the fence impersonates the
-// config's own identity to carry the token. cfg is copied; later changes to it are
-// not seen.
+// A config that impersonates the service account (cfg.Impersonate.UserName, say an
+// administrator's kubeconfig in a test) is fenced as that account: the
+// SelfSubjectReview answers the impersonated name. cfg is copied; later changes to it
+// are not seen.
 func NewFence(ctx context.Context, cfg *rest.Config, namespace, lease string, opts FenceOptions) (*Fence, error) {
 	servers, err := checkFenceArgs(cfg, namespace, lease, opts, os.Getenv(ServersEnv))
 	if err != nil {
@@ -131,9 +132,6 @@ func checkFenceArgs(cfg *rest.Config, namespace, lease string, opts FenceOptions
 		return fail("cfg is nil")
 	case cfg.Host == "":
 		return fail("cfg.Host is empty")
-	case cfg.Impersonate.UserName != "" || cfg.Impersonate.UID != "" ||
-		len(cfg.Impersonate.Groups) > 0 || len(cfg.Impersonate.Extra) > 0:
-		return fail("cfg.Impersonate is set: the fence impersonates the config's own identity to carry the token, so the config must not impersonate")
 	case opts.ConfirmTimeout < 0:
 		return fail("FenceOptions.ConfirmTimeout is negative (%v)", opts.ConfirmTimeout)
 	}

@@ -122,8 +122,34 @@ func TestConfigKeepsTheCallersWrapperAndLeavesTheCallersRequestAlone(t *testing.
 	if len(req.Header) != 0 {
 		t.Errorf("the caller's request was modified: %v", req.Header)
 	}
-	if f.cfg.WrapTransport == nil || cfg.Impersonate.UserName != "" {
-		t.Error("the fence's own config changed")
+	if f.cfg.WrapTransport == nil {
+		t.Error("the fence's own config lost the caller's wrapper")
+	}
+}
+
+// A config that impersonates the service account itself (an administrator's, in a
+// test) keeps its impersonation, with the fence's user and token on top.
+func TestConfigStampsAnImpersonatingConfig(t *testing.T) {
+	srv := echoServer(t)
+	cfg := &rest.Config{Host: srv.URL, Impersonate: rest.ImpersonationConfig{
+		UserName: testUser, Groups: []string{"system:serviceaccounts"}, Extra: map[string][]string{"reason": {"test"}},
+	}}
+	f := &Fence{cfg: cfg, username: testUser}
+	client, err := rest.HTTPClientFor(f.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := headersSent(t, client, srv.URL)
+	if h.Get("Impersonate-User") != testUser || h.Get(tokenHeader) != "" {
+		t.Errorf("before Lead: want the config's impersonation alone, got %v", h)
+	}
+	f.setToken(9)
+	h = headersSent(t, client, srv.URL)
+	if got := h.Values("Impersonate-User"); len(got) != 1 || got[0] != testUser {
+		t.Errorf("Impersonate-User: %q, want exactly %q", got, testUser)
+	}
+	if h.Get(tokenHeader) != "9" || h.Get("Impersonate-Group") != "system:serviceaccounts" || h.Get("Impersonate-Extra-Reason") != "test" {
+		t.Errorf("want the token with the config's group and extra, got %v", h)
 	}
 }
 
@@ -145,10 +171,6 @@ func TestFenceArgumentsAreChecked(t *testing.T) {
 	}{
 		{name: "nil config", cfg: nil, namespace: "ops", lease: "op", wantErr: "cfg is nil"},
 		{name: "no host", cfg: &rest.Config{}, namespace: "ops", lease: "op", wantErr: "cfg.Host is empty"},
-		{name: "impersonating", cfg: &rest.Config{Host: "h", Impersonate: rest.ImpersonationConfig{UserName: "bob"}},
-			namespace: "ops", lease: "op", wantErr: "cfg.Impersonate is set"},
-		{name: "impersonating groups", cfg: &rest.Config{Host: "h", Impersonate: rest.ImpersonationConfig{Groups: []string{"g"}}},
-			namespace: "ops", lease: "op", wantErr: "cfg.Impersonate is set"},
 		{name: "negative timeout", cfg: good, namespace: "ops", lease: "op",
 			opts: FenceOptions{ConfirmTimeout: -time.Second}, wantErr: "ConfirmTimeout is negative"},
 		{name: "no namespace", cfg: good, namespace: "", lease: "op", wantErr: `namespace ""`},
