@@ -15,10 +15,11 @@
 //! | `controller` | [`controller`] (with its [`controller::metrics`]) and [`admin`]: the lease controller (implies `client`) | axum, prometheus-client |
 //! | `agent` | [`agent`] and [`admin`]: `palisade agent`, the per-pod sidecar's local HTTP API (implies `client`) | axum, prometheus-client |
 //! | `cli` | the `palisade` binary (implies `client`, `fence`, `controller`, `agent`) | clap, tracing-subscriber |
+//! | `operator` | [`operator`]: a fenced operator's client and leadership (implies `client`) | none beyond `client` |
 //!
-//! `default` is the full build: `cli`, `postgres` and `redis`. A program that takes
+//! `default` is the full build: `cli`, `postgres`, `redis` and `operator`. A program that takes
 //! a Lease and fences its writes needs only
-//! `palisade = { version = "0.2", default-features = false, features = ["client", "fence"] }`.
+//! `palisade = { version = "0.3", default-features = false, features = ["client", "fence"] }`.
 //!
 //! Why split this way: a worker that only takes Leases and fences its writes then
 //! compiles no HTTP server, metrics or argument parser. Everything only the

@@ -99,3 +99,59 @@ fn rendered_fencing_policy_covers_configmaps_and_the_configured_resources() {
         kinds(&off)
     );
 }
+
+#[test]
+fn rendered_operator_policies_judge_each_named_account_by_its_lease() {
+    let none = render("palisade", "ops", &[]);
+    assert!(
+        !none.iter().any(|o| o["metadata"]["name"].as_str().unwrap_or("").starts_with("palisade-operator-")),
+        "no operator is fenced by default"
+    );
+    let objects = render(
+        "palisade",
+        "ops",
+        &[
+            "--set-json",
+            r#"policies.operators=[{"serviceAccount":{"namespace":"shop","name":"orders"},"lease":{"name":"orders-leader"}},{"serviceAccount":{"namespace":"pay","name":"settle"},"lease":{"name":"settle","namespace":"locks"}}]"#,
+        ],
+    );
+    let policy = find(&objects, "ValidatingAdmissionPolicy", "palisade-operator-shop-orders");
+    assert_eq!(
+        policy["spec"]["matchConditions"][0]["expression"],
+        r#"request.userInfo.username == "system:serviceaccount:shop:orders""#
+    );
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"],
+        json!([{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*/*"],
+                "operations": ["CREATE", "UPDATE", "DELETE", "CONNECT"]}])
+    );
+    // The Lease is named, in the account's namespace unless given; a missing Lease cannot
+    // refuse (Deny would refuse every user's requests: params are looked up first).
+    let param = |name: &str| find(&objects, "ValidatingAdmissionPolicyBinding", name)["spec"]["paramRef"].clone();
+    assert_eq!(
+        param("palisade-operator-shop-orders"),
+        json!({"name": "orders-leader", "namespace": "shop", "parameterNotFoundAction": "Allow"})
+    );
+    assert_eq!(
+        param("palisade-operator-pay-settle"),
+        json!({"name": "settle", "namespace": "locks", "parameterNotFoundAction": "Allow"})
+    );
+    // The account may impersonate itself (only itself) with the token extra, and list
+    // the API servers.
+    let role = find(&objects, "Role", "palisade-operator-shop-orders");
+    assert_eq!(role["metadata"]["namespace"], "shop");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"], "resourceNames": ["orders"]}])
+    );
+    assert_eq!(
+        find(&objects, "ClusterRole", "palisade-operator-shop-orders")["rules"],
+        json!([{"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/palisade.dev/fencing-token"], "verbs": ["impersonate"]}])
+    );
+    let apiservers = find(&objects, "Role", "palisade-operator-shop-orders-apiservers");
+    assert_eq!(apiservers["metadata"]["namespace"], "default");
+    for name in ["palisade-operator-shop-orders", "palisade-operator-shop-orders-apiservers"] {
+        let binding = find(&objects, "RoleBinding", name);
+        assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "orders", "namespace": "shop"}]));
+    }
+}

@@ -132,6 +132,34 @@ const POLICIES: &[BadValue] = &[
         &["--set", "policies.fencing.configMaps=false"],
         &["nothing to fence", "policies.fencing.resources"],
     ),
+    (
+        &[
+            "--set-json",
+            "policies.operators=[{\"serviceAccount\":{\"namespace\":\"ops\",\"name\":\"op\"}}]",
+        ],
+        &["lease"],
+    ),
+    (
+        &[
+            "--set-json",
+            "policies.operators=[{\"serviceAccount\":{\"name\":\"op\"},\"lease\":{\"name\":\"l\"}}]",
+        ],
+        &["namespace"],
+    ),
+    (
+        &[
+            "--set-json",
+            "policies.operators=[{\"serviceAccount\":{\"namespace\":\"ops\",\"name\":\"op\"},\"lease\":{\"name\":\"Not A Lease\"}}]",
+        ],
+        &["name"],
+    ),
+    (
+        &[
+            "--set-json",
+            "policies.operators=[{\"user\":\"system:serviceaccount:ops:op\",\"lease\":{\"name\":\"l\"}}]",
+        ],
+        &["user"],
+    ),
 ];
 
 /// Election timings: the schema checks the syntax ...
