@@ -104,7 +104,10 @@ fn rendered_fencing_policy_covers_configmaps_and_the_configured_resources() {
 fn rendered_operator_policies_judge_each_named_account_by_its_lease() {
     let none = render("palisade", "ops", &[]);
     assert!(
-        !none.iter().any(|o| o["metadata"]["name"].as_str().unwrap_or("").starts_with("palisade-operator-")),
+        !none.iter().any(|o| o["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("palisade-operator-")),
         "no operator is fenced by default"
     );
     let objects = render(
@@ -115,7 +118,11 @@ fn rendered_operator_policies_judge_each_named_account_by_its_lease() {
             r#"policies.operators=[{"serviceAccount":{"namespace":"shop","name":"orders"},"lease":{"name":"orders-leader"}},{"serviceAccount":{"namespace":"pay","name":"settle"},"lease":{"name":"settle","namespace":"locks"}}]"#,
         ],
     );
-    let policy = find(&objects, "ValidatingAdmissionPolicy", "palisade-operator-shop-orders");
+    let policy = find(
+        &objects,
+        "ValidatingAdmissionPolicy",
+        "palisade-operator-shop-orders",
+    );
     assert_eq!(
         policy["spec"]["matchConditions"][0]["expression"],
         r#"request.userInfo.username == "system:serviceaccount:shop:orders""#
@@ -127,7 +134,9 @@ fn rendered_operator_policies_judge_each_named_account_by_its_lease() {
     );
     // The Lease is named, in the account's namespace unless given; a missing Lease cannot
     // refuse (Deny would refuse every user's requests: params are looked up first).
-    let param = |name: &str| find(&objects, "ValidatingAdmissionPolicyBinding", name)["spec"]["paramRef"].clone();
+    let param = |name: &str| {
+        find(&objects, "ValidatingAdmissionPolicyBinding", name)["spec"]["paramRef"].clone()
+    };
     assert_eq!(
         param("palisade-operator-shop-orders"),
         json!({"name": "orders-leader", "namespace": "shop", "parameterNotFoundAction": "Allow"})
@@ -150,8 +159,14 @@ fn rendered_operator_policies_judge_each_named_account_by_its_lease() {
     );
     let apiservers = find(&objects, "Role", "palisade-operator-shop-orders-apiservers");
     assert_eq!(apiservers["metadata"]["namespace"], "default");
-    for name in ["palisade-operator-shop-orders", "palisade-operator-shop-orders-apiservers"] {
+    for name in [
+        "palisade-operator-shop-orders",
+        "palisade-operator-shop-orders-apiservers",
+    ] {
         let binding = find(&objects, "RoleBinding", name);
-        assert_eq!(binding["subjects"], json!([{"kind": "ServiceAccount", "name": "orders", "namespace": "shop"}]));
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "orders", "namespace": "shop"}])
+        );
     }
 }
