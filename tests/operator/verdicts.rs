@@ -123,6 +123,53 @@ async fn every_write_is_refused(
     }
 }
 
+/// With the published token, the writes the stale and tokenless clients tried land.
+async fn the_current_tokens_writes_land(leader: &palisade::operator::Fence, ns: &TestNamespace) {
+    leader
+        .lead(PUBLISHED)
+        .await
+        .expect("the one API server refuses the tokens below");
+    let client = leader.client().unwrap();
+    let cms = configmaps(&client, &ns.name);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let merge = PatchParams::default();
+    cms.patch(
+        "owned",
+        &merge,
+        &Patch::Merge(json!({"data": {"by": "leader"}})),
+    )
+    .await
+    .expect("merge patch");
+    let apply = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owned"}, "data": {"by": "leader"}});
+    cms.patch(
+        "owned",
+        &PatchParams::apply("operator").force(),
+        &Patch::Apply(apply),
+    )
+    .await
+    .expect("server-side apply");
+    deployments
+        .patch_status(
+            "owned",
+            &merge,
+            &Patch::Merge(json!({"status": {"observedGeneration": 7}})),
+        )
+        .await
+        .expect("status");
+    deployments
+        .patch_scale(
+            "owned",
+            &merge,
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .expect("scale");
+    cms.delete("owned", &DeleteParams::default())
+        .await
+        .expect("delete");
+    assert_eq!(leader.token(), PUBLISHED);
+}
+
 #[tokio::test]
 async fn every_write_of_the_operator_is_judged_by_its_lease_token() {
     let ns = support::setup("op-verdicts").await;
@@ -190,50 +237,7 @@ async fn every_write_of_the_operator_is_judged_by_its_lease_token() {
     )
     .await;
 
-    // The current token: every one of those writes lands.
-    leader
-        .lead(PUBLISHED)
-        .await
-        .expect("the one API server refuses the tokens below");
-    let client = leader.client().unwrap();
-    let cms = configmaps(&client, &ns.name);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
-    let merge = PatchParams::default();
-    cms.patch(
-        "owned",
-        &merge,
-        &Patch::Merge(json!({"data": {"by": "leader"}})),
-    )
-    .await
-    .expect("merge patch");
-    let apply = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owned"}, "data": {"by": "leader"}});
-    cms.patch(
-        "owned",
-        &PatchParams::apply("operator").force(),
-        &Patch::Apply(apply),
-    )
-    .await
-    .expect("server-side apply");
-    deployments
-        .patch_status(
-            "owned",
-            &merge,
-            &Patch::Merge(json!({"status": {"observedGeneration": 7}})),
-        )
-        .await
-        .expect("status");
-    deployments
-        .patch_scale(
-            "owned",
-            &merge,
-            &Patch::Merge(json!({"spec": {"replicas": 2}})),
-        )
-        .await
-        .expect("scale");
-    cms.delete("owned", &DeleteParams::default())
-        .await
-        .expect("delete");
-    assert_eq!(leader.token(), PUBLISHED);
+    the_current_tokens_writes_land(&leader, &ns).await;
 
     // Everyone else is untouched: the admin writes without a token.
     let admin: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "admin"}})).unwrap();
@@ -248,7 +252,7 @@ async fn every_write_of_the_operator_is_judged_by_its_lease_token() {
     ns.api::<Deployment>()
         .patch_scale(
             "owned",
-            &merge,
+            &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"replicas": 1}})),
         )
         .await
