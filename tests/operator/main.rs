@@ -6,6 +6,7 @@
 //! One module per concern: the policy's verdicts (verdicts.rs), leadership handed over
 //! through the controller (handover.rs).
 
+mod go_kube;
 mod handover;
 mod verdicts;
 

@@ -1,6 +1,7 @@
 package palisadekube
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -231,5 +232,15 @@ func TestOnlyAServiceAccountIsFenced(t *testing.T) {
 		if !strings.Contains(err.Error(), `"`+username+`"`) {
 			t.Errorf("the error %q does not name %q", err, username)
 		}
+	}
+}
+
+// NewFence checks its arguments before any request: the error is the bad argument's,
+// not the unreachable server's.
+func TestNewFenceChecksItsArgumentsFirst(t *testing.T) {
+	t.Setenv(ServersEnv, "https://10.0.0.1:6443,10.0.0.2")
+	_, err := NewFence(context.Background(), &rest.Config{Host: "https://127.0.0.1:1"}, "ops", "op", FenceOptions{})
+	if err == nil || !strings.Contains(err.Error(), `PALISADE_APISERVERS: "10.0.0.2"`) {
+		t.Fatalf("error %v, want one naming the bad entry of PALISADE_APISERVERS", err)
 	}
 }
