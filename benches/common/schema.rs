@@ -11,8 +11,9 @@
 //! ```
 //!
 //! Scenarios are exactly [`SCENARIOS`] (the handover table), [`OTHER_SCENARIOS`]
-//! (failover, storm) and those of [`HA_ROWS`] (the HA control plane); one that does
-//! not apply has `n = 0` and a note saying why. Percentiles are nearest-rank.
+//! (failover, storm), those of [`HA_ROWS`] (the HA control plane) and
+//! [`OPERATOR_SCENARIOS`] (fenced operators); one that does not apply has `n = 0` and
+//! a note saying why. Percentiles are nearest-rank.
 //!
 //! No figure is clamped. `expiry-past-duration` and `storm-past-duration` samples are signed: a handover that
 //! landed before the duration (as the bench saw the grant) is negative. A server-side
@@ -42,6 +43,45 @@ pub const HA_ROWS: [(&str, &str); 3] = [
     ("ha-release", "holder-0-waiter-1"),
     ("ha-release", "holder-1-waiter-0"),
     ("ha-apiserver-failover", "leader-apiserver-killed"),
+];
+
+/// The fenced operators' scenarios (`benches/operator/`, and client-go's failover
+/// mode), each with a table of its own: `operator-admission` (one write's latency,
+/// config one of [`OPERATOR_ADMISSION_CONFIGS`]) and `operator-failover` (from SIGKILL
+/// of the leading operator process, on the harness's clock, to the new leader's first
+/// accepted write; config the timings: palisade `lease-<N>s`, client-go
+/// `default`/`tuned`).
+pub const OPERATOR_SCENARIOS: [&str; 2] = ["operator-admission", "operator-failover"];
+
+/// The writes of `operator-admission`, in table order: the service account named in
+/// the chart's `policies.operators`, stamped with its Lease's current token (the
+/// policy judges it); an identical account not named (the policy's match condition is
+/// false); then both again once the operators policy is uninstalled.
+pub const OPERATOR_ADMISSION_CONFIGS: [&str; 4] = [
+    "named",
+    "not-named",
+    "named-no-policy",
+    "not-named-no-policy",
+];
+
+/// The admission cost's figures, ms: what the policy adds to the named account's write
+/// against the not-named one's in the same run (p50 less p50, p99 less p99, the median
+/// of the per-round differences); and, with no operators policy, the two accounts'
+/// p50s apart (the noise between them).
+pub const OPERATOR_ADMISSION_ADDED: [&str; 3] = [
+    "operator_admission_added_p50",
+    "operator_admission_added_p99",
+    "operator_admission_added_median_of_pairs",
+];
+pub const OPERATOR_ADMISSION_NO_POLICY_DIFFERENCE: &str =
+    "operator_admission_no_policy_difference_p50";
+
+/// The operator failover's figures beside its latency: from the kill to the new
+/// leader's code starting (palisade: its grant confirmed; client-go: OnStartedLeading),
+/// nearest rank, one per system and config.
+pub const OPERATOR_TO_LEADING: [&str; 2] = [
+    "operator_failover_to_leading_p50",
+    "operator_failover_to_leading_p99",
 ];
 
 /// The HA bench's figure: in how many failover rounds the standby led afterwards
@@ -187,9 +227,17 @@ impl Source {
             if !SCENARIOS.contains(&l.scenario.as_str())
                 && !OTHER_SCENARIOS.contains(&l.scenario.as_str())
                 && !HA_ROWS.iter().any(|(s, _)| *s == l.scenario)
+                && !OPERATOR_SCENARIOS.contains(&l.scenario.as_str())
             {
                 out.push(format!(
-                    "{at}: scenario not one of {SCENARIOS:?}, {OTHER_SCENARIOS:?} or {HA_ROWS:?}"
+                    "{at}: scenario not one of {SCENARIOS:?}, {OTHER_SCENARIOS:?}, {HA_ROWS:?} or {OPERATOR_SCENARIOS:?}"
+                ));
+            }
+            if l.scenario == OPERATOR_SCENARIOS[0]
+                && !OPERATOR_ADMISSION_CONFIGS.contains(&l.config.as_str())
+            {
+                out.push(format!(
+                    "{at}: an admission row's config is one of {OPERATOR_ADMISSION_CONFIGS:?}"
                 ));
             }
             if HA_ROWS.iter().any(|(s, _)| *s == l.scenario)
@@ -203,6 +251,11 @@ impl Source {
             if l.scenario == "failover" && l.config.is_empty() {
                 out.push(format!(
                     "{at}: a failover row needs its config (default, before, tuned)"
+                ));
+            }
+            if l.scenario == OPERATOR_SCENARIOS[1] && l.config.is_empty() {
+                out.push(format!(
+                    "{at}: an operator failover row needs its config (its timings)"
                 ));
             }
             if l.scenario == "storm-past-duration" && l.config.parse::<usize>().is_err() {
