@@ -1,6 +1,6 @@
 //! The chaos suite's own control plane: started fresh (cluster.sh, on ports apart
-//! from `make cluster`'s), set up with the CRDs, the fencing policy, the namespace and
-//! the Leases, restarted piece by piece as faults, and torn down at the end. With
+//! from `make cluster`'s), set up with the CRDs, the namespace, the fencing policies
+//! (objects' and operators') and the Leases, restarted piece by piece as faults, and torn down at the end. With
 //! `--ha`, the replicated one (three etcd members, two API servers behind load
 //! balancers, every link through palisade-linkproxy: cluster.sh HA=1).
 
@@ -199,24 +199,30 @@ pub async fn bring_up(
     Some((admin, servers, leases))
 }
 
-/// CRDs, the object-fencing admission policy (rendered from our chart), the
-/// namespace, the Leases and one fenced ConfigMap per Lease.
+/// CRDs, the namespace, the fencing admission policies (rendered from our chart), the
+/// Leases and one fenced ConfigMap per Lease.
 async fn set_up(admin: &Client, plane: &ControlPlane, leases: &[String]) -> Result<(), String> {
     support::apply_crds(admin, "palisade-chaos").await?;
-    apply_fencing_policy(plane)?;
+    // First: the operators policy's RBAC has Roles in it.
     create_namespace(admin).await?;
+    apply_fencing_policy(plane)?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
     create_leases(admin, &configmaps, leases).await?;
     wait_policy_active(&configmaps).await
 }
 
-/// The object-fencing admission policy, rendered from our chart and applied.
+/// The object-fencing admission policy, and the operators policy with its RBAC and the
+/// client role for the operator workers' account (operator_setup.rs), rendered from
+/// our chart and applied.
 fn apply_fencing_policy(plane: &ControlPlane) -> Result<(), String> {
     let bin_dir = PathBuf::from(std::env::var("PALISADE_BIN_DIR").unwrap_or_default());
     let rendered = Command::new(bin_dir.join("helm"))
         .args(["template", "chaos"])
         .arg(plane.root.join("charts/palisade"))
         .args(["--show-only", "templates/policy-object-fencing.yaml"])
+        .args(["--show-only", "templates/policy-operator-fencing.yaml"])
+        .args(["--show-only", "templates/rbac-client.yaml"])
+        .args(["--set-json", &crate::operator_setup::chart_value()])
         .output()
         .map_err(|e| format!("helm template: {e}"))?;
     if !rendered.status.success() {
@@ -249,7 +255,7 @@ fn apply_fencing_policy(plane: &ControlPlane) -> Result<(), String> {
             .map_err(|e| format!("kubectl apply: {e}"))?;
     }
     if !apply.wait().map_err(|e| e.to_string())?.success() {
-        return Err("kubectl apply of the fencing policy failed".into());
+        return Err("kubectl apply of the fencing policies failed".into());
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ use crate::cluster::{ControlPlane, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
 use crate::dbstores;
 use crate::ha::{self, HaFault};
 use crate::history::{Event, Recorder};
+use crate::operator_faults::{operator_grant, pause_operator};
 use crate::processes::{ELECTION_NAME, Election, Processes, signal};
 use crate::rng::{Rng, now_ns};
 
@@ -48,6 +49,8 @@ pub enum Fault {
     CutWorkerLinks,
     BlackholeControllerLink,
     BlackholeWorkerLinks,
+    // The operator workers' leader, of operator_faults.rs.
+    PauseOperator,
     // The replicated control plane's (`--ha`), of ha.rs.
     Ha(HaFault),
     // The database faults, of dbstores.rs.
@@ -77,6 +80,7 @@ impl Fault {
             Fault::CutWorkerLinks => "cut_worker_links",
             Fault::BlackholeControllerLink => "blackhole_controller_link",
             Fault::BlackholeWorkerLinks => "blackhole_worker_links",
+            Fault::PauseOperator => "pause_operator",
             Fault::Ha(HaFault::KillEtcdLeader) => "kill_etcd_leader",
             Fault::Ha(HaFault::PartitionEtcdMinority) => "partition_etcd_minority",
             Fault::Ha(HaFault::PartitionEtcdLeader) => "partition_etcd_leader",
@@ -101,7 +105,7 @@ impl fmt::Display for Fault {
 
 /// The harness's faults; dbstores.rs adds its own ([`dbstores::FAULTS`]). A round
 /// is these, then those, shuffled: this order is part of what a seed names.
-const FAULTS: [Fault; 15] = [
+const FAULTS: [Fault; 16] = [
     Fault::PauseHolder,
     Fault::FlapLeadership,
     Fault::Storm,
@@ -117,6 +121,7 @@ const FAULTS: [Fault; 15] = [
     Fault::CutWorkerLinks,
     Fault::BlackholeControllerLink,
     Fault::BlackholeWorkerLinks,
+    Fault::PauseOperator,
 ];
 
 /// The replicated control plane's kinds (`--ha`): in every round, and first in the
@@ -133,9 +138,10 @@ pub const HA_FAULTS: [Fault; 6] = [
 /// The first round begins with these, in this order (see [`Schedule`]). The losses
 /// of the lossy Redis stores come early too: before the first RDB snapshot (300 s),
 /// so `redis-rdb` comes back empty, and within a short run.
-const FIRST_FAULTS: [Fault; 7] = [
+const FIRST_FAULTS: [Fault; 8] = [
     Fault::PauseHolder,
     Fault::PauseInTransaction,
+    Fault::PauseOperator,
     Fault::Storm,
     Fault::Failover,
     Fault::FlapLeadership,
@@ -176,8 +182,8 @@ impl Schedule {
             if self.first {
                 // The classic case comes first, so even a short run has stale writes;
                 // its database twin second, so the database stores see stale writes
-                // too; then the storm, the failover and flapping leadership, so the
-                // short run has them.
+                // too, and its operator twin third; then the storm, the failover and
+                // flapping leadership, so the short run has them.
                 let last = self.round.len() - 1;
                 let ha_first: &[Fault] = if self.ha { &HA_FAULTS } else { &[] };
                 for (k, kind) in ha_first.iter().chain(&FIRST_FAULTS).enumerate() {
@@ -310,6 +316,7 @@ pub async fn inject(
         Fault::CutWorkerLinks => Some(cut_link(ctx.worker_proxies, rng).await),
         Fault::BlackholeControllerLink => Some(blackhole_link(ctx.controller_proxies, rng).await),
         Fault::BlackholeWorkerLinks => Some(blackhole_link(ctx.worker_proxies, rng).await),
+        Fault::PauseOperator => pause_operator(ctx, procs, rng).await,
         Fault::Ha(kind) => return ha::inject(kind, ctx, procs, rng).await,
         Fault::RestartPostgres
         | Fault::RestartRedis
@@ -408,8 +415,8 @@ async fn stopped_leader_replaced(admin: &Client, leader: &str) -> bool {
     false
 }
 
-/// `storm`: SIGSTOP every holder (most, with three or more) at once, then SIGCONT
-/// them together.
+/// `storm`: SIGSTOP every holder (most, with three or more) and the operators' leader
+/// at once, then SIGCONT them together.
 async fn storm(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rng) -> Option<String> {
     let lease = Duration::from_secs(LEASE_SECONDS);
     // Drawn first, whatever is found: the same draws for every run of a seed.
@@ -428,8 +435,11 @@ async fn storm(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rng) -> 
     if of >= 3 && spare_one {
         holders.remove((spared_pick % of as u64) as usize);
     }
+    // And the operators' leader, which wakes deposed like the others.
+    let operator = operator_grant(ctx, procs, 1).await.map(|o| o.identity);
     let pids: Vec<i32> = holders
         .iter()
+        .chain(&operator)
         .map(|h| procs.worker_pid(h).expect("picked among live workers"))
         .collect();
     // Together: their grants expire in the same controller pass or nearly, the
@@ -441,8 +451,9 @@ async fn storm(ctx: &FaultContext<'_>, procs: &mut Processes, rng: &mut Rng) -> 
     for &pid in &pids {
         signal(pid, libc::SIGCONT);
     }
+    let operator = operator.map_or(String::new(), |o| format!(" and the operators' leader {o}"));
     Some(format!(
-        "{} ({} of {of} live holders, {} leases) for {} ms",
+        "{} ({} of {of} live holders, {} leases){operator} for {} ms",
         holders.join(","),
         holders.len(),
         ctx.leases.len(),

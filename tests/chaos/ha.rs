@@ -4,7 +4,9 @@
 //! clients fail over through their load balancer), and a compaction while one API
 //! server's cache is behind (its watchers are ended and resume from versions it no
 //! longer has: 410 Gone, relists). Each overlaps with a holder pause (so a stale
-//! write follows every kind) and, by the seed, a controller kill or a split brain.
+//! write follows every kind), a pause of the operator workers' leader (the faults on
+//! one API server hit the one it writes through) and, by the seed, a controller kill
+//! or a split brain.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use palisade::crd::Lease;
 
 use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
 use crate::faults::{FaultContext, HeldGrant, kill_controller, pick_grant, split_brain};
+use crate::operator_faults::operator_grant;
 use crate::processes::{Processes, holds_long, signal};
 use crate::rng::Rng;
 
@@ -27,8 +30,8 @@ pub enum HaFault {
     CompactWhileBehind,
 }
 
-/// Injects `fault` on the control plane while a holder, picked just before, is
-/// paused past its lease from the same moment (and, for a seeded third each, the
+/// Injects `fault` on the control plane while a holder and the operators' leader,
+/// picked just before, are paused past their leases from the same moment (and, for a seeded third each, the
 /// controller replicas are killed or a second controller runs without election).
 /// What it did, for the log.
 pub async fn inject(
@@ -42,18 +45,22 @@ pub async fn inject(
     let plane = ctx.plane;
     // Picked while the plane is whole (during the fault, reads may hang).
     let held = pick_for_overlap(ctx, procs, &mut overlap_rng).await;
+    let operator = operator_grant(ctx, procs, 5).await;
+    // The faults on one API server hit the operators' leader's: it wakes deposed
+    // behind a server that lags, was cut from etcd or is gone.
+    let near = operator.as_ref().and_then(|o| procs.server_of(&o.identity));
     let (infra, overlap) = tokio::join!(
         async {
             match fault {
                 HaFault::KillEtcdLeader => kill_etcd_leader(plane, span).await,
                 HaFault::PartitionEtcdMinority => partition_etcd(plane, false, span, rng).await,
                 HaFault::PartitionEtcdLeader => partition_etcd(plane, true, span, rng).await,
-                HaFault::LagApiserver => lag_apiserver(plane, span, rng).await,
-                HaFault::KillApiserver => kill_apiserver(plane, span, rng).await,
-                HaFault::CompactWhileBehind => compact_while_behind(plane, span, rng).await,
+                HaFault::LagApiserver => lag_apiserver(plane, span, near, rng).await,
+                HaFault::KillApiserver => kill_apiserver(plane, span, near, rng).await,
+                HaFault::CompactWhileBehind => compact_while_behind(plane, span, near, rng).await,
             }
         },
-        overlap(ctx, procs, held, &mut overlap_rng),
+        overlap(ctx, procs, [held, operator], &mut overlap_rng),
     );
     // Whatever failed, the links are healed before the next fault.
     heal_links(plane).await?;
@@ -81,11 +88,12 @@ async fn pick_for_overlap(
     any
 }
 
-/// The holder pause (and maybe a controller fault) that runs beside each HA fault.
+/// The pauses of a holder and of the operators' leader (and maybe a controller
+/// fault) that run beside each HA fault.
 async fn overlap(
     ctx: &FaultContext<'_>,
     procs: &mut Processes,
-    held: Option<HeldGrant>,
+    held: [Option<HeldGrant>; 2],
     rng: &mut Rng,
 ) -> String {
     let also = rng.range(0, 3);
@@ -98,42 +106,73 @@ async fn overlap(
     // the policy is built this way").
     let lease = Duration::from_secs(LEASE_SECONDS).as_millis() as u64;
     let pause = rng.millis(lease * 5 / 2, lease * 4);
-    let paused = match held {
-        Some(held) => {
-            let pid = procs
-                .worker_pid(&held.identity)
-                .expect("picked among live workers");
-            let stopped = Instant::now();
-            signal(pid, libc::SIGSTOP);
-            tokio::time::sleep(pause).await;
-            let moved_on = lease_moved_on(ctx, &held).await;
-            signal(pid, libc::SIGCONT);
-            format!(
-                "paused {} for {} ms{}",
-                held.identity,
-                stopped.elapsed().as_millis(),
-                if moved_on {
-                    ""
-                } else {
-                    " (no newer grant was published)"
-                }
-            )
+    let pausing: &Processes = procs;
+    let one = |held: Option<HeldGrant>, within: Duration, none: &'static str| async move {
+        match held {
+            Some(held) => pause_past_grant(ctx, pausing, &held, pause, within).await,
+            None => none.to_string(),
         }
-        None => "no holder to pause".into(),
     };
+    let [held, operator] = held;
+    // The operators' successor is waited for less: where the plane keeps it from
+    // being granted, the holder's pause, not this one, should set the fault's length.
+    let (paused, operator) = tokio::join!(
+        one(held, MOVED_ON_WAIT, "no holder to pause"),
+        one(
+            operator,
+            OPERATOR_MOVED_ON_WAIT,
+            "no operator leader to pause"
+        )
+    );
     let more = match also {
         0 => format!(", {}", kill_controller(procs, rng).await),
         1 => format!(", {}", split_brain(ctx, procs, rng).await),
         _ => String::new(),
     };
-    format!("{paused}{more}")
+    format!("{paused}, {operator}{more}")
 }
 
-/// Waits (at most 15 s) until `held`'s Lease has a newer grant, read from etcd (a
+/// How long a paused holder is kept paused, past its pause, for a newer grant.
+pub const MOVED_ON_WAIT: Duration = Duration::from_secs(15);
+/// The same for the operators' leader paused beside an HA fault.
+const OPERATOR_MOVED_ON_WAIT: Duration = Duration::from_secs(5);
+
+/// SIGSTOPs `held`'s worker for `pause` and then until a newer grant of its Lease is
+/// published (at most `within` more), then SIGCONTs it: it wakes deposed. What it
+/// did, for the log.
+pub async fn pause_past_grant(
+    ctx: &FaultContext<'_>,
+    procs: &Processes,
+    held: &HeldGrant,
+    pause: Duration,
+    within: Duration,
+) -> String {
+    let pid = procs
+        .worker_pid(&held.identity)
+        .expect("picked among live workers");
+    let stopped = Instant::now();
+    signal(pid, libc::SIGSTOP);
+    tokio::time::sleep(pause).await;
+    let moved_on = lease_moved_on(ctx, held, within).await;
+    signal(pid, libc::SIGCONT);
+    format!(
+        "paused {} (token {}) for {} ms{}",
+        held.identity,
+        held.token,
+        stopped.elapsed().as_millis(),
+        if moved_on {
+            ""
+        } else {
+            " (no newer grant was published)"
+        }
+    )
+}
+
+/// Waits (at most `within`) until `held`'s Lease has a newer grant, read from etcd (a
 /// GET without resourceVersion). False: none was published.
-async fn lease_moved_on(ctx: &FaultContext<'_>, held: &HeldGrant) -> bool {
+async fn lease_moved_on(ctx: &FaultContext<'_>, held: &HeldGrant, within: Duration) -> bool {
     let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
-    let until = Instant::now() + Duration::from_secs(15);
+    let until = Instant::now() + within;
     while Instant::now() < until {
         if let Ok(Ok(lease)) =
             tokio::time::timeout(Duration::from_secs(2), api.get(&held.lease)).await
@@ -254,14 +293,22 @@ async fn partition_etcd(
     ))
 }
 
+/// The API server a fault on one hits: `near` (the operators' leader's), else one
+/// drawn at random (drawn either way, so the seed's later draws stay the same).
+fn on_server(near: Option<usize>, rng: &mut Rng) -> u64 {
+    let drawn = rng.range(0, HA_APISERVERS as u64);
+    near.map_or(drawn, |j| j as u64)
+}
+
 /// `lag_apiserver`: one API server's links to every member get a latency of 1 to
 /// 3 s, so its watch cache (and everything it serves) falls that far behind.
 async fn lag_apiserver(
     plane: &ControlPlane,
     span: Duration,
+    near: Option<usize>,
     rng: &mut Rng,
 ) -> Result<String, String> {
-    let j = rng.range(0, HA_APISERVERS as u64);
+    let j = on_server(near, rng);
     let latency = rng.millis(1000, 3000);
     plane
         .links(&format!(
@@ -285,9 +332,10 @@ async fn lag_apiserver(
 async fn kill_apiserver(
     plane: &ControlPlane,
     span: Duration,
+    near: Option<usize>,
     rng: &mut Rng,
 ) -> Result<String, String> {
-    let j = rng.range(0, HA_APISERVERS as u64);
+    let j = on_server(near, rng);
     script(plane, "kill", format!("kube-apiserver-{j}")).await?;
     tokio::time::sleep(span).await;
     let back = Instant::now();
@@ -306,9 +354,10 @@ async fn kill_apiserver(
 async fn compact_while_behind(
     plane: &ControlPlane,
     span: Duration,
+    near: Option<usize>,
     rng: &mut Rng,
 ) -> Result<String, String> {
-    let j = rng.range(0, HA_APISERVERS as u64);
+    let j = on_server(near, rng);
     plane
         .links(&format!("mode apiserver-{j}-etcd-* cut"))
         .await?;

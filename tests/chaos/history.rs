@@ -32,8 +32,12 @@
 //! within the duration plus 5 s while leadership changes hands about once a second.
 //! The HA plane's rules (a resourceVersion never going back through one server, no
 //! lower token at a newer one across servers, no fenced write accepted below a grant
-//! its server had shown 2 s before) are in `watch_caches.rs`.
+//! its server had shown 2 s before) are in `watch_caches.rs`. The fenced operators'
+//! (per object, in resourceVersion order, no write of a deposed leader lands after its
+//! successor's first landed write; a refusal names the write's token as stale; an
+//! operator writes again after healing) are in `history/operator.rs`.
 
+mod operator;
 mod record;
 mod self_check;
 
@@ -63,6 +67,7 @@ pub struct Verdict {
     pub stale_after: BTreeMap<String, usize>,
     /// The HA plane's watch caches: how far one lagged the other (none: one server).
     pub cache_lag: Option<crate::watch_caches::CacheLag>,
+    pub operators: operator::OperatorCounts,
     pub violations: Vec<String>,
 }
 
@@ -91,7 +96,7 @@ impl Verdict {
         });
         format!(
             "chaos: {} grants, {} faults ({}), {} stale writes rejected (after each kind: {}), \
-             {} refused for a lost mark, {} accepted, {} violations{lag}",
+             {} refused for a lost mark, {} accepted, {} violations{lag}; {}",
             self.grants,
             faults,
             by_kind.join(", "),
@@ -99,7 +104,8 @@ impl Verdict {
             stale_after.join(", "),
             self.no_mark_refused.values().sum::<usize>(),
             self.stale_accepted,
-            self.violations.len()
+            self.violations.len(),
+            self.operators.summary()
         )
     }
 }
@@ -145,6 +151,7 @@ pub fn check_with_stores(
     check_silenced_holders_expire(events, &mut v);
     check_claim_phases(events, &mut v);
     check_renewal_contract(events, expect, &mut v);
+    v.operators = operator::check(events, &mut v.violations);
     if events.iter().any(|e| {
         matches!(
             e,

@@ -1,6 +1,7 @@
 //! The fault-injection suite: `make chaos DURATION=10m SEED=7` (and a short run in
 //! `make test`). Proves, the way Jepsen does, that no stale write is accepted:
-//! worker processes contend for Leases and write to four fenced stores while a
+//! worker processes contend for Leases and write to four fenced stores, and fenced
+//! operators contend for a Lease of their own and write to the API server, while a
 //! seeded scheduler injects faults; then a checker judges the recorded history (see
 //! history.rs for the rules).
 //!
@@ -19,6 +20,9 @@
 //! - `failover`: SIGKILL the leader the election's coordination.k8s.io Lease names
 //!   (so it cannot release), wait for the standby to take over (recorded), then start
 //!   a replacement so two replicas run again.
+//! - `pause_operator`: SIGSTOP the fenced operators' leader past its lease and until
+//!   its successor's grant is published, then SIGCONT (the storm, and on the HA plane
+//!   every kind of ha.rs, pause it too).
 //! - `split_brain`: one more controller, election off, straight to the API server:
 //!   grants must stay safe whatever the election says.
 //! - `restart_apiserver`, `restart_etcd`; delays, cuts and black holes of the
@@ -36,11 +40,22 @@
 //!
 //! A test binary without libtest's harness: `cargo test` runs it with no arguments
 //! (the short run); the flags are `--duration 90s --seed 1 --workers 5 --leases 2`.
-//! The same binary, started as `chaos worker ...`, is a worker process; every third
-//! worker is started as `chaos agent-worker ...` and holds its grants through
-//! `palisade agent` and the Go client (agent_worker.rs; the Go driver from
-//! PALISADE_CONFORMANCE_GO, which the Makefile sets). Faults signal a worker's whole
-//! process group: an agent worker's agent and driver freeze and die with it.
+//! The same binary is each worker process, of three kinds:
+//!
+//! - `chaos worker ...` (`w<n>`, worker.rs): holds the Leases through the client
+//!   library and writes with its token to the four stores;
+//! - `chaos agent-worker ...` (every third `w<n>`, agent_worker.rs): the same, holding
+//!   its grants through `palisade agent` and the Go client (the Go driver from
+//!   PALISADE_CONFORMANCE_GO, which the Makefile sets);
+//! - `chaos operator-worker ...` (`o0` and `o1`, besides `--workers`;
+//!   operator_worker.rs): a fenced operator, running as the service account the
+//!   chart's `policies.operators` names (operator_setup.rs), leading Lease `operator`
+//!   through `palisade::operator::run_while_leading` (confirming against every API
+//!   server, each through its load balancer on the HA plane) and writing a ConfigMap
+//!   and a Deployment's status through the stamped client.
+//!
+//! Faults signal a worker's whole process group: an agent worker's agent and driver
+//! freeze and die with it.
 
 mod agent_worker;
 mod args;
@@ -50,6 +65,9 @@ mod faults;
 mod ha;
 mod history;
 mod observer;
+mod operator_faults;
+mod operator_setup;
+mod operator_worker;
 mod processes;
 mod renewals;
 mod rng;
@@ -85,6 +103,12 @@ fn main() -> ExitCode {
         let args = worker::WorkerArgs::from_args(&raw[1..]).expect("worker arguments");
         let palisade = PathBuf::from(env!("CARGO_BIN_EXE_palisade"));
         runtime.block_on(agent_worker::run(args, palisade));
+        return ExitCode::SUCCESS;
+    }
+    if raw.first().map(String::as_str) == Some("operator-worker") {
+        let args =
+            operator_worker::OperatorArgs::from_args(&raw[1..]).expect("operator worker arguments");
+        runtime.block_on(operator_worker::run(args));
         return ExitCode::SUCCESS;
     }
     if raw.iter().any(|a| a == "--list") {
@@ -173,6 +197,13 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
             proxies.push(proxy);
         }
     }
+    let operator_token = match operator_setup::set_up(&admin, plane, &out).await {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("chaos: setting up the operator workers: {e}");
+            return false;
+        }
+    };
     let store = out.join("file-store");
     let mut procs = Processes::new(
         out.clone(),
@@ -182,6 +213,12 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
             leases: leases.clone(),
             store: store.clone(),
             seed: args.seed,
+            operator_token,
+            // The operators confirm against every API server the way they reach it.
+            servers: worker_proxies
+                .iter()
+                .map(|p| format!("https://127.0.0.1:{}", p.port))
+                .collect(),
         },
     );
     // The store exists before any worker opens it.
@@ -191,6 +228,9 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     procs.start_missing_replicas();
     for _ in 0..args.workers {
         procs.spawn_worker();
+    }
+    for _ in 0..operator_worker::OPERATOR_WORKERS {
+        procs.spawn_operator_worker();
     }
     // Let the first grants and writes happen before any fault.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -242,15 +282,21 @@ async fn start_observers(
     out: &std::path::Path,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     if !plane.ha {
-        return vec![tokio::spawn(observer::observe(
-            admin.clone(),
-            out.to_path_buf(),
-            None,
-        ))];
+        return vec![
+            tokio::spawn(observer::observe(admin.clone(), out.to_path_buf(), None)),
+            tokio::spawn(observer::observe_operator_objects(
+                admin.clone(),
+                out.to_path_buf(),
+            )),
+        ];
     }
     let mut observers = Vec::new();
     for j in 0..HA_APISERVERS {
         let client = worker::client_from(&plane.apiserver_kubeconfig(j)).await;
+        observers.push(tokio::spawn(observer::observe_operator_objects(
+            client.clone(),
+            out.to_path_buf(),
+        )));
         observers.push(tokio::spawn(observer::observe(
             client,
             out.to_path_buf(),

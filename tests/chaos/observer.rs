@@ -1,10 +1,11 @@
 //! The harness's own watches (straight to the API server, no proxy; on the HA plane,
-//! one through each API server): every version of the Leases and fenced ConfigMaps
-//! they deliver, recorded for the checker.
+//! one through each API server): every version of the Leases, the fenced ConfigMaps
+//! and the operator workers' objects they deliver, recorded for the checker.
 
 use std::path::PathBuf;
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -68,6 +69,41 @@ pub async fn observe(admin: Client, out: PathBuf, server: Option<u8>) {
                 });
             }
             _ => {} // list boundaries, deletions, and errors the backoff retries
+        }
+    }
+}
+
+/// Records every version of the operator workers' objects (operator_worker.rs) that
+/// the harness's own watches through `admin` deliver, with the token its content names
+/// (versions no operator wrote yet name none and are left out).
+pub async fn observe_operator_objects(admin: Client, out: PathBuf) {
+    use crate::operator_worker::{self as op, STATE_CONFIGMAP, TARGET_DEPLOYMENT};
+    let mut log = Recorder::create(&out.join("observed-operator-objects.jsonl")).expect("log");
+    let one = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let configmaps = watcher::watcher(
+        Api::<ConfigMap>::namespaced(admin.clone(), NAMESPACE),
+        one(STATE_CONFIGMAP),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(|cm| cm.map(|cm| (op::state_object(), rv_of(&cm), op::token_of_state(&cm))));
+    let deployments = watcher::watcher(
+        Api::<Deployment>::namespaced(admin, NAMESPACE),
+        one(TARGET_DEPLOYMENT),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(|d| d.map(|d| (op::status_object(), rv_of(&d), op::token_of_status(&d))));
+    let mut both = futures::stream::select(configmaps.boxed(), deployments.boxed());
+    while let Some(seen) = both.next().await {
+        // Errors are what the backoff retries.
+        if let Ok((object, rv, Some(token))) = seen {
+            log.record(&Event::OperatorObjectSeen {
+                object,
+                rv,
+                token,
+                t_ns: now_ns(),
+            });
         }
     }
 }

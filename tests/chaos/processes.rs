@@ -1,6 +1,7 @@
 //! The processes the run starts and supervises: the controller's elected replicas
-//! (and the extra one of `split_brain`) and the worker processes, each worker in a
-//! process group of its own so that a signal reaches its agent and driver too.
+//! (and the extra one of `split_brain`) and the worker processes (the operator workers
+//! among them), each worker in a process group of its own so that a signal reaches its
+//! agent and driver too.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -41,6 +42,9 @@ pub struct Processes {
     spawned_controllers: usize,
     pub workers: Vec<(String, std::process::Child)>,
     spawned_workers: usize,
+    spawned_operators: usize,
+    /// The API server each worker (operator workers too) is pinned to, by identity.
+    pins: std::collections::HashMap<String, usize>,
     worker_template: WorkerTemplate,
 }
 
@@ -48,6 +52,10 @@ pub struct WorkerTemplate {
     pub leases: Vec<String>,
     pub store: PathBuf,
     pub seed: u64,
+    /// The operator workers' service account token (a file: operator_setup.rs).
+    pub operator_token: PathBuf,
+    /// Every API server as the workers reach it (a proxy each), as base URLs.
+    pub servers: Vec<String>,
 }
 
 /// How a controller process takes part in leader election.
@@ -78,6 +86,8 @@ impl Processes {
             spawned_controllers: 0,
             workers: Vec::new(),
             spawned_workers: 0,
+            spawned_operators: 0,
+            pins: Default::default(),
             worker_template,
         }
     }
@@ -178,15 +188,7 @@ impl Processes {
         self.spawned_workers += 1;
         let identity = format!("w{n}");
         // n / 2: long and short holders, agent and library workers, on each server.
-        let server = (n / 2) % self.worker_kubeconfigs.len();
-        if self.worker_kubeconfigs.len() > 1 {
-            Recorder::create(&self.out.join("pins.jsonl"))
-                .expect("the pins' history file")
-                .record(&Event::Pinned {
-                    worker: identity.clone(),
-                    server: server as u8,
-                });
-        }
+        let server = self.pin(&identity, n / 2);
         let args = worker::WorkerArgs {
             kubeconfig: self.worker_kubeconfigs[server].clone(),
             namespace: NAMESPACE.into(),
@@ -220,8 +222,53 @@ impl Processes {
         self.workers.push((identity, child));
     }
 
-    /// The worker's process group, as kill(2) takes it (negative): the worker and,
-    /// for an agent worker, its agent and driver.
+    /// Pins worker `identity` to API server `n` (modulo their number), recorded on the
+    /// HA plane. Returns the server's index.
+    fn pin(&mut self, identity: &str, n: usize) -> usize {
+        let server = n % self.worker_kubeconfigs.len();
+        if self.worker_kubeconfigs.len() > 1 {
+            Recorder::create(&self.out.join("pins.jsonl"))
+                .expect("the pins' history file")
+                .record(&Event::Pinned {
+                    worker: identity.to_string(),
+                    server: server as u8,
+                });
+        }
+        self.pins.insert(identity.to_string(), server);
+        server
+    }
+
+    /// The API server worker `identity` is pinned to.
+    pub fn server_of(&self, identity: &str) -> Option<usize> {
+        self.pins.get(identity).copied()
+    }
+
+    /// One more operator worker (`o<n>`, operator_worker.rs), pinned to server `n`.
+    pub fn spawn_operator_worker(&mut self) {
+        let n = self.spawned_operators;
+        self.spawned_operators += 1;
+        let identity = format!("o{n}");
+        let server = self.pin(&identity, n);
+        let args = crate::operator_worker::OperatorArgs {
+            kubeconfig: self.worker_kubeconfigs[server].clone(),
+            token_file: self.worker_template.operator_token.clone(),
+            servers: self.worker_template.servers.clone(),
+            identity: identity.clone(),
+            history: self.out.join(format!("operator-{identity}.jsonl")),
+            seed: self.worker_template.seed ^ ((n as u64 + 1) * 0x85EB_CA6B),
+        };
+        let log = std::fs::File::create(self.out.join(format!("operator-{identity}.log")))
+            .expect("operator worker log");
+        let child = Command::new(std::env::current_exe().expect("current exe"))
+            .args(args.to_args())
+            .process_group(0)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawning an operator worker");
+        self.workers.push((identity, child));
+    }
+
     /// The writes worker `identity` still has to make with `token` (its history file,
     /// read to its last whole line): a holder paused after its last one wakes only to
     /// release, and its pause proves nothing.
@@ -238,6 +285,8 @@ impl Processes {
         writes_per_grant(identity).saturating_sub(made)
     }
 
+    /// The worker's process group, as kill(2) takes it (negative): the worker and,
+    /// for an agent worker, its agent and driver.
     pub fn worker_pid(&self, identity: &str) -> Option<i32> {
         self.workers
             .iter()

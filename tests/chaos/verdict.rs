@@ -1,6 +1,6 @@
 //! After the run: reads the recorded history and the stores' commit orders, has the
 //! checker (history.rs) judge them, prints the verdict, and fails a run that found a
-//! violation or proved nothing.
+//! violation or proved nothing (about a store, or about fencing operators).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::cluster::LEASE_SECONDS;
 use crate::dbstores;
 use crate::history::{self, Expectations, JournalWrite, Verdict};
+use crate::operator_worker::{state_object, status_object};
 use crate::processes::{ELECTION_LEASE, ELECTION_RETRY};
 
 /// After the faults stop, each Lease must be granted again within its duration plus
@@ -83,6 +84,7 @@ pub async fn judge(
         return false;
     }
     if !proves_something(&verdict, out, ha)
+        || !operators_prove_something(&verdict, out)
         || (ha && !every_ha_kind_met_a_stale_write(&verdict, out))
     {
         return false;
@@ -127,6 +129,31 @@ fn proves_something(verdict: &Verdict, out: &Path, ha: bool) -> bool {
         println!(
             "chaos: FAILED: no stale write was attempted, so this run proves nothing \
              (history in {})",
+            out.display()
+        );
+        return false;
+    }
+    true
+}
+
+/// A run whose operators never handed over on each object, or whose deposed leaders
+/// had no write refused, proves nothing about fencing operators: false, and says which.
+fn operators_prove_something(verdict: &Verdict, out: &Path) -> bool {
+    let counts = &verdict.operators;
+    for object in [state_object(), status_object()] {
+        if counts.handovers.get(&object).copied().unwrap_or(0) == 0 {
+            println!(
+                "chaos: FAILED: no operator leader's write followed another's on {object}, so \
+                 this run proves nothing about fencing operators (history in {})",
+                out.display()
+            );
+            return false;
+        }
+    }
+    if counts.refused == 0 {
+        println!(
+            "chaos: FAILED: no write of a deposed operator was refused, so this run proves \
+             nothing about fencing operators (history in {})",
             out.display()
         );
         return false;

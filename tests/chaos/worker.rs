@@ -365,7 +365,7 @@ async fn stale_writes(
 }
 
 /// `f`, or an error once WRITE_TIMEOUT has passed (its outcome then unknown).
-async fn timed<T>(
+pub async fn timed<T>(
     f: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, kube::Error> {
     tokio::time::timeout(WRITE_TIMEOUT, f)

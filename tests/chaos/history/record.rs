@@ -93,6 +93,32 @@ pub enum Event {
     },
     /// The harness pinned a worker's connections to this API server of the HA plane.
     Pinned { worker: String, server: u8 },
+    /// A fenced operator's write to the API server (operator_worker.rs), through its
+    /// stamped client, with the token of the term it led in.
+    OperatorWrite {
+        worker: String,
+        token: u64,
+        /// `configmap/NAME` or `deployment/NAME/status`.
+        object: String,
+        seq: u64,
+        start_ns: u64,
+        end_ns: u64,
+        /// `Stale`: refused by the operators policy (its message in `detail`).
+        outcome: Outcome,
+        /// The object's resourceVersion the API server returned, when accepted.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rv: Option<u64>,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        detail: String,
+    },
+    /// The harness's watch saw this version of an operator's object, whose content
+    /// names the token of the operator write that made it.
+    OperatorObjectSeen {
+        object: String,
+        rv: u64,
+        token: u64,
+        t_ns: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -23,6 +23,7 @@ pub fn self_check() -> Result<usize, String> {
     }
     n += fx.database_stores()?;
     n += fx.lossy_store()?;
+    n += fx.operators()?;
     Ok(n)
 }
 
@@ -310,6 +311,116 @@ impl Fixture {
             n += 1;
         }
         Ok(n)
+    }
+}
+
+impl Fixture {
+    /// The fenced operators: o0 leads with 10 and writes, o1 with 20 and writes, o0's
+    /// late write is refused, and o1 writes again after healing. Then a deposed
+    /// leader's write (answered, or only seen by the watch) landing after o1's first,
+    /// a refusal for another reason than the token, and no leader after healing.
+    /// Returns how many violations were planted.
+    fn operators(&self) -> Result<usize, String> {
+        let refusal = "UPDATE configmaps chaos/state refused: stale fencing token 10 of \
+                       system:serviceaccount:chaos:op is lower than the current token 20";
+        let clean = vec![
+            op_write("o0", 10, 20, Outcome::Accepted, Some(100), ""),
+            op_seen(100, 10),
+            op_write("o1", 20, 40, Outcome::Accepted, Some(110), ""),
+            op_write("o0", 10, 60, Outcome::Stale, None, refusal),
+            op_seen(110, 20),
+            op_write("o1", 20, 210, Outcome::Accepted, Some(120), ""),
+        ];
+        let verdict = check(&self.with(clean.clone()), &self.clean_journal, &self.expect);
+        let counts = &verdict.operators;
+        if !verdict.violations.is_empty()
+            || (counts.accepted, counts.refused, counts.landed_late) != (3, 1, 0)
+            || counts.handovers.get("configmap/state") != Some(&1)
+        {
+            return Err(format!(
+                "a clean operator history was flagged or miscounted: {:?} {counts:?}",
+                verdict.violations
+            ));
+        }
+        let with_clean =
+            |extra: Vec<Event>| self.with(clean.iter().cloned().chain(extra).collect());
+        let cases = [
+            (
+                "a deposed operator's write landed after its successor's first",
+                with_clean(vec![op_write(
+                    "o0",
+                    10,
+                    70,
+                    Outcome::Accepted,
+                    Some(115),
+                    "",
+                )]),
+                "landed after its successor's first write",
+            ),
+            (
+                "a deposed operator's version, seen only by the watch, after its successor's",
+                with_clean(vec![op_seen(116, 10)]),
+                "landed after its successor's first write",
+            ),
+            (
+                "an operator write refused for another reason than a stale token",
+                with_clean(vec![op_write(
+                    "o1",
+                    20,
+                    80,
+                    Outcome::Stale,
+                    None,
+                    "carries no fencing token",
+                )]),
+                "not for that token being stale",
+            ),
+            (
+                "no operator leads after healing",
+                self.with(clean[..clean.len() - 1].to_vec()),
+                "none leads again",
+            ),
+        ];
+        let planted = cases.len();
+        for (name, events, needle) in cases {
+            let verdict = check(&events, &self.clean_journal, &self.expect);
+            if !verdict.violations.iter().any(|m| m.contains(needle)) {
+                return Err(format!(
+                    "planted violation \"{name}\" was not reported (got {:?})",
+                    verdict.violations
+                ));
+            }
+        }
+        Ok(planted)
+    }
+}
+
+fn op_write(
+    w: &str,
+    token: u64,
+    start_ns: u64,
+    outcome: Outcome,
+    rv: Option<u64>,
+    detail: &str,
+) -> Event {
+    Event::OperatorWrite {
+        worker: w.into(),
+        token,
+        object: "configmap/state".into(),
+        seq: start_ns,
+        start_ns,
+        end_ns: start_ns + 5,
+        outcome,
+        rv,
+        detail: detail.into(),
+    }
+}
+
+fn op_seen(rv: u64, token: u64) -> Event {
+    Event::OperatorObjectSeen {
+        object: "configmap/state".into(),
+        rv,
+        token,
+        t_ns: rv,
     }
 }
 
