@@ -3,9 +3,11 @@
 #   make test           the whole suite: unit + integration tests against a real kube-apiserver (starts it)
 #   make unit-test      only the tests that need no cluster (unit, model, property, doc examples)
 #   make demo           the fencing story, end to end, on the local control plane (no node)
-#   make bench          all benchmark figures in one run (~30 min on 2 cores): target/bench/results.{json,md,png},
+#   make bench          all benchmark figures in one run (~32 min on 2 cores): target/bench/results.{json,md,png},
 #                       and the figures in docs/performance.md
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
+#   make bench-operator only the fenced-operator figures (palisade's and client-go's, ~4 min):
+#                       target/bench-operator/results.md, docs/performance.md untouched
 #   make chaos          the fault-injection suite (DURATION=10m SEED=<now>); see tests/chaos/
 #   make cluster        start (or reuse) etcd + kube-apiserver + kube-controller-manager on 127.0.0.1,
 #                       the image registry on 127.0.0.1:REGISTRY_PORT (crane, blobs in the cluster's
@@ -29,6 +31,8 @@
 #   make test-one TEST=name ARGS=...   one integration test target, after make test (or make cluster) started its parts
 #   make go-client-check, python-client-check   the thin clients' tests that need no agent
 #   make example-go-check, example-python-check the examples/ that use them, as pods on the node
+#   make sample-controller-check  a real operator (k8s.io/sample-controller) frozen past its Lease,
+#                       fenced by palisade and not: its stale writes from the audit log (tests/operators/)
 #
 # Control-plane binaries are built from Go modules under tests/controlplane/ and
 # cached outside target/ (CACHE_DIR), keyed by version, so `cargo clean` keeps them.
@@ -92,7 +96,7 @@ endif
 
 .PHONY: databases databases-down databases-status
 .PHONY: all build test unit-test check crds cluster cluster-down cluster-status \
-	controlplane-bins linkproxy node-deps node-packages image-local chart chart-release demo-cluster demo demo-bins test-build test-bench-smoke test-suites test-chaos-ha test-examples bench bench-peers bench-clientgo bench-rust-peers chaos clean-cache chart-lint image \
+	controlplane-bins linkproxy node-deps node-packages image-local chart chart-release demo-cluster demo demo-bins test-build test-bench-smoke test-suites test-chaos-ha test-examples bench bench-peers bench-clientgo bench-rust-peers bench-operator chaos clean-cache chart-lint image \
 	conformance test-one
 
 all: build
@@ -345,8 +349,8 @@ conformance: cluster conformance-go-driver python-venv
 # examples of the thin clients run last, as pods on the node.
 TEST_PARTS := controlplane-bins $(NODE_DEPS) cluster chart promtool databases conformance-go-driver python-venv \
 	go-client-check python-client-check linkproxy \
-	$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image) \
-	test-build test-bench-smoke test-suites test-chaos-ha $(if $(filter 1,$(NODE)),test-examples)
+	$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image sample-controller-image) \
+	test-build test-bench-smoke test-suites test-chaos-ha $(if $(filter 1,$(NODE)),test-examples test-operators)
 test:
 	@mkdir -p target && : >target/test-parts.tsv && t0=$$(date +%s); \
 	for part in $(TEST_PARTS); do \
@@ -369,6 +373,8 @@ test-bench-smoke:
 	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench agent -- --rounds 4 --leases 3 --steady 2 --out target/bench-smoke
 	cargo test --locked --bench ha -- --rounds 3 --failovers 1 --out target/bench-smoke
+	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked --bench operator -- --rounds 20 --kills 2 \
+		--out target/bench-smoke
 	cp docs/performance.md target/bench-smoke/performance.md
 	cargo test --locked --bench report -- --dir target/bench-smoke --smoke \
 		--publish target/bench-smoke/performance.md
@@ -382,6 +388,11 @@ test-chaos-ha:
 
 test-examples:
 	$(MAKE) --no-print-directory example-go-check example-python-check
+
+# Operators nobody on the project wrote, fenced (tests/operators/; mk/go.mk builds them).
+.PHONY: test-operators
+test-operators:
+	$(MAKE) --no-print-directory sample-controller-check
 
 # One integration test target against what `make test` starts (run that, or `make cluster
 # databases chart image-local`, first), with the environment `make test` gives it:
@@ -397,7 +408,10 @@ test-one:
 # benches/common/schema.rs: palisade-handover (benches/handover.rs, BENCH_ARGS), clientgo
 # and rust-peers-* (the peers below), scale (benches/scale/, SCALE_ARGS), ha (benches/ha/:
 # handovers across the two API servers of an HA plane of its own, and the failover gap
-# when the leader's API server dies; HA_BENCH_ARGS); then
+# when the leader's API server dies; HA_BENCH_ARGS), palisade-operator (benches/operator/:
+# a fenced operator's admission cost, and its failover to the new leader's first
+# accepted write; the chart installed for the run, helm from PALISADE_BIN_DIR;
+# OPERATOR_BENCH_ARGS such as "--rounds 1000 --kills 60"); then
 # benches/report.rs merges them into results.json, results.md (printed) and
 # handover-latency.png. A part that fails is missing from the report ("not measured")
 # and fails the target once the report is written.
@@ -409,7 +423,7 @@ RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
 bench: cluster databases linkproxy
 	@rm -f $(BENCH_DIR)/*.json $(BENCH_DIR)/results.md $(BENCH_DIR)/*.png
 	@mkdir -p $(BENCH_DIR)
-	cargo bench --locked --no-run --bench handover --bench agent --bench report --bench ha
+	cargo bench --locked --no-run --bench handover --bench agent --bench report --bench ha --bench operator
 	@failed=""; SECONDS=0; \
 	cargo bench --locked --bench handover -- --out $(BENCH_DIR) $(BENCH_ARGS) || failed="$$failed handover"; \
 	echo "make bench: palisade handover done at $$SECONDS s"; \
@@ -425,14 +439,17 @@ bench: cluster databases linkproxy
 	echo "make bench: the agent against the library done at $$SECONDS s"; \
 	cargo bench --locked --bench ha -- --out $(BENCH_DIR) $(HA_BENCH_ARGS) || failed="$$failed ha"; \
 	echo "make bench: the HA control plane done at $$SECONDS s"; \
+	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo bench --locked --bench operator -- --out $(BENCH_DIR) \
+		$(OPERATOR_BENCH_ARGS) || failed="$$failed operator"; \
+	echo "make bench: fenced operators done at $$SECONDS s"; \
 	publish=""; [ -n "$$failed" ] || publish="--publish docs/performance.md"; \
 	cargo bench --locked --bench report -- --dir $(BENCH_DIR) $$publish || failed="$$failed report"; \
 	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
 
 # The peers for comparison: client-go's tools/leaderelection (benches/peers/clientgo:
 # handovers and API cost, PEER_ARGS; then its failover mode, SIGKILL of the leading
-# process to the standby's OnStartedLeading, FAILOVER_ARGS such as
-# "--kills-default 5 --kills-tuned 20"), the Rust crates kube-leader-election and
+# process to the standby's OnStartedLeading and to its first accepted write,
+# FAILOVER_ARGS such as "--kills-default 5 --kills-tuned 20"), the Rust crates kube-leader-election and
 # kubert (benches/peers/rust, RUST_PEER_ARGS).
 bench-peers: bench-clientgo bench-rust-peers
 
@@ -445,6 +462,22 @@ bench-clientgo: cluster
 	$(BENCH_DIR)/clientgo-bench failover --kubeconfig $(KUBECONFIG_TEST) --out $(BENCH_DIR)/clientgo-failover.json \
 		$(FAILOVER_ARGS) || failed="$$failed failover"; \
 	if [ -n "$$failed" ]; then echo "bench-clientgo: failed:$$failed" >&2; exit 1; fi
+
+# The fenced-operator figures alone, palisade's (benches/operator/, OPERATOR_BENCH_ARGS)
+# and client-go's failover mode (FAILOVER_ARGS), with their report in OPERATOR_BENCH_DIR;
+# nothing is published (make bench publishes every figure of one run at once).
+OPERATOR_BENCH_DIR := target/bench-operator
+bench-operator: cluster
+	@rm -rf $(OPERATOR_BENCH_DIR) && mkdir -p $(OPERATOR_BENCH_DIR)
+	cargo bench --locked --no-run --bench operator --bench report
+	cd benches/peers/clientgo && CGO_ENABLED=0 go build -o $(CURDIR)/$(OPERATOR_BENCH_DIR)/clientgo-bench .
+	@failed=""; \
+	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo bench --locked --bench operator -- --out $(OPERATOR_BENCH_DIR) \
+		$(OPERATOR_BENCH_ARGS) || failed="$$failed operator"; \
+	$(OPERATOR_BENCH_DIR)/clientgo-bench failover --kubeconfig $(KUBECONFIG_TEST) \
+		--out $(OPERATOR_BENCH_DIR)/clientgo-failover.json $(FAILOVER_ARGS) || failed="$$failed clientgo-failover"; \
+	cargo bench --locked --bench report -- --dir $(OPERATOR_BENCH_DIR) || failed="$$failed report"; \
+	if [ -n "$$failed" ]; then echo "bench-operator: failed:$$failed" >&2; exit 1; fi
 
 bench-rust-peers: cluster
 	@mkdir -p $(BENCH_DIR)

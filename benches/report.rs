@@ -1,10 +1,11 @@
 //! Merges the benchmark outputs of one `make bench` run into one report.
 //!
 //! Reads every `DIR/*.json` in the schema of `benches/common/schema.rs` (palisade's
-//! handover bench, the client-go and Rust peers, the scale bench, the HA bench) and
-//! writes `DIR/results.json` (every figure with its unit, the versions used, the
-//! machine), `DIR/results.md` (printed too: the handover latency table, the failover,
-//! storm and HA tables, other figures, the targets met or missed) and `DIR/handover-latency.png`
+//! handover bench, the client-go and Rust peers, the scale bench, the HA bench, the
+//! fenced-operator bench) and writes `DIR/results.json` (every figure with its unit,
+//! the versions used, the machine), `DIR/results.md` (printed too: the handover
+//! latency table, the failover, storm, HA and fenced-operator tables, other figures,
+//! the targets met or missed) and `DIR/handover-latency.png`
 //! (the handover latency distributions, one panel per scenario). `cargo bench --bench report -- [--dir DIR] [--smoke]`; `make test`
 //! runs it on the smoke outputs so it cannot rot.
 //!
@@ -22,15 +23,20 @@ use std::path::{Path, PathBuf};
 use plotters::coord::combinators::{BindKeyPoints, IntoLogRange};
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
-use schema::{Figure, HA_LEADER_MOVED, HA_ROWS, Latency, OTHER_SCENARIOS, SCENARIOS, Source};
+use schema::{
+    Figure, HA_LEADER_MOVED, HA_ROWS, Latency, OPERATOR_ADMISSION_ADDED,
+    OPERATOR_ADMISSION_CONFIGS, OPERATOR_ADMISSION_NO_POLICY_DIFFERENCE, OPERATOR_SCENARIOS,
+    OPERATOR_TO_LEADING, OTHER_SCENARIOS, SCENARIOS, Source,
+};
 use serde_json::json;
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 const OUTPUTS: [&str; 3] = ["results.json", "results.md", "handover-latency.png"];
 /// The sources `make bench` is meant to produce; a missing one is named in the report.
-const EXPECTED: [&str; 6] = [
+const EXPECTED: [&str; 7] = [
     "palisade-handover",
     "palisade-agent",
+    "palisade-operator",
     "clientgo",
     "rust-peers",
     "scale",
@@ -411,6 +417,7 @@ fn targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
         },
     );
     out.push(api_target(figures));
+    out.extend(operator_targets(latency));
     out.extend(agent_targets(latency, figures));
     let t = "< 64 MiB RSS at 10,000 leases";
     out.push(
@@ -434,6 +441,64 @@ fn targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
         },
     );
     out
+}
+
+/// The fenced operators' budgets: what the admission policy adds to a write, and the
+/// failover to the new leader's first accepted write.
+fn operator_targets(latency: &[Latency]) -> Vec<Target> {
+    let admission = |config: &str| {
+        latency.iter().find(|l| {
+            l.system == "palisade"
+                && l.scenario == OPERATOR_SCENARIOS[0]
+                && l.config == config
+                && l.n > 0
+        })
+    };
+    let t = "fenced operator: the admission policy adds at most 1 ms to a write at p50 (named account against not named, same run)";
+    let added = match (
+        admission(OPERATOR_ADMISSION_CONFIGS[0]),
+        admission(OPERATOR_ADMISSION_CONFIGS[1]),
+    ) {
+        (Some(named), Some(other)) => Target {
+            target: t,
+            measured: format!(
+                "{:+.2} ms ({} against {} ms, n={})",
+                named.p50 - other.p50,
+                ms(named.p50),
+                ms(other.p50),
+                named.n
+            ),
+            status: Status::of(named.p50 - other.p50 <= 1.0),
+        },
+        _ => Target {
+            target: t,
+            measured: "-".into(),
+            status: Status::NotMeasured,
+        },
+    };
+    let t = "fenced operator failover (leader SIGKILLed, a Lease as long as client-go's tuned LeaseDuration): p99 < 2 s to the new leader's first accepted write";
+    let failover = match latency
+        .iter()
+        .find(|l| l.system == "palisade" && l.scenario == OPERATOR_SCENARIOS[1] && l.n > 0)
+    {
+        Some(l) => Target {
+            target: t,
+            measured: format!(
+                "p99 {} ms, max {} ms (n={}, {})",
+                ms(l.p99),
+                ms(l.max),
+                l.n,
+                l.config
+            ),
+            status: Status::of(l.p99 < 2000.0),
+        },
+        None => Target {
+            target: t,
+            measured: "-".into(),
+            status: Status::NotMeasured,
+        },
+    };
+    vec![added, failover]
 }
 
 /// The agent's budgets: its release handover against the library's in the same run,
@@ -764,9 +829,15 @@ fn markdown(
     md += &failover_table(all_latency, figures);
     md += &storm_table(all_latency, figures);
     md += &ha_table(all_latency, figures);
+    md += &operator_admission_table(all_latency, figures);
+    md += &operator_failover_table(all_latency, figures);
 
     md += "\n## Other figures\n\n| system (config) | figure | value | unit |\n|---|---|---|---|\n";
-    for f in figures.iter().filter(|f| !f.name.starts_with("ha_")) {
+    // The HA and fenced-operator figures are in their own tables.
+    for f in figures
+        .iter()
+        .filter(|f| !f.name.starts_with("ha_") && !f.name.starts_with("operator_"))
+    {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} |",
@@ -993,6 +1064,130 @@ fn ha_table(latency: &[Latency], figures: &[Figure]) -> String {
             md,
             "\nLeadership after the kill: {:.0} ({}), {}.",
             f.value, f.name, f.note
+        );
+    }
+    md
+}
+
+/// The admission policy's cost: each write's latency, and what the policy adds.
+fn operator_admission_table(latency: &[Latency], figures: &[Figure]) -> String {
+    let mut md = String::from(
+        "\n## Fenced operators: admission cost\n\nOne write, a merge patch of a ConfigMap's data, one in flight, \
+         by the service account the chart's `policies.operators` names (through `Fence::client` while leading: \
+         stamped with its grant's token, the policy judges it) and by an identical account not named (stamped \
+         the same way, the same RBAC: the policy's match condition is false), which goes first alternating \
+         round by round; then both again once the release is upgraded without the operators policy. \
+         Milliseconds, nearest rank.\n\n\
+         | write | p50 | p95 | p99 | max | n |\n|---|---|---|---|---|---|\n",
+    );
+    let what = [
+        "named in policies.operators, stamped: judged",
+        "not named: match condition false",
+        "named, operators policy not installed",
+        "not named, operators policy not installed",
+    ];
+    for (config, what) in OPERATOR_ADMISSION_CONFIGS.iter().zip(what) {
+        let found = latency.iter().find(|l| {
+            l.system == "palisade" && l.scenario == OPERATOR_SCENARIOS[0] && l.config == *config
+        });
+        match found {
+            Some(l) if l.n > 0 => {
+                let _ = writeln!(
+                    md,
+                    "| {what} | {} | {} | {} | {} | {} |",
+                    ms(l.p50),
+                    ms(l.p95),
+                    ms(l.p99),
+                    ms(l.max),
+                    l.n
+                );
+            }
+            Some(l) => {
+                let _ = writeln!(md, "| {what} | n/a: {} | | | | 0 |", l.note);
+            }
+            None => {
+                let _ = writeln!(md, "| {what} | not measured | | | | |");
+            }
+        }
+    }
+    let value = |name: &str| figure(figures, "palisade", "", name).map(|f| f.value);
+    if let [Some(p50), Some(p99), Some(pairs)] = OPERATOR_ADMISSION_ADDED.map(value) {
+        let _ = write!(
+            md,
+            "\nAdded by the policy's judgement (the named account's writes less the other's, same run): \
+             {p50:+.2} ms at p50, {p99:+.2} ms at p99; the median of the per-round differences {pairs:+.2} ms."
+        );
+        if let Some(noise) = value(OPERATOR_ADMISSION_NO_POLICY_DIFFERENCE) {
+            let _ = write!(
+                md,
+                " With no operators policy the two accounts' p50s are {noise:+.2} ms apart: the noise \
+                 between them."
+            );
+        }
+        md += "\n";
+    }
+    md
+}
+
+/// Failover of a fenced operator to its successor's first accepted write: palisade's
+/// rows, then client-go's (tuned, default), then any other system's.
+fn operator_failover_table(latency: &[Latency], figures: &[Figure]) -> String {
+    let mut md = String::from(
+        "\n## Fenced operators: failover\n\nFrom SIGKILL of the leading operator process (the harness's clock) \
+         to the new leader's first accepted write, a merge patch of a ConfigMap it writes as soon as its code \
+         runs and every 50 ms after; to leading: to its code starting (palisade: the grant acquired and every API \
+         server confirmed to refuse the predecessor's token; client-go: OnStartedLeading). palisade's operators \
+         (`run_while_leading`; the config names the Lease's duration, by default 1 s: client-go's tuned \
+         LeaseDuration) are plain processes on the host whose claims are bound to no pod, so a SIGKILLed \
+         leader's grant ends by expiry, one lease duration after its last renewal: the duration bounds the \
+         figure, as LeaseDuration bounds client-go's. A claim bound to a pod is revoked as soon as the pod is \
+         deleted or terminal; a container killed in a pod that lives on waits for the expiry too. client-go's \
+         `tools/leaderelection` at its default (15 s / 10 s / 2 s) and tuned (1 s / 750 ms / 250 ms) timings; \
+         its writes are not fenced. Milliseconds, nearest rank.\n\n\
+         | system (config) | to leading p50 / p99 | first write p50 | p95 | p99 | max | n |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let mut rows: Vec<&Latency> = latency
+        .iter()
+        .filter(|l| l.scenario == OPERATOR_SCENARIOS[1])
+        .collect();
+    let order = |l: &Latency| match (l.system.as_str(), l.config.as_str()) {
+        ("palisade", _) => 0,
+        ("client-go", "tuned") => 1,
+        ("client-go", "default") => 2,
+        _ => 3,
+    };
+    rows.sort_by_key(|l| order(l));
+    if rows.is_empty() {
+        md += "| - | not measured | | | | | |\n";
+    }
+    for l in rows {
+        let leading = |name: &str| {
+            figures
+                .iter()
+                .find(|f| f.system == l.system && f.config == l.config && f.name == name)
+                .map_or("-".to_string(), |f| ms(f.value))
+        };
+        if l.n == 0 {
+            let _ = writeln!(
+                md,
+                "| {} | n/a: {} | | | | | 0 |",
+                label(&l.system, &l.config),
+                l.note
+            );
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "| {} | {} / {} | {} | {} | {} | {} | {} |",
+            label(&l.system, &l.config),
+            leading(OPERATOR_TO_LEADING[0]),
+            leading(OPERATOR_TO_LEADING[1]),
+            ms(l.p50),
+            ms(l.p95),
+            ms(l.p99),
+            ms(l.max),
+            l.n
         );
     }
     md

@@ -139,7 +139,7 @@ async fn measure(
     rounds: usize,
 ) -> Result<Run, String> {
     let a: Api<ConfigMap> = Api::namespaced(leader, &setup.ns);
-    let b: Api<ConfigMap> = Api::namespaced(stamped(other, other_user, token)?, &setup.ns);
+    let b: Api<ConfigMap> = Api::namespaced(stamped(other.clone(), other_user, token)?, &setup.ns);
     // The named account without a token: refused while the policy judges it.
     let bare: Api<ConfigMap> = Api::namespaced(
         Client::try_from(named).map_err(|e| e.to_string())?,
@@ -151,6 +151,14 @@ async fn measure(
             "a write of {NAMED} without a token was accepted: the operators policy does not judge it"
         ));
     }
+    // The other account's accepted even without a token: the policy does not judge it.
+    let other_bare: Api<ConfigMap> = Api::namespaced(
+        Client::try_from(other.clone()).map_err(|e| e.to_string())?,
+        &setup.ns,
+    );
+    write(&other_bare, 0).await.map_err(|e| {
+        format!("a write of {NOT_NAMED} without a token was refused, so something judges it: {e}")
+    })?;
     let with = alternate(&a, &b, rounds, &mut seq).await?;
 
     setup.remove_operators_policy().await?;

@@ -3,12 +3,15 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::watcher;
 use palisade::client::LeaseClient;
-use palisade::crd::LeaseClaim;
+use palisade::crd::{Lease, LeaseClaim};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
@@ -188,6 +191,52 @@ async fn remove_claims_of(claims: &Api<LeaseClaim>, id: &str) {
     }
 }
 
+/// Each change of the Lease's holder as the harness's watch sees it: (identity, when),
+/// so that a failover splits at the controller's grant.
+struct Grants {
+    seen: Arc<Mutex<Vec<(String, Instant)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Grants {
+    fn watch(leases: Api<Lease>) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = watcher::watch_object(leases, FAILOVER).boxed();
+            let mut last = None;
+            while let Some(event) = stream.next().await {
+                let Ok(lease) = event else { continue };
+                let holder = lease.and_then(|l| Some(l.status?.holder?.identity));
+                if holder != last {
+                    if let Some(identity) = &holder {
+                        record
+                            .lock()
+                            .unwrap()
+                            .push((identity.clone(), Instant::now()));
+                    }
+                    last = holder;
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// When `identity` was first seen holding after `since`.
+    fn of(&self, identity: &str, since: Instant) -> Option<Instant> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .find(|(id, at)| id == identity && *at >= since)
+            .map(|(_, at)| *at)
+    }
+}
+
+impl Drop for Grants {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 pub async fn run(setup: &Setup, kills: usize, lease_secs: i64) -> Result<Run, String> {
     let leases = LeaseClient::from_config(setup.config.clone(), Some(&setup.ns))
         .map_err(|e| e.to_string())?;
@@ -196,6 +245,7 @@ pub async fn run(setup: &Setup, kills: usize, lease_secs: i64) -> Result<Run, St
         .await
         .map_err(|e| e.to_string())?;
     let claims: Api<LeaseClaim> = Api::namespaced(setup.client.clone(), &setup.ns);
+    let grants = Grants::watch(leases.leases().clone());
     let mut fleet = Fleet {
         setup,
         bin: std::env::current_exe().map_err(|e| e.to_string())?,
@@ -213,7 +263,7 @@ pub async fn run(setup: &Setup, kills: usize, lease_secs: i64) -> Result<Run, St
     let mut leader = fleet.spawn()?;
     leader.wait("wrote as the first leader", wrote).await?;
     let mut standby = fleet.spawn()?;
-    let (mut to_write, mut to_leading) = (Vec::new(), Vec::new());
+    let (mut to_write, mut to_leading, mut to_grant) = (Vec::new(), Vec::new(), Vec::new());
     let (mut discarded, mut refused) = (0usize, 0u64);
     while to_write.len() < kills {
         if discarded > kills {
@@ -247,6 +297,9 @@ pub async fn run(setup: &Setup, kills: usize, lease_secs: i64) -> Result<Run, St
         } else {
             to_leading.push(ms(leading_at - killed_at));
             to_write.push(ms(wrote_at - killed_at));
+            if let Some(granted_at) = grants.of(&standby.id, killed_at) {
+                to_grant.push(ms(granted_at - killed_at));
+            }
             if let Line::Wrote(n) = line {
                 refused += n;
             }
@@ -273,10 +326,16 @@ pub async fn run(setup: &Setup, kills: usize, lease_secs: i64) -> Result<Run, St
          (palisade::operator::run_while_leading, a service-account token each) whose claims are \
          bound to no pod, so a killed leader's grant ends by expiry; one controller process, not \
          killed. After each kill a replacement starts and is queued before the next kill, at a \
-         random phase (0..1 lease duration). To leading (grant acquired, every API server \
-         confirmed to refuse the predecessor's token): p50 {:.0} ms, p99 {:.0} ms; writes refused \
-         before the first accepted one: {refused}",
+         random phase (0..1 lease duration). To the grant, as the harness's watch of the Lease saw \
+         the new holder ({} of {} kills): p50 {:.0} ms, p99 {:.0} ms; to leading (the grant \
+         acquired, its first renewal answered, every API server confirmed to refuse the \
+         predecessor's token): p50 {:.0} ms, p99 {:.0} ms; writes refused before the first \
+         accepted one: {refused}",
         candidate::WRITE_EVERY.as_millis(),
+        to_grant.len(),
+        to_write.len(),
+        percentile(&to_grant, 0.50),
+        percentile(&to_grant, 0.99),
         percentile(&to_leading, 0.50),
         percentile(&to_leading, 0.99),
     );

@@ -1,15 +1,19 @@
 // The failover mode: how long client-go leader election leaves a role unowned when
-// the leading process dies, the peer of palisade's failover figure.
+// the leading process dies, the peer of palisade's failover figures (the controller's,
+// and a fenced operator's).
 //
 //	clientgo-bench failover [--kills-default 5] [--kills-tuned 20] [--out clientgo-failover.json]
 //
 // Two candidate processes (this binary re-executed as `clientgo-bench candidate`,
 // each with its own identity and its own client) contend for one Lease in a
-// namespace of their own. The driver SIGKILLs the leader and measures, on its own
-// monotonic clock, from just before the kill to the moment it reads the standby's
-// OnStartedLeading line from the standby's stdout. Then it starts a replacement
+// namespace of their own. A leader writes a ConfigMap of its own, as an operator
+// would, as soon as OnStartedLeading runs and every 50 ms after. The driver SIGKILLs
+// the leader and measures, on its own monotonic clock, from just before the kill to
+// the moment it reads the standby's lines from the standby's stdout: its
+// OnStartedLeading (scenario "failover") and its first accepted write (scenario
+// "operator-failover", benches/operator's peer). Then it starts a replacement
 // candidate, waits until that one has read the Lease once, and kills the new
-// leader: one sample per kill. Every wait is bounded; every candidate is killed when
+// leader: one sample of each per kill. Every wait is bounded; every candidate is killed when
 // the driver returns, and a candidate exits by itself when the driver's end of its
 // stdin closes (the driver died) or after --lifetime.
 package main
@@ -38,6 +42,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
@@ -56,8 +61,34 @@ var failoverTimings = map[string]timing{
 const (
 	lineTried   = "tried"   // its first Lease request has answered
 	lineLeading = "leading" // OnStartedLeading fired (followed by the candidate's wall clock, Unix ns)
+	lineWrote   = "wrote"   // its first write as leader was accepted
 	lineStopped = "stopped" // OnStoppedLeading fired
 )
+
+// writeEvery is how often a leader writes its ConfigMap: an operator reconciling
+// briskly (benches/operator's leaders write as often).
+const writeEvery = 50 * time.Millisecond
+
+// writeWhileLeading patches ConfigMap ns/name every writeEvery until ctx ends (the
+// leadership with it), and says lineWrote at the first accepted write. client-go's
+// writes carry nothing a server could fence them by: the first one is accepted.
+func writeWhileLeading(ctx context.Context, cs kubernetes.Interface, ns, name, id string, say func(string)) {
+	wrote := false
+	for seq := 1; ctx.Err() == nil; seq++ {
+		patch := fmt.Sprintf(`{"data":{"leader":%q,"seq":"%d"}}`, id, seq)
+		_, err := cs.CoreV1().ConfigMaps(ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		if err == nil && !wrote {
+			wrote = true
+			say(lineWrote)
+		} else if err != nil && ctx.Err() == nil {
+			fmt.Fprintf(os.Stderr, "%s: write %d: %v\n", id, seq, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(writeEvery):
+		}
+	}
+}
 
 // runCandidate is one contender: client-go leader election on a LeaseLock until it
 // loses the lease, its stdin closes or --lifetime passes.
@@ -71,6 +102,7 @@ func runCandidate(argv []string) {
 	rd := fs.Duration("renew-deadline", 10*time.Second, "RenewDeadline")
 	rp := fs.Duration("retry-period", 2*time.Second, "RetryPeriod")
 	lifetime := fs.Duration("lifetime", 30*time.Minute, "exit after this long whatever happens")
+	configMap := fs.String("write-configmap", "", "ConfigMap (in --namespace) to write while leading; none if empty")
 	_ = fs.Parse(argv)
 	klog.SetLogger(logr.Discard())
 	if *kubeconfig == "" || *ns == "" || *lease == "" || *id == "" {
@@ -88,6 +120,9 @@ func runCandidate(argv []string) {
 		fatal(err)
 	}
 	cfg.Timeout = 10 * time.Second
+	// The leader's writes and the election share the client's rate limiter: at the
+	// default 5 QPS, 20 writes a second would hold back its renewals.
+	cfg.QPS, cfg.Burst = 100, 200
 	var tried atomic.Bool
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
@@ -117,8 +152,11 @@ func runCandidate(argv []string) {
 		RetryPeriod:   *rp,
 		Name:          *lease,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) {
+			OnStartedLeading: func(ctx context.Context) {
 				say(lineLeading + " " + strconv.FormatInt(time.Now().UnixNano(), 10))
+				if *configMap != "" {
+					writeWhileLeading(ctx, cs, *ns, *configMap, *id, say)
+				}
 			},
 			OnStoppedLeading: func() { say(lineStopped) },
 		},
@@ -142,20 +180,22 @@ type proc struct {
 	tried     chan struct{}
 	leading   chan struct{}
 	leadingAt time.Time // the driver's receive time of the leading line; set before leading closes
+	wrote     chan struct{}
+	wroteAt   time.Time // the driver's receive time of the wrote line; set before wrote closes
 	exited    chan struct{}
 }
 
 type fleet struct {
-	bin, kubeconfig, ns, lease string
-	t                          timing
-	mu                         sync.Mutex
-	procs                      []*proc
+	bin, kubeconfig, ns, lease, configMap string
+	t                                     timing
+	mu                                    sync.Mutex
+	procs                                 []*proc
 }
 
 func (f *fleet) spawn(id string) (*proc, error) {
 	cmd := exec.Command(f.bin, "candidate", "--kubeconfig", f.kubeconfig, "--namespace", f.ns, "--lease", f.lease,
 		"--id", id, "--lease-duration", f.t.LeaseDuration.String(), "--renew-deadline", f.t.RenewDeadline.String(),
-		"--retry-period", f.t.RetryPeriod.String())
+		"--retry-period", f.t.RetryPeriod.String(), "--write-configmap", f.configMap)
 	cmd.Stderr = os.Stderr
 	// Killed with the driver's thread too (Linux), besides the stdin EOF.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -170,12 +210,13 @@ func (f *fleet) spawn(id string) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start candidate %s: %w", id, err)
 	}
-	p := &proc{id: id, cmd: cmd, stdin: stdin, tried: make(chan struct{}), leading: make(chan struct{}), exited: make(chan struct{})}
+	p := &proc{id: id, cmd: cmd, stdin: stdin, tried: make(chan struct{}), leading: make(chan struct{}),
+		wrote: make(chan struct{}), exited: make(chan struct{})}
 	f.mu.Lock()
 	f.procs = append(f.procs, p)
 	f.mu.Unlock()
 	go func() {
-		var triedOnce, leadOnce sync.Once
+		var triedOnce, leadOnce, wroteOnce sync.Once
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			now := time.Now() // monotonic: compared with the driver's kill instant only
@@ -184,6 +225,8 @@ func (f *fleet) spawn(id string) (*proc, error) {
 				triedOnce.Do(func() { close(p.tried) })
 			case lineLeading:
 				leadOnce.Do(func() { p.leadingAt = now; close(p.leading) })
+			case lineWrote:
+				wroteOnce.Do(func() { p.wroteAt = now; close(p.wrote) })
 			}
 		}
 		_ = cmd.Wait()
@@ -224,10 +267,11 @@ func wait(ctx context.Context, ch <-chan struct{}, limit time.Duration, what str
 	}
 }
 
-// failoverSamples kills the leader `kills` times and returns each failover time (ms),
+// failoverSamples kills the leader `kills` times and returns each failover time (ms):
+// to the standby's OnStartedLeading (out) and to its first accepted write (writes),
 // plus the kills discarded because the standby took over before the kill (the
 // leader's renewal failed on its own on the loaded machine).
-func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (out []float64, discarded int, err error) {
+func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (out, writes []float64, discarded int, err error) {
 	defer f.killAll()
 	limit := 2*f.t.LeaseDuration + 4*f.t.RetryPeriod + 15*time.Second
 	n := 0
@@ -238,11 +282,11 @@ func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (o
 	}
 	a, err := next()
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	b, err := next()
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	var leader, standby *proc
 	select {
@@ -251,13 +295,13 @@ func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (o
 	case <-b.leading:
 		leader, standby = b, a
 	case <-time.After(limit):
-		return nil, 0, fmt.Errorf("neither first candidate led within %v", limit)
+		return nil, nil, 0, fmt.Errorf("neither first candidate led within %v", limit)
 	case <-ctx.Done():
-		return nil, 0, ctx.Err()
+		return nil, nil, 0, ctx.Err()
 	}
 	for len(out) < kills {
 		if discarded > kills { // bounded: every round either samples or is discarded
-			return out, discarded, fmt.Errorf("%d rounds in which the leader lost the lease before the kill", discarded)
+			return out, writes, discarded, fmt.Errorf("%d rounds in which the leader lost the lease before the kill", discarded)
 		}
 		if err = wait(ctx, standby.tried, limit, standby.id+" to read the Lease"); err != nil {
 			return
@@ -289,9 +333,12 @@ func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (o
 		}
 		t0 := time.Now()
 		if err = leader.cmd.Process.Kill(); err != nil {
-			return out, discarded, fmt.Errorf("SIGKILL %s: %w", leader.id, err)
+			return out, writes, discarded, fmt.Errorf("SIGKILL %s: %w", leader.id, err)
 		}
 		if err = wait(ctx, standby.leading, limit, standby.id+" to lead after "+leader.id+" was killed"); err != nil {
+			return
+		}
+		if err = wait(ctx, standby.wrote, limit, standby.id+" to write after "+leader.id+" was killed"); err != nil {
 			return
 		}
 		d := standby.leadingAt.Sub(t0)
@@ -299,9 +346,11 @@ func (f *fleet) failoverSamples(ctx context.Context, kills int, verbose bool) (o
 			discarded++
 		} else {
 			out = append(out, ms(d))
+			writes = append(writes, ms(standby.wroteAt.Sub(t0)))
 		}
 		if verbose {
-			fmt.Fprintf(os.Stderr, "  [failover %s] kill %d/%d: %s -> %s in %.1f ms\n", f.t.Name, len(out), kills, leader.id, standby.id, ms(d))
+			fmt.Fprintf(os.Stderr, "  [failover %s] kill %d/%d: %s -> %s led in %.1f ms, wrote in %.1f ms\n",
+				f.t.Name, len(out), kills, leader.id, standby.id, ms(d), ms(standby.wroteAt.Sub(t0)))
 		}
 		leader.kill() // reap it
 		leader = standby
@@ -377,28 +426,47 @@ func runFailover(argv []string) {
 		t := c.t
 		timingNote := fmt.Sprintf("LeaseDuration %v, RenewDeadline %v, RetryPeriod %v", t.LeaseDuration, t.RenewDeadline, t.RetryPeriod)
 		if c.kills == 0 {
-			o.Latency = append(o.Latency, summarize(t.Name, "failover", nil, fmt.Sprintf("not run (--kills-%s 0); %s", t.Name, timingNote)))
+			skipped := fmt.Sprintf("not run (--kills-%s 0); %s", t.Name, timingNote)
+			o.Latency = append(o.Latency, summarize(t.Name, "failover", nil, skipped),
+				summarize(t.Name, "operator-failover", nil, skipped))
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "client-go failover %s (%s): %d kills\n", t.Name, timingNote, c.kills)
-		f := &fleet{bin: bin, kubeconfig: *kubeconfig, ns: ns, lease: "failover-" + t.Name, t: t}
-		s, discarded, err := f.failoverSamples(ctx, c.kills, *verbose)
-		note := fmt.Sprintf("SIGKILL of the leading candidate process -> the standby's OnStartedLeading, as the driver reads "+
-			"the standby's stdout (the driver's monotonic clock); no lock grant involved: client-go candidates take the "+
-			"Lease themselves once the record they saw stops changing for LeaseDuration. Two candidate processes (own "+
-			"identity, own client) on one Lease; after each kill a replacement candidate starts and reads the Lease once "+
-			"before the next kill, at a random phase (0..2.2 RetryPeriods); %s", timingNote)
+		f := &fleet{bin: bin, kubeconfig: *kubeconfig, ns: ns, lease: "failover-" + t.Name, configMap: "failover-" + t.Name + "-state", t: t}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: f.configMap}, Data: map[string]string{"seq": "0"}}
+		if _, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			errs = append(errs, fmt.Errorf("failover %s: ConfigMap %s: %w", t.Name, f.configMap, err))
+			break
+		}
+		s, writes, discarded, err := f.failoverSamples(ctx, c.kills, *verbose)
+		how := fmt.Sprintf("as the driver reads the standby's stdout (the driver's monotonic clock); no lock grant involved: "+
+			"client-go candidates take the Lease themselves once the record they saw stops changing for LeaseDuration. "+
+			"Two candidate processes (own identity, own client) on one Lease, the leader writing a ConfigMap of its own "+
+			"from OnStartedLeading on, every %v; after each kill a replacement candidate starts and reads the Lease once "+
+			"before the next kill, at a random phase (0..2.2 RetryPeriods); %s", writeEvery, timingNote)
+		note := "SIGKILL of the leading candidate process -> the standby's OnStartedLeading, " + how
+		writeNote := "SIGKILL of the leading candidate process -> the standby's first accepted write (a merge patch of its " +
+			"ConfigMap, sent as OnStartedLeading runs; unfenced, so the first one is accepted), " + how
+		var tail string
 		if discarded > 0 {
-			note += fmt.Sprintf("; %d round(s) discarded: the leader lost the lease before the kill (its renewals failed on the loaded machine)", discarded)
+			tail += fmt.Sprintf("; %d round(s) discarded: the leader lost the lease before the kill (its renewals failed on the loaded machine)", discarded)
 		}
 		if err != nil {
-			note += "; RUN FAILED: " + err.Error()
+			tail += "; RUN FAILED: " + err.Error()
 			errs = append(errs, fmt.Errorf("failover %s: %w", t.Name, err))
 		}
+		note, writeNote = note+tail, writeNote+tail
 		if len(s) == 0 && err != nil {
-			note = "no sample: " + note
+			note, writeNote = "no sample: "+note, "no sample: "+writeNote
 		}
-		o.Latency = append(o.Latency, summarize(t.Name, "failover", s, note))
+		led := summarize(t.Name, "failover", s, note)
+		o.Latency = append(o.Latency, led, summarize(t.Name, "operator-failover", writes, writeNote))
+		if len(s) > 0 {
+			leading := "from the kill to the standby's OnStartedLeading (the failover row), the same kills"
+			o.Figures = append(o.Figures,
+				figure{System: "client-go", Config: t.Name, Name: "operator_failover_to_leading_p50", Value: led.P50, Unit: "ms", Note: leading},
+				figure{System: "client-go", Config: t.Name, Name: "operator_failover_to_leading_p99", Value: led.P99, Unit: "ms", Note: leading})
+		}
 		if err != nil && ctx.Err() != nil {
 			break
 		}
