@@ -14,9 +14,11 @@
 //!    figure runs with). The leader writes an owned ConfigMap through its fenced
 //!    client as soon as its code runs and every 50 ms after. The harness SIGKILLs the
 //!    leader and measures, on its own monotonic clock, from just before the kill to
-//!    reading the standby's "first accepted write" line from its stdout. The holders
-//!    are plain processes on the host, their claims bound to no pod, so a killed
-//!    leader's grant ends by expiry, one lease duration after its last renewal. Then
+//!    reading the standby's "first accepted write" line from its stdout (the note
+//!    splits it at the grant, as the harness's watch of the Lease saw it, and at the
+//!    new leader's code starting, its grant confirmed). The holders are plain
+//!    processes on the host, their claims bound to no pod, so a killed leader's grant
+//!    ends by expiry, one lease duration after its last renewal. Then
 //!    the harness removes the dead claim, starts a replacement, waits until the Lease
 //!    lists it waiting, and waits a random phase (0 to one lease duration) against the
 //!    leader's renewals before the next kill. A round in which the standby led before
@@ -27,10 +29,13 @@
 //!    `policies.operators` (through `Fence::client`, stamped with its grant's token:
 //!    the policy judges it) and by an identical account not named (stamped the same
 //!    way, with the same impersonation rights: the policy's match condition is false),
-//!    alternating A/B, B/A round by round after a warm-up. Then the release is upgraded
-//!    with `policies.operators=[]` and, once a stale token is accepted (the API server
-//!    no longer has the policy), the same two writes again: the cost of no policy at
-//!    all, and the noise between the two accounts. (`admission`.)
+//!    alternating A/B, B/A round by round after a warm-up. Before, the named account's
+//!    write without a token must be refused and the other's accepted (the policy judges
+//!    the one and not the other). Then the release is upgraded with
+//!    `policies.operators=[]` and, once the named account's write without a token is
+//!    accepted (the API server no longer has the policy), the same two writes again:
+//!    the cost of no policy at all, and the noise between the two accounts.
+//!    (`admission`.)
 //!
 //! A program that prints figures, not a test: `cargo bench --bench operator --
 //! [--rounds N] [--kills K] [--lease-seconds S] [--out DIR]`; writes

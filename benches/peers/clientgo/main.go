@@ -12,7 +12,7 @@
 //
 // `clientgo-bench failover` is the failover mode (failover.go, source
 // "clientgo-failover"): SIGKILL of the leading candidate process to the standby's
-// OnStartedLeading.
+// OnStartedLeading, and to its first accepted write (a fenced operator's peer).
 package main
 
 import (
