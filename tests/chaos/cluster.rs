@@ -203,17 +203,19 @@ pub async fn bring_up(
 /// Leases and one fenced ConfigMap per Lease.
 async fn set_up(admin: &Client, plane: &ControlPlane, leases: &[String]) -> Result<(), String> {
     support::apply_crds(admin, "palisade-chaos").await?;
-    // First: the operators policy's RBAC has Roles in it.
-    create_namespace(admin).await?;
+    // First: the operators policy's RBAC has Roles in them.
+    create_namespace(admin, NAMESPACE).await?;
+    create_namespace(admin, crate::operator_worker::OPERATOR_NAMESPACE).await?;
     apply_fencing_policy(plane)?;
+    crate::operator_setup::narrow_policy(admin).await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
     create_leases(admin, &configmaps, leases).await?;
     wait_policy_active(&configmaps).await
 }
 
 /// The object-fencing admission policy, and the operators policy with its RBAC and the
-/// client role for the operator workers' account (operator_setup.rs), rendered from
-/// our chart and applied.
+/// client role for the operator workers' account (operator_setup.rs, which narrows it
+/// next), rendered from our chart and applied.
 fn apply_fencing_policy(plane: &ControlPlane) -> Result<(), String> {
     let bin_dir = PathBuf::from(std::env::var("PALISADE_BIN_DIR").unwrap_or_default());
     let rendered = Command::new(bin_dir.join("helm"))
@@ -260,13 +262,13 @@ fn apply_fencing_policy(plane: &ControlPlane) -> Result<(), String> {
     Ok(())
 }
 
-async fn create_namespace(admin: &Client) -> Result<(), String> {
+async fn create_namespace(admin: &Client, name: &str) -> Result<(), String> {
     let namespaces: Api<Namespace> = Api::all(admin.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
     match namespaces.create(&PostParams::default(), &ns).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(format!("creating namespace {NAMESPACE}: {e}")),
+        Err(e) => return Err(format!("creating namespace {name}: {e}")),
     }
     Ok(())
 }

@@ -220,6 +220,7 @@ pub async fn pick_holder(
 /// A grant held by one of our live workers.
 pub struct HeldGrant {
     pub identity: String,
+    pub namespace: &'static str,
     pub lease: String,
     pub claim_uid: String,
     pub token: u64,
@@ -242,6 +243,7 @@ pub async fn pick_grant(
         {
             holders.push(HeldGrant {
                 identity: h.identity,
+                namespace: NAMESPACE,
                 lease: lease.clone(),
                 claim_uid: h.claim_uid,
                 token: status.fencing_token.unwrap_or(0) as u64,

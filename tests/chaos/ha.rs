@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use kube::api::Api;
 use palisade::crd::Lease;
 
-use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
+use crate::cluster::{ControlPlane, ETCD_MEMBERS, HA_APISERVERS, LEASE_SECONDS};
 use crate::faults::{FaultContext, HeldGrant, kill_controller, pick_grant, split_brain};
 use crate::operator_faults::operator_grant;
 use crate::processes::{Processes, holds_long, signal};
@@ -171,7 +171,7 @@ pub async fn pause_past_grant(
 /// Waits (at most `within`) until `held`'s Lease has a newer grant, read from etcd (a
 /// GET without resourceVersion). False: none was published.
 async fn lease_moved_on(ctx: &FaultContext<'_>, held: &HeldGrant, within: Duration) -> bool {
-    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
+    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), held.namespace);
     let until = Instant::now() + within;
     while Instant::now() < until {
         if let Ok(Ok(lease)) =

@@ -49,7 +49,8 @@
 //!   PALISADE_CONFORMANCE_GO, which the Makefile sets);
 //! - `chaos operator-worker ...` (`o0` and `o1`, besides `--workers`;
 //!   operator_worker.rs): a fenced operator, running as the service account the
-//!   chart's `policies.operators` names (operator_setup.rs), leading Lease `operator`
+//!   chart's `policies.operators` names (operator_setup.rs; in namespace
+//!   `chaos-operators`, to which the suite narrows that policy), leading Lease `operator`
 //!   through `palisade::operator::run_while_leading` (confirming against every API
 //!   server, each through its load balancer on the HA plane) and writing a ConfigMap
 //!   and a Deployment's status through the stamped client.
@@ -287,6 +288,7 @@ async fn start_observers(
             tokio::spawn(observer::observe_operator_objects(
                 admin.clone(),
                 out.to_path_buf(),
+                None,
             )),
         ];
     }
@@ -296,6 +298,7 @@ async fn start_observers(
         observers.push(tokio::spawn(observer::observe_operator_objects(
             client.clone(),
             out.to_path_buf(),
+            Some(j as u8),
         )));
         observers.push(tokio::spawn(observer::observe(
             client,

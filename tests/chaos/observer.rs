@@ -41,15 +41,7 @@ pub async fn observe(admin: Client, out: PathBuf, server: Option<u8>) {
         let t_ns = now_ns();
         match event {
             Ok((Some(watcher::Event::Apply(l) | watcher::Event::InitApply(l)), _)) => {
-                let status = l.status.clone().unwrap_or_default();
-                lease_log.record(&Event::LeaseSeen {
-                    lease: l.name_any(),
-                    rv: rv_of(&l),
-                    holder_uid: status.holder.map(|h| h.claim_uid).unwrap_or_default(),
-                    token: status.fencing_token.unwrap_or(0) as u64,
-                    t_ns,
-                    server,
-                });
+                lease_log.record(&lease_seen(&l, t_ns, server));
             }
             Ok((_, Some(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)))) => {
                 let Some(lease) = cm.labels().get("palisade.dev/fenced-by").cloned() else {
@@ -73,38 +65,70 @@ pub async fn observe(admin: Client, out: PathBuf, server: Option<u8>) {
     }
 }
 
-/// Records every version of the operator workers' objects (operator_worker.rs) that
-/// the harness's own watches through `admin` deliver, with the token its content names
-/// (versions no operator wrote yet name none and are left out).
-pub async fn observe_operator_objects(admin: Client, out: PathBuf) {
-    use crate::operator_worker::{self as op, STATE_CONFIGMAP, TARGET_DEPLOYMENT};
+/// Records every version of the operator workers' Lease and objects (operator_worker.rs)
+/// that the harness's own watches through `admin` deliver (an object's with the token
+/// its content names; versions no operator wrote yet name none and are left out),
+/// tagged with `server` as [`observe`] does.
+pub async fn observe_operator_objects(admin: Client, out: PathBuf, server: Option<u8>) {
+    use crate::operator_worker::{
+        self as op, OPERATOR_LEASE, OPERATOR_NAMESPACE, STATE_CONFIGMAP, TARGET_DEPLOYMENT,
+    };
+    enum Seen {
+        Lease(Box<Lease>),
+        Object(String, u64, Option<u64>),
+    }
+    let mut lease_log = Recorder::create(&out.join("observed-leases.jsonl")).expect("log");
     let mut log = Recorder::create(&out.join("observed-operator-objects.jsonl")).expect("log");
     let one = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let leases = watcher::watcher(
+        Api::<Lease>::namespaced(admin.clone(), OPERATOR_NAMESPACE),
+        one(OPERATOR_LEASE),
+    )
+    .default_backoff()
+    .applied_objects()
+    .map(|l| l.map(|l| Seen::Lease(Box::new(l))));
     let configmaps = watcher::watcher(
-        Api::<ConfigMap>::namespaced(admin.clone(), NAMESPACE),
+        Api::<ConfigMap>::namespaced(admin.clone(), OPERATOR_NAMESPACE),
         one(STATE_CONFIGMAP),
     )
     .default_backoff()
     .applied_objects()
-    .map(|cm| cm.map(|cm| (op::state_object(), rv_of(&cm), op::token_of_state(&cm))));
+    .map(|cm| cm.map(|cm| Seen::Object(op::state_object(), rv_of(&cm), op::token_of_state(&cm))));
     let deployments = watcher::watcher(
-        Api::<Deployment>::namespaced(admin, NAMESPACE),
+        Api::<Deployment>::namespaced(admin, OPERATOR_NAMESPACE),
         one(TARGET_DEPLOYMENT),
     )
     .default_backoff()
     .applied_objects()
-    .map(|d| d.map(|d| (op::status_object(), rv_of(&d), op::token_of_status(&d))));
-    let mut both = futures::stream::select(configmaps.boxed(), deployments.boxed());
-    while let Some(seen) = both.next().await {
-        // Errors are what the backoff retries.
-        if let Ok((object, rv, Some(token))) = seen {
-            log.record(&Event::OperatorObjectSeen {
+    .map(|d| d.map(|d| Seen::Object(op::status_object(), rv_of(&d), op::token_of_status(&d))));
+    let mut all =
+        futures::stream::select_all([leases.boxed(), configmaps.boxed(), deployments.boxed()]);
+    while let Some(seen) = all.next().await {
+        let t_ns = now_ns();
+        match seen {
+            Ok(Seen::Lease(lease)) => lease_log.record(&lease_seen(&lease, t_ns, server)),
+            Ok(Seen::Object(object, rv, Some(token))) => log.record(&Event::OperatorObjectSeen {
                 object,
                 rv,
                 token,
-                t_ns: now_ns(),
-            });
+                t_ns,
+            }),
+            // Versions no operator wrote yet, and errors the backoff retries.
+            _ => {}
         }
+    }
+}
+
+/// What the checker needs of a version of a Lease.
+fn lease_seen(lease: &Lease, t_ns: u64, server: Option<u8>) -> Event {
+    let status = lease.status.clone().unwrap_or_default();
+    Event::LeaseSeen {
+        lease: lease.name_any(),
+        rv: rv_of(lease),
+        holder_uid: status.holder.map(|h| h.claim_uid).unwrap_or_default(),
+        token: status.fencing_token.unwrap_or(0) as u64,
+        t_ns,
+        server,
     }
 }
 

@@ -7,10 +7,10 @@ use std::time::Duration;
 use kube::api::Api;
 use palisade::crd::Lease;
 
-use crate::cluster::{LEASE_SECONDS, NAMESPACE};
+use crate::cluster::LEASE_SECONDS;
 use crate::faults::{FaultContext, HeldGrant};
 use crate::ha::{MOVED_ON_WAIT, pause_past_grant};
-use crate::operator_worker::OPERATOR_LEASE;
+use crate::operator_worker::{OPERATOR_LEASE, OPERATOR_NAMESPACE};
 use crate::processes::Processes;
 use crate::rng::Rng;
 
@@ -21,7 +21,7 @@ pub async fn operator_grant(
     procs: &Processes,
     tries: usize,
 ) -> Option<HeldGrant> {
-    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
+    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), OPERATOR_NAMESPACE);
     for _ in 0..tries {
         // Bounded: behind a partitioned etcd member a read can hang for long.
         if let Ok(Ok(lease)) =
@@ -32,6 +32,7 @@ pub async fn operator_grant(
         {
             return Some(HeldGrant {
                 identity: holder.identity,
+                namespace: OPERATOR_NAMESPACE,
                 lease: OPERATOR_LEASE.into(),
                 claim_uid: holder.claim_uid,
                 token: status.fencing_token.unwrap_or(0) as u64,

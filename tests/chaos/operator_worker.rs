@@ -30,14 +30,16 @@ use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
 use palisade::operator::{Fence, Outcome as Led, run_while_leading};
 use serde_json::json;
 
-use crate::cluster::NAMESPACE;
 use crate::history::{Event, Outcome, Recorder};
 use crate::rng::{Rng, now_ns};
 use crate::worker::timed;
 
-/// The Lease the operator workers lead by, in [`NAMESPACE`].
+/// The namespace of the operator workers' account, Lease and objects: one of their
+/// own, which the operators policy is narrowed to (operator_setup.rs).
+pub const OPERATOR_NAMESPACE: &str = "chaos-operators";
+/// The Lease the operator workers lead by.
 pub const OPERATOR_LEASE: &str = "operator";
-/// The service account they run as, in [`NAMESPACE`].
+/// The service account they run as.
 pub const SERVICE_ACCOUNT: &str = "chaos-operator";
 /// The ConfigMap they write.
 pub const STATE_CONFIGMAP: &str = "operator-state";
@@ -151,14 +153,14 @@ pub async fn run(args: OperatorArgs) {
     // Renewals and releases go into the history: the timing contract judges this
     // Lease too. The claim client is not stamped (a candidate's claims carry no token).
     let claims = crate::renewals::recording(claims, &args.history, &args.identity);
-    let leases = LeaseClient::new(claims, NAMESPACE);
+    let leases = LeaseClient::new(claims, OPERATOR_NAMESPACE);
     let servers: Vec<http::Uri> = args
         .servers
         .iter()
         .map(|s| s.parse().expect("a server's base URL"))
         .collect();
     let fence = loop {
-        match Fence::new(config.clone(), NAMESPACE, OPERATOR_LEASE).await {
+        match Fence::new(config.clone(), OPERATOR_NAMESPACE, OPERATOR_LEASE).await {
             Ok(fence) => break fence,
             Err(e) => eprintln!("{}: {e}", args.identity),
         }
@@ -233,7 +235,7 @@ impl Writer {
     /// names a new `seq`, so each is a change: a new version of the object.
     async fn round(&self, client: &Client, token: u64) {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+        let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
         let data = json!({"data": {"worker": self.identity, "token": token.to_string(),
                                    "seq": seq.to_string()}});
         let start_ns = now_ns();
@@ -247,7 +249,7 @@ impl Writer {
         self.record(state_object(), token, seq, start_ns, result);
 
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
         let status = json!({"status": {"conditions": [{
             "type": CONDITION, "status": "True", "reason": "Written",
             "message": condition_message(token, &self.identity, seq),

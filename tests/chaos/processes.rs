@@ -104,7 +104,8 @@ impl Processes {
             .open(self.out.join(log_name))
             .expect("controller log");
         let mut command = Command::new(&self.palisade);
-        command.args(["controller", "--namespace", NAMESPACE]);
+        // Every namespace: the operator workers' Lease is in one of its own.
+        command.arg("controller");
         match election {
             Election::Replica(identity) => {
                 command

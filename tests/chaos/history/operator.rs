@@ -14,7 +14,11 @@
 //!   token as stale (a stamp lost or mangled on the way is refused too, but for
 //!   another reason, and is a bug);
 //! - after the faults stop, an operator leads and writes again: an operator write
-//!   sent after healing is accepted.
+//!   sent after healing is accepted. Not judged when an API server started less than
+//!   [`SETTLE_NS`] before healing: until its admission knows the policy's paramKind
+//!   (up to 30 s) it refuses every operator write and the new leader's confirmation,
+//!   which then times out (20 s) before the next candidate tries (operator_setup.rs,
+//!   `narrow_policy`).
 //!
 //! What it counts: writes accepted, refused and of unknown outcome, and each object's
 //! handovers (a higher token along its versions).
@@ -22,6 +26,12 @@
 use std::collections::BTreeMap;
 
 use super::{Event, Outcome};
+
+/// How long after an API server's start the operators' liveness is not judged.
+pub const SETTLE_NS: u64 = 60_000_000_000;
+
+/// The faults that end with an API server started again.
+const STARTS_APISERVER: [&str; 2] = ["restart_apiserver", "kill_apiserver"];
 
 #[derive(Debug, Default)]
 pub struct OperatorCounts {
@@ -34,6 +44,8 @@ pub struct OperatorCounts {
     pub landed_late: usize,
     /// Per object, how often the token rose along its versions.
     pub handovers: BTreeMap<String, usize>,
+    /// Writes sent after healing and accepted.
+    pub after_healing: usize,
 }
 
 impl OperatorCounts {
@@ -44,9 +56,10 @@ impl OperatorCounts {
             .map(|(object, n)| format!("{object} {n}"))
             .collect();
         format!(
-            "operator writes: {} accepted, {} refused, {} unknown, {} landed after a successor's \
-             first (handovers: {})",
+            "operator writes: {} accepted ({} after healing), {} refused, {} unknown, {} landed \
+             after a successor's first (handovers: {})",
             self.accepted,
+            self.after_healing,
             self.refused,
             self.unknown,
             self.landed_late,
@@ -86,7 +99,6 @@ pub fn check(events: &[Event], violations: &mut Vec<String>) -> OperatorCounts {
         Event::Healed { t_ns } => Some(*t_ns),
         _ => None,
     });
-    let mut led_after_healing = false;
     let mut by_object: BTreeMap<&str, Vec<Version>> = BTreeMap::new();
     for e in events {
         match e {
@@ -107,7 +119,9 @@ pub fn check(events: &[Event], violations: &mut Vec<String>) -> OperatorCounts {
                     Outcome::Error | Outcome::NoMark => counts.unknown += 1,
                 }
                 if *outcome == Outcome::Accepted {
-                    led_after_healing |= healed.is_some_and(|t| *start_ns > t);
+                    if healed.is_some_and(|t| *start_ns > t) {
+                        counts.after_healing += 1;
+                    }
                     if let Some(rv) = rv {
                         by_object.entry(object).or_default().push(Version {
                             rv: *rv,
@@ -139,9 +153,17 @@ pub fn check(events: &[Event], violations: &mut Vec<String>) -> OperatorCounts {
         let handovers = judge_versions(object, versions, &mut counts, violations);
         counts.handovers.insert(object.to_string(), handovers);
     }
-    if healed.is_some()
-        && counts.accepted + counts.refused + counts.unknown > 0
-        && !led_after_healing
+    let started = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Fault { fault, end_ns, .. } if STARTS_APISERVER.contains(&fault.as_str()) => {
+                Some(*end_ns)
+            }
+            _ => None,
+        })
+        .max();
+    let settled = healed.is_some_and(|t| started.is_none_or(|s| s + SETTLE_NS <= t));
+    if settled && counts.accepted + counts.refused + counts.unknown > 0 && counts.after_healing == 0
     {
         violations.push(
             "operators: no operator write was accepted after the faults stopped: none leads again"

@@ -342,6 +342,21 @@ impl Fixture {
                 verdict.violations
             ));
         }
+        // No leader after healing, but an API server had just started: not judged.
+        let mut restarted = self.with(clean[..clean.len() - 1].to_vec());
+        restarted.push(Event::Fault {
+            fault: "kill_apiserver".into(),
+            target: String::new(),
+            start_ns: 150,
+            end_ns: 190,
+        });
+        let verdict = check(&restarted, &self.clean_journal, &self.expect);
+        if !verdict.violations.is_empty() {
+            return Err(format!(
+                "operators' liveness was judged right after an API server started: {:?}",
+                verdict.violations
+            ));
+        }
         let with_clean =
             |extra: Vec<Event>| self.with(clean.iter().cloned().chain(extra).collect());
         let cases = [
