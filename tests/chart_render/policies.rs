@@ -123,6 +123,8 @@ fn rendered_operator_policies_judge_each_named_account_by_its_lease() {
         "ValidatingAdmissionPolicy",
         "palisade-operator-shop-orders",
     );
+    // Fail open by default: a failing policy would refuse every user's writes.
+    assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
     assert_eq!(
         policy["spec"]["matchConditions"][0]["expression"],
         r#"request.userInfo.username == "system:serviceaccount:shop:orders""#
@@ -169,4 +171,30 @@ fn rendered_operator_policies_judge_each_named_account_by_its_lease() {
             json!([{"kind": "ServiceAccount", "name": "orders", "namespace": "shop"}])
         );
     }
+}
+
+#[test]
+fn an_operator_fenced_fail_closed_is_narrowed_to_its_namespaces() {
+    let objects = render(
+        "palisade",
+        "ops",
+        &[
+            "--set-json",
+            r#"policies.operators=[{"serviceAccount":{"namespace":"shop","name":"orders"},"lease":{"name":"orders"},"failurePolicy":"Fail","namespaces":["shop","shop-data"]}]"#,
+        ],
+    );
+    let spec = &find(
+        &objects,
+        "ValidatingAdmissionPolicy",
+        "palisade-operator-shop-orders",
+    )["spec"];
+    assert_eq!(spec["failurePolicy"], "Fail");
+    assert_eq!(
+        spec["matchConstraints"]["namespaceSelector"],
+        json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["shop", "shop-data"]}]})
+    );
+    assert_eq!(
+        spec["matchConstraints"]["resourceRules"][0]["scope"],
+        "Namespaced"
+    );
 }

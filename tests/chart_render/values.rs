@@ -160,6 +160,20 @@ const POLICIES: &[BadValue] = &[
         ],
         &["user"],
     ),
+    (
+        &[
+            "--set-json",
+            "policies.operators=[{\"serviceAccount\":{\"namespace\":\"ops\",\"name\":\"op\"},\"lease\":{\"name\":\"l\"},\"failurePolicy\":\"Fail\"}]",
+        ],
+        &["policies.operators[0].failurePolicy Fail needs namespaces"],
+    ),
+    (
+        &[
+            "--set-json",
+            "policies.operators=[{\"serviceAccount\":{\"namespace\":\"ops\",\"name\":\"op\"},\"lease\":{\"name\":\"l\"},\"failurePolicy\":\"Never\"}]",
+        ],
+        &["failurePolicy"],
+    ),
 ];
 
 /// Election timings: the schema checks the syntax ...
