@@ -31,8 +31,8 @@
 #   make test-one TEST=name ARGS=...   one integration test target, after make test (or make cluster) started its parts
 #   make go-client-check, python-client-check   the thin clients' tests that need no agent
 #   make example-go-check, example-python-check the examples/ that use them, as pods on the node
-#   make sample-controller-check  a real operator (k8s.io/sample-controller) frozen past its Lease,
-#                       fenced by palisade and not: its stale writes from the audit log (tests/operators/)
+#   make chaospod-check a real operator (controller-runtime's example, ChaosPods) frozen past its
+#                       Lease, fenced by palisade and not: its stale writes from the audit log (tests/operators/)
 #
 # Control-plane binaries are built from Go modules under tests/controlplane/ and
 # cached outside target/ (CACHE_DIR), keyed by version, so `cargo clean` keeps them.
@@ -349,7 +349,7 @@ conformance: cluster conformance-go-driver python-venv
 # examples of the thin clients run last, as pods on the node.
 TEST_PARTS := controlplane-bins $(NODE_DEPS) cluster chart promtool databases conformance-go-driver python-venv \
 	go-client-check python-client-check linkproxy \
-	$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image sample-controller-image) \
+	$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image chaospod-image) \
 	test-build test-bench-smoke test-suites test-chaos-ha $(if $(filter 1,$(NODE)),test-examples test-operators)
 test:
 	@mkdir -p target && : >target/test-parts.tsv && t0=$$(date +%s); \
@@ -392,7 +392,7 @@ test-examples:
 # Operators nobody on the project wrote, fenced (tests/operators/; mk/go.mk builds them).
 .PHONY: test-operators
 test-operators:
-	$(MAKE) --no-print-directory sample-controller-check
+	$(MAKE) --no-print-directory chaospod-check
 
 # One integration test target against what `make test` starts (run that, or `make cluster
 # databases chart image-local`, first), with the environment `make test` gives it:

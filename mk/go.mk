@@ -10,13 +10,14 @@
 #   make example-go-image       $(IMAGE_DIR)/go-leader-redis.tar, pushed to the cluster's registry
 #                               as REGISTRY_GO_IMAGE (the kubelet pulls it from there)
 #   make example-go-check       the example on the node: deploy, fail the leader over, check Redis
-#   make sample-controller-image  k8s.io/sample-controller with palisade's leader election
-#                               (tests/operators/sample-controller), pushed as REGISTRY_SAMPLE_CONTROLLER_IMAGE
-#   make sample-controller-check  a real operator's deposed leader, fenced and not: its stale writes
+#   make chaospod-image         controller-runtime's example operator (examples/crd: ChaosPods) with
+#                               palisade's leader election (tests/operators/chaospod), pushed as
+#                               REGISTRY_CHAOSPOD_IMAGE
+#   make chaospod-check         a real operator's deposed leader, fenced and not: its stale writes
 #                               counted from the API server's audit log
 
 .PHONY: go-client-check go-client-test conformance-go-driver example-go-image example-go-check \
-	sample-controller-image sample-controller-check
+	chaospod-image chaospod-check
 
 GO_CLIENT_DIR := clients/go
 GO_DRIVER_DIR := tests/conformance/go
@@ -57,34 +58,35 @@ $(IMAGE_DIR)/go-leader-redis.tar: $(GO_CLIENT_SRCS) $(wildcard $(GO_EXAMPLE_DIR)
 		'{"User":"65532:65532","Entrypoint":["/go-leader-redis"]}'
 	@rm -rf $@.root
 
-# k8s.io/sample-controller, an operator nobody on the project wrote, with one file of ours
-# (leadership.go: --election=client-go|palisade) and a patch of its main.go:
-# tests/operators/sample-controller/source.sh lays the source out under target/, and the
-# static binary goes alone in its image, like the example's. -mod=mod: the build's go.mod
-# takes in what this checkout's clients/go/kube requires, should it have moved on.
-SAMPLE_CONTROLLER_DIR := tests/operators/sample-controller
-SAMPLE_CONTROLLER_BUILD := $(CURDIR)/target/operators/sample-controller
-SAMPLE_CONTROLLER_SRCS := $(shell find $(SAMPLE_CONTROLLER_DIR) -type f -not -name check.sh)
-SAMPLE_CONTROLLER_IMAGE := palisade.local/sample-controller:1
-REGISTRY_SAMPLE_CONTROLLER_IMAGE := $(PALISADE_TEST_REGISTRY)/sample-controller:1
+# controller-runtime's example operator (examples/crd of sigs.k8s.io/controller-runtime, which
+# nobody on the project wrote), with one file of ours (leadership.go: --election=client-go|palisade)
+# and a patch of its main.go: tests/operators/chaospod/source.sh copies main.go from the Go module
+# cache into target/ and lays the build out there, and the static binary goes alone in its image,
+# like the example's. -mod=mod: the build's go.mod takes in what this checkout's clients/go/kube
+# requires, should it have moved on.
+CHAOSPOD_DIR := tests/operators/chaospod
+CHAOSPOD_BUILD := $(CURDIR)/target/operators/chaospod
+CHAOSPOD_SRCS := $(addprefix $(CHAOSPOD_DIR)/,source.sh leadership.go main.go.patch go.mod.build go.sum.build)
+CHAOSPOD_IMAGE := palisade.local/chaospod:1
+REGISTRY_CHAOSPOD_IMAGE := $(PALISADE_TEST_REGISTRY)/chaospod:1
 
-sample-controller-image: $(CRANE_BIN)/crane $(IMAGE_DIR)/sample-controller.tar
-	@$(PUSH_IMAGES) $(IMAGE_DIR)/sample-controller.tar $(REGISTRY_SAMPLE_CONTROLLER_IMAGE)
+chaospod-image: $(CRANE_BIN)/crane $(IMAGE_DIR)/chaospod.tar
+	@$(PUSH_IMAGES) $(IMAGE_DIR)/chaospod.tar $(REGISTRY_CHAOSPOD_IMAGE)
 
-$(IMAGE_DIR)/sample-controller.tar: $(SAMPLE_CONTROLLER_SRCS) $(GO_CLIENT_SRCS) tests/controlplane/images/docker-archive.sh
+$(IMAGE_DIR)/chaospod.tar: $(CHAOSPOD_SRCS) $(GO_CLIENT_SRCS) tests/controlplane/images/docker-archive.sh
 	@rm -rf $@.root && mkdir -p $@.root
-	$(SAMPLE_CONTROLLER_DIR)/source.sh $(SAMPLE_CONTROLLER_BUILD)/src
-	cd $(SAMPLE_CONTROLLER_BUILD)/src && $(GO_STATIC_BUILD) -mod=mod -o $@.root/sample-controller .
-	tests/controlplane/images/docker-archive.sh $@ $(SAMPLE_CONTROLLER_IMAGE) $@.root \
-		'{"User":"65532:65532","Entrypoint":["/sample-controller"]}'
+	$(CHAOSPOD_DIR)/source.sh $(CHAOSPOD_BUILD)/src
+	cd $(CHAOSPOD_BUILD)/src && $(GO_STATIC_BUILD) -mod=mod -o $@.root/chaospod .
+	tests/controlplane/images/docker-archive.sh $@ $(CHAOSPOD_IMAGE) $@.root \
+		'{"User":"65532:65532","Entrypoint":["/chaospod"]}'
 	@rm -rf $@.root
 
 # The palisade image (image-local) brings the agent and the chart's controller; the audit
 # log is the API server's (tests/controlplane/audit-policy.yaml says what it holds).
-sample-controller-check: cluster image-local sample-controller-image
+chaospod-check: cluster image-local chaospod-image
 	KUBECONFIG=$(KUBECONFIG_TEST) KUBECTL=$(PALISADE_BIN_DIR)/kubectl HELM=$(PALISADE_BIN_DIR)/helm \
-		PALISADE_IMAGE=$(REGISTRY_IMAGE) OPERATOR_IMAGE=$(REGISTRY_SAMPLE_CONTROLLER_IMAGE) \
-		AUDIT_LOG=$(CLUSTER_DIR)/kube-apiserver-audit.log $(SAMPLE_CONTROLLER_DIR)/check.sh
+		PALISADE_IMAGE=$(REGISTRY_IMAGE) OPERATOR_IMAGE=$(REGISTRY_CHAOSPOD_IMAGE) \
+		AUDIT_LOG=$(CLUSTER_DIR)/kube-apiserver-audit.log $(CHAOSPOD_DIR)/check.sh
 
 # The palisade image (image-local) brings the agent.
 example-go-check: cluster databases image-local example-go-image
