@@ -24,8 +24,8 @@
 #      the Lease (leadership.go --stop-grace); then it exits;
 #   5. from the API server's audit log (tests/controlplane/audit-policy.yaml: the writes of
 #      the two namespaces' service accounts), the old leader pod's writes of ChaosPods, Pods
-#      and Events received after the new leader's first write: accepted, no-op deletes,
-#      refused by the fence, or refused otherwise (see classify).
+#      and Events received after the new leader's first write: accepted, refused by the
+#      fence, or refused otherwise.
 # palisade must have every one that would change something refused (0 accepted, more than
 # 0 refused by the fence: with none the round proves nothing and is repeated, MAX_ROUNDS
 # at most); client-go's accepted ones are counted, not required (0 can happen by timing).
@@ -34,11 +34,13 @@
 # without its ChaosPod; with palisade no object's last change is the old leader's. Prints
 # a table; exits non-zero naming what went wrong; removes what it made.
 #
-# No-op deletes: the old leader deletes Pods the new one has already begun to delete (its
-# caches lag). The API server answers such a delete 200 without admission, since a
-# graceful deletion already under way is left as it is: no policy judges it, and it
-# changes nothing. The audit log tells them apart (an accepted delete of the same Pod
-# answered before, and no create since); they are counted in a column of their own.
+# The ChaosPods' Pods are deleted at once (terminationGracePeriodSeconds 0). A Pod deleted
+# gracefully stays, being deleted, for its grace period, and the API server answers a
+# second delete of it meanwhile (the old leader's, its caches lagging behind the new
+# one's) 200 without admission, as it leaves a deletion under way as it is: such a delete
+# changes nothing and no policy judges it, but the audit log cannot always tell it from
+# one that was judged (two deletes of one Pod can be under way at once). Deleted at once,
+# every delete of a Pod is judged, or answered 404.
 #
 # Why STOP_GRACE: thawed, palisade's client sees at once that its grant's deadline has
 # passed and cancels the manager's context, and controller-runtime stops its workers and
@@ -83,7 +85,7 @@ for i in $(seq 1 "${CHAOSPOD_COUNT:-6}"); do CHAOSPODS+=("cp-$i"); done
 
 frozen=""
 mode="" NS="" CP_NS="" round=0 mode_started=""
-declare -A sent accepted noops refused others rounds_of last_old
+declare -A sent accepted refused others rounds_of last_old
 
 k() { "$KUBECTL" "$@"; }
 say() { printf '\n\033[1m%s\033[0m\n' "$*"; }
@@ -205,35 +207,16 @@ writes_since() {
         ((.responseStatus.message // "") | gsub("[\t\n]"; " ")
           | if test("fencing token") then sub(".*denied request: "; "") else .[0:140] end) ] | @tsv' | sort
 }
-# The writes of pod $2 (all: empty) received after $3, from the writes $1 (writes_since,
-# read twice), each with its class first:
-#   accepted  the API server accepted it: it changed something;
-#   no-op     an accepted delete of an object whose deletion had begun before it was
-#             received (an accepted delete answered before, and no create since): the
-#             API server answers 200 without admitting it, as it changes nothing (a Pod
-#             already being deleted gracefully is left as it is);
-#   fenced    refused by the fence (403, "fencing token");
-#   other     refused otherwise (409 conflict, 404, ...).
+# The writes of pod $2 (all: empty) received after $3, from the writes $1 (writes_since),
+# each with its class first: accepted; fenced (refused by the fence: 403, "fencing
+# token"); other (refused otherwise: 409 conflict, 404, ...).
 classify() {
-  awk -F'\t' -v p="$2" -v t="$3" '
-    NR == FNR {
-      if ($6 ~ /^2/ && $4 == "delete") { nd[$5]++; dr[$5, nd[$5]] = $1; da[$5, nd[$5]] = $2 }
-      if ($6 ~ /^2/ && $4 == "create") { nc[$5]++; cr[$5, nc[$5]] = $1 }
-      next
-    }
-    (p == "" || $3 == p) && $1 > t {
+  awk -F'\t' -v p="$2" -v t="$3" '(p == "" || $3 == p) && $1 > t {
       class = "other"
-      if ($6 ~ /^2/) {
-        class = "accepted"
-        for (i = 1; $4 == "delete" && i <= nd[$5]; i++) {
-          if (da[$5, i] >= $1) continue
-          made = 0
-          for (j = 1; j <= nc[$5]; j++) if (cr[$5, j] >= dr[$5, i] && cr[$5, j] <= $1) made = 1
-          if (!made) class = "no-op"
-        }
-      } else if ($6 == 403 && $8 ~ /fencing token/) class = "fenced"
+      if ($6 ~ /^2/) class = "accepted"
+      else if ($6 == 403 && $8 ~ /fencing token/) class = "fenced"
       print class "\t" $0
-    }' <(printf '%s\n' "$1") <(printf '%s\n' "$1")
+    }' <<<"$1"
 }
 
 # --- set-up -------------------------------------------------------------------------
@@ -249,7 +232,7 @@ spec:
     spec:
       automountServiceAccountToken: false
       enableServiceLinks: false
-      terminationGracePeriodSeconds: 1
+      terminationGracePeriodSeconds: 0
       securityContext: {runAsNonRoot: true, runAsUser: 65535, runAsGroup: 65535, seccompProfile: {type: RuntimeDefault}}
       containers:
         - name: pause
@@ -449,15 +432,14 @@ freeze_round() {
   first=$(awk -F'\t' -v p="$new" -v t="$since" '$3 == p && $1 >= t && $6 ~ /^2/ {print $1; exit}' <<<"$writes")
   [[ -n $first ]] || fail "the audit log ($AUDIT_LOG) shows no accepted write of the new leader $new since $since (does the API server run with tests/controlplane/audit-policy.yaml as it is now? it reads it when it starts)"
   stale=$(classify "$writes" "$old" "$first")
-  local s a n r o
+  local s a r o
   s=$(grep -c . <<<"$stale" || true)
   a=$(grep -c $'^accepted\t' <<<"$stale" || true)
-  n=$(grep -c $'^no-op\t' <<<"$stale" || true)
   r=$(grep -c $'^fenced\t' <<<"$stale" || true)
   o=$(grep -c $'^other\t' <<<"$stale" || true)
-  step "the old pod's writes after the new leader's first ($first): $s sent, $a accepted, $n no-op deletes, $r refused by the fence, $o refused otherwise"
+  step "the old pod's writes after the new leader's first ($first): $s sent, $a accepted, $r refused by the fence, $o refused otherwise"
   local class
-  for class in accepted fenced other no-op; do grep "^$class"$'\t' <<<"$stale" || true; done |
+  for class in accepted fenced other; do grep "^$class"$'\t' <<<"$stale" || true; done |
     awk -F'\t' '{printf "    %s %s %s -> %s %-8s %s%s\n", $2, $5, $6, $7, $1, ($8 == "-" ? "" : "token " $8 " "), $9}' | head -n 14
 
   # ChaosPods and Pods whose last write that changed them is one of those.
@@ -470,7 +452,6 @@ freeze_round() {
   accepted[$mode]=$((${accepted[$mode]:-0} + a))
   refused[$mode]=$((${refused[$mode]:-0} + r))
   others[$mode]=$((${others[$mode]:-0} + o))
-  noops[$mode]=$((${noops[$mode]:-0} + n))
   last_old[$mode]=$((${last_old[$mode]:-0} + lo))
   rounds_of[$mode]=$round
   if [[ $mode == palisade ]]; then
@@ -514,10 +495,10 @@ for mode in $MODES; do
 done
 
 say "Stale writes of a deposed leader of controller-runtime's example operator (audit log; after the new leader's first write)"
-printf '  %-10s %7s %6s %9s %14s %8s %15s %20s\n' mode rounds sent accepted "no-op deletes" refused "refused other" "last change by old"
+printf '  %-10s %7s %6s %9s %8s %15s %20s\n' mode rounds sent accepted refused "refused other" "last change by old"
 for mode in $MODES; do
-  printf '  %-10s %7s %6s %9s %14s %8s %15s %20s\n' "$mode" "${rounds_of[$mode]}" "${sent[$mode]}" "${accepted[$mode]}" \
-    "${noops[$mode]}" "${refused[$mode]}" "${others[$mode]}" "${last_old[$mode]}"
+  printf '  %-10s %7s %6s %9s %8s %15s %20s\n' "$mode" "${rounds_of[$mode]}" "${sent[$mode]}" "${accepted[$mode]}" \
+    "${refused[$mode]}" "${others[$mode]}" "${last_old[$mode]}"
 done
 mode=""
 say "Done in $((SECONDS - t0)) s."
