@@ -29,7 +29,7 @@
 # palisade must have every one that would change something refused (0 accepted, more than
 # 0 refused by the fence: with none the round proves nothing and is repeated, MAX_ROUNDS
 # at most); client-go's accepted ones are counted, not required (0 can happen by timing).
-# Both must end with every ChaosPod owning its running Pod, made after step 4, its lastRun
+# Both must end with every ChaosPod owning its Pod, made after step 4, its lastRun
 # that Pod's creation and its nextStop after it (as the leader writes them), and no Pod
 # without its ChaosPod; with palisade no object's last change is the old leader's. Prints
 # a table; exits non-zero naming what went wrong; removes what it made.
@@ -45,7 +45,7 @@
 # Why STOP_GRACE: thawed, palisade's client sees at once that its grant's deadline has
 # passed and cancels the manager's context, and controller-runtime stops its workers and
 # cancels their requests: with 0 the old leader sent nothing after the new leader's first
-# write in 3 rounds of 3 here, and a round with nothing refused proves nothing. client-go's
+# write in any of 6 rounds here, and a round with nothing refused proves nothing. client-go's
 # elector gives its deposed leader its renew deadline of running on by design; 3 s gives
 # palisade's the same window, so the two modes' deposed leaders get the same chance.
 #
