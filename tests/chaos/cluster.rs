@@ -207,15 +207,14 @@ async fn set_up(admin: &Client, plane: &ControlPlane, leases: &[String]) -> Resu
     create_namespace(admin, NAMESPACE).await?;
     create_namespace(admin, crate::operator_worker::OPERATOR_NAMESPACE).await?;
     apply_fencing_policy(plane)?;
-    crate::operator_setup::narrow_policy(admin).await?;
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
     create_leases(admin, &configmaps, leases).await?;
     wait_policy_active(&configmaps).await
 }
 
 /// The object-fencing admission policy, and the operators policy with its RBAC and the
-/// client role for the operator workers' account (operator_setup.rs, which narrows it
-/// next), rendered from our chart and applied.
+/// client role for the operator workers' account (operator_setup.rs), rendered from
+/// our chart and applied.
 fn apply_fencing_policy(plane: &ControlPlane) -> Result<(), String> {
     let bin_dir = PathBuf::from(std::env::var("PALISADE_BIN_DIR").unwrap_or_default());
     let rendered = Command::new(bin_dir.join("helm"))

@@ -50,7 +50,7 @@
 //! - `chaos operator-worker ...` (`o0` and `o1`, besides `--workers`;
 //!   operator_worker.rs): a fenced operator, running as the service account the
 //!   chart's `policies.operators` names (operator_setup.rs; in namespace
-//!   `chaos-operators`, to which the suite narrows that policy), leading Lease `operator`
+//!   `chaos-operators`, the policy narrowed to it and failing closed), leading Lease `operator`
 //!   through `palisade::operator::run_while_leading` (confirming against every API
 //!   server, each through its load balancer on the HA plane) and writing a ConfigMap
 //!   and a Deployment's status through the stamped client.

@@ -1,15 +1,13 @@
 //! What the operator workers (operator_worker.rs) need on the chaos plane before they
 //! start. The operators policy and its RBAC (impersonating itself with the token,
 //! listing the API servers) come from the chart, rendered with the suite's other
-//! policies (cluster.rs) with [`chart_value`], and the policy is narrowed to the
-//! operators' namespace ([`narrow_policy`]); here: the service account, the chart's
+//! policies (cluster.rs) with [`chart_value`]; here: the service account, the chart's
 //! client role and a Role to write the objects it owns bound to it, the Lease, the
 //! objects, a token, and a wait until the policy judges the account.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
@@ -30,41 +28,21 @@ use crate::operator_worker::{
 /// The chart's client role as `helm template chaos` names it (`<fullname>-client`).
 const CLIENT_ROLE: &str = "chaos-palisade-client";
 
-/// `--set-json` of `policies.operators`: the account, fenced by the operators' Lease.
+/// `--set-json` of `policies.operators`: the account, fenced by the operators' Lease,
+/// failing closed in their namespace. While an API server cannot resolve the policy's
+/// paramKind (up to 30 s after it starts, until its admission REST mapper, reset every
+/// 30 s, sees the CRD), it applies the failure policy to every write the policy's
+/// rules match: the default, Ignore, would let a deposed leader's writes through a
+/// restarted server land after its successor's; Fail refuses them, and every other
+/// user's writes in the namespaces named (none of the suite's other workers write there).
 pub fn chart_value() -> String {
     let operators = json!([{
         "serviceAccount": {"namespace": NAMESPACE, "name": SERVICE_ACCOUNT},
         "lease": {"name": OPERATOR_LEASE},
+        "namespaces": [NAMESPACE],
+        "failurePolicy": "Fail",
     }]);
     format!("policies.operators={operators}")
-}
-
-/// The operators policy as `helm template chaos` names it
-/// (`<fullname>-operator-<namespace>-<account>`).
-fn policy_name() -> String {
-    format!("chaos-palisade-operator-{NAMESPACE}-{SERVICE_ACCOUNT}")
-}
-
-/// Narrows the operators policy to the operators' namespace. As the chart renders it,
-/// it matches every resource of every namespace, and an API server judges a request by
-/// the policy's configuration before its match conditions (the account's name): for
-/// up to 30 s after an API server starts, until its admission REST mapper (reset every
-/// 30 s) knows the CRD of the policy's paramKind, the policy is misconfigured there,
-/// and failurePolicy Fail refuses every write of every user through that server. The
-/// suite restarts API servers, and would see its other fences' workers and the
-/// controller refused for it; so only the operators, which the policy is for, are.
-pub async fn narrow_policy(admin: &Client) -> Result<(), String> {
-    let narrowed = json!({"spec": {"matchConstraints": {"namespaceSelector": {
-        "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}}}});
-    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
-        .patch(
-            &policy_name(),
-            &PatchParams::default(),
-            &Patch::Merge(&narrowed),
-        )
-        .await
-        .map(drop)
-        .map_err(|e| format!("narrowing the operators policy {}: {e}", policy_name()))
 }
 
 /// Creates `object` (as JSON) in [`NAMESPACE`]; one that exists already is fine.

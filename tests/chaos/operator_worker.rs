@@ -35,7 +35,7 @@ use crate::rng::{Rng, now_ns};
 use crate::worker::timed;
 
 /// The namespace of the operator workers' account, Lease and objects: one of their
-/// own, which the operators policy is narrowed to (operator_setup.rs).
+/// own, the one the operators policy is narrowed to (operator_setup.rs).
 pub const OPERATOR_NAMESPACE: &str = "chaos-operators";
 /// The Lease the operator workers lead by.
 pub const OPERATOR_LEASE: &str = "operator";

@@ -18,7 +18,7 @@
 //!   [`SETTLE_NS`] before healing: until its admission knows the policy's paramKind
 //!   (up to 30 s) it refuses every operator write and the new leader's confirmation,
 //!   which then times out (20 s) before the next candidate tries (operator_setup.rs,
-//!   `narrow_policy`).
+//!   `chart_value`).
 //!
 //! What it counts: writes accepted, refused and of unknown outcome, and each object's
 //! handovers (a higher token along its versions).
