@@ -390,11 +390,7 @@ async fn main() {
     ];
     let source = Source {
         source: "palisade-agent".into(),
-        versions: [(
-            "palisade".to_string(),
-            env!("CARGO_PKG_VERSION").to_string(),
-        )]
-        .into(),
+        versions: schema::palisade_versions(None),
         latency,
         figures,
         parameters: schema::parameters(

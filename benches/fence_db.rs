@@ -183,9 +183,7 @@ async fn main() -> ExitCode {
         source: "fence-db".into(),
         ..Source::default()
     };
-    source
-        .versions
-        .insert("palisade".into(), env!("CARGO_PKG_VERSION").into());
+    source.versions = schema::palisade_versions(None);
     source
         .parameters
         .insert("rounds".into(), serde_json::json!(args.rounds));

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
 
+use support::tools::run_suite;
 use support::{ControllerProcess, kubeconfig_path, repo_root, setup};
 
 /// A controller and an agent for `ns`; the agent's socket.
@@ -34,24 +34,6 @@ async fn agent_for(
         .expect("spawning palisade agent");
     support::agent_http::wait_for_socket(&socket).await;
     (controller, agent, socket)
-}
-
-fn run_suite(what: &str, mut command: Command) {
-    let started = Instant::now();
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot run it: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "{what} failed ({:?}):\n{text}",
-        output.status
-    );
-    eprintln!("{what}: passed in {:.1} s", started.elapsed().as_secs_f64());
 }
 
 #[tokio::test]

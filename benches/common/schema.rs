@@ -134,6 +134,19 @@ impl Source {
     }
 }
 
+/// The versions a palisade bench ran with: this crate's, and the API server's
+/// (`git_version`) when the bench has one.
+pub fn palisade_versions(kubernetes: Option<String>) -> BTreeMap<String, String> {
+    let mut versions = BTreeMap::from([(
+        "palisade".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    )]);
+    if let Some(kubernetes) = kubernetes {
+        versions.insert("kubernetes".to_string(), kubernetes);
+    }
+    versions
+}
+
 /// A bench's parameters: its own, then its build profile and its wall time.
 pub fn parameters(
     own: Vec<(&str, serde_json::Value)>,

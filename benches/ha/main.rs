@@ -175,14 +175,7 @@ impl Outcome {
             .collect();
         Source {
             source: "ha".into(),
-            versions: [
-                (
-                    "palisade".to_string(),
-                    env!("CARGO_PKG_VERSION").to_string(),
-                ),
-                ("kubernetes".to_string(), self.kubernetes.clone()),
-            ]
-            .into(),
+            versions: schema::palisade_versions(Some(self.kubernetes.clone())),
             latency: self.latency(),
             figures: self.figures(),
             parameters: schema::parameters(

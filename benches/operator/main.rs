@@ -186,14 +186,7 @@ async fn run(args: Args) -> Result<(), String> {
         .unwrap_or_default();
     let source = Source {
         source: "palisade-operator".into(),
-        versions: [
-            (
-                "palisade".to_string(),
-                env!("CARGO_PKG_VERSION").to_string(),
-            ),
-            ("kubernetes".to_string(), version),
-        ]
-        .into(),
+        versions: schema::palisade_versions(Some(version)),
         latency,
         figures,
         parameters: schema::parameters(

@@ -5,10 +5,10 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
 
 use serde_json::json;
 use support::accounts::service_account_token;
+use support::tools::run_suite;
 use support::{TestNamespace, kubeconfig, kubeconfig_path, repo_root};
 
 use super::{LEASE, SA, fence, fenced_operator, lease_with_token};
@@ -54,30 +54,15 @@ async fn the_go_integration_passes_its_tests_against_the_api_server() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = account_kubeconfig(&ns, dir.path()).await;
 
-    let started = Instant::now();
-    let output = Command::new("go")
-        .args(["test", "-count=1", "-v", "-run", "^TestCluster", "./..."])
+    let mut go = Command::new("go");
+    go.args(["test", "-count=1", "-v", "-run", "^TestCluster", "./..."])
         .current_dir(repo_root().join("clients/go/kube"))
         .env("PALISADE_OPERATOR_KUBECONFIG", &kubeconfig)
         .env("PALISADE_OPERATOR_NAMESPACE", &ns.name)
         .env("PALISADE_OPERATOR_LEASE", LEASE)
         .env("PALISADE_OPERATOR_TOKEN", PUBLISHED.to_string())
         .env("PALISADE_ADMIN_KUBECONFIG", kubeconfig_path())
-        .env_remove("PALISADE_APISERVERS")
-        .output()
-        .unwrap_or_else(|e| panic!("go test (clients/go/kube): cannot run it: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success(),
-        "go test -run '^TestCluster' (clients/go/kube) failed ({:?}):\n{text}",
-        output.status
-    );
-    eprintln!(
-        "go test -run '^TestCluster' (clients/go/kube): passed in {:.1} s\n{text}",
-        started.elapsed().as_secs_f64()
-    );
+        .env_remove("PALISADE_APISERVERS");
+    let text = run_suite("go test -run '^TestCluster' (clients/go/kube)", go);
+    eprintln!("{text}");
 }

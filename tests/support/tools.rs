@@ -56,6 +56,27 @@ pub fn text(out: &Output) -> String {
     )
 }
 
+/// Runs a test suite of another language (`go test`, pytest) to completion, panics with
+/// its output when it fails, and returns its output (stdout, then stderr).
+pub fn run_suite(what: &str, mut command: Command) -> String {
+    let started = std::time::Instant::now();
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run it: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{what} failed ({:?}):\n{text}",
+        output.status
+    );
+    eprintln!("{what}: passed in {:.1} s", started.elapsed().as_secs_f64());
+    text
+}
+
 /// kubectl against the test cluster.
 pub fn kubectl_command() -> Command {
     let mut cmd = Command::new(tool("kubectl"));
