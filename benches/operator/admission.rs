@@ -6,8 +6,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Config};
 use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
-use palisade::operator::stamp::{Stamp, TokenCell};
-use palisade::operator::{Fence, Outcome, run_while_leading};
+use palisade::operator::TokenCell;
+use palisade::operator::{Fence, Outcome, run_while_leading, stamped_client};
 use serde_json::json;
 
 use super::schema::{
@@ -31,11 +31,7 @@ pub struct Run {
 /// A client of `config` stamped with `token` for `username`, built as
 /// `Fence::client` builds the leader's, so that both accounts send the same request.
 fn stamped(config: Config, username: &str, token: i64) -> Result<Client, String> {
-    let stamp = Stamp::new(username, TokenCell::fixed(token)).map_err(|e| e.to_string())?;
-    let (builder, _) = palisade::kube_client::builder(config).map_err(|e| e.to_string())?;
-    Ok(builder
-        .with_layer(&tower::util::MapRequestLayer::new(move |r| stamp.apply(r)))
-        .build())
+    stamped_client(config, username, TokenCell::fixed(token)).map_err(|e| e.to_string())
 }
 
 /// One merge patch of the target's data, timed from the send to the answer.

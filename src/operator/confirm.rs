@@ -27,7 +27,7 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, Config};
 
 use super::Error;
-use super::stamp::{Stamp, TokenCell};
+use super::stamp::TokenCell;
 use crate::crd::{Lease, LeaseSpec};
 
 /// What one API server answered the probe.
@@ -155,12 +155,7 @@ fn probe_client(
         }
         config.cluster_url = server.clone();
     }
-    let stamp = Stamp::new(username, TokenCell::fixed(stale))
-        .map_err(|e| Error::Identity(e.to_string()))?;
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(Error::Client)?;
-    Ok(builder
-        .with_layer(&tower::util::MapRequestLayer::new(move |r| stamp.apply(r)))
-        .build())
+    super::stamped_client(config, username, TokenCell::fixed(stale))
 }
 
 /// Asks every server until each refuses `token - 1`, or `timeout` passes.

@@ -130,13 +130,7 @@ impl Fence {
     /// A client whose every request carries the current token (none before
     /// [`Fence::lead`], and the API server refuses those writes).
     pub fn client(&self) -> Result<Client, Error> {
-        let stamp = stamp::Stamp::new(&self.username, self.token.clone())
-            .map_err(|e| Error::Identity(e.to_string()))?;
-        let (builder, _) =
-            crate::kube_client::builder(self.config.clone()).map_err(Error::Client)?;
-        Ok(builder
-            .with_layer(&tower::util::MapRequestLayer::new(move |r| stamp.apply(r)))
-            .build())
+        stamped_client(self.config.clone(), &self.username, self.token.clone())
     }
 
     /// Stamps `token` from now on, then waits until every API server refuses the
@@ -161,6 +155,16 @@ impl Fence {
         )
         .await
     }
+}
+
+/// A client of `config` whose every request impersonates `username` with the token
+/// `token` holds (unstamped while it holds none): the leader's, the confirmation's probes.
+pub fn stamped_client(config: Config, username: &str, token: TokenCell) -> Result<Client, Error> {
+    let stamp = stamp::Stamp::new(username, token).map_err(|e| Error::Identity(e.to_string()))?;
+    let (builder, _) = crate::kube_client::builder(config).map_err(Error::Client)?;
+    Ok(builder
+        .with_layer(&tower::util::MapRequestLayer::new(move |r| stamp.apply(r)))
+        .build())
 }
 
 /// The username the API server gives this client's credentials.
