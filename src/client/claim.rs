@@ -3,15 +3,17 @@
 //! from the moment this process knows it exists.
 
 use backon::{ExponentialBuilder, Retryable};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
 use super::{CLIENT_MANAGER, Error, LeaseClient, call};
-use crate::crd::{LeaseClaim, LeaseClaimSpec, PodRef};
+use crate::crd::{LeaseClaim, LeaseClaimSpec, PodRef, RENEWED_TOKEN_ANNOTATION};
 use crate::kube_error::ApiErrorKind;
 
 /// The longest claim name prefix, as for `generateName` (5 random characters follow).
@@ -163,6 +165,33 @@ fn log_delete_failure(claim: &str, result: Result<(), Error>) {
     if let Err(e) = result {
         tracing::warn!(%claim, error = %e, "could not delete the claim; it stays until its lease expires");
     }
+}
+
+/// One merge patch of the claim's `spec.renewTime` to now: a holder's renewal of the
+/// grant with `token`, or a waiter's early confirmation (no token: it has seen no
+/// grant). The UID makes the patch fail (422: immutable) on another object of the
+/// same name. The token says the renewal is of a grant this process has seen
+/// ("Expiry is one write", in the controller's `index::holder`), so a waiter never
+/// sends one. Returns the claim as the API server wrote it.
+pub(super) async fn touch(
+    claims: &Api<LeaseClaim>,
+    name: &str,
+    uid: &str,
+    token: Option<i64>,
+) -> kube::Result<LeaseClaim> {
+    let mut metadata = serde_json::json!({"uid": uid});
+    if let Some(token) = token {
+        metadata["annotations"] = serde_json::json!({RENEWED_TOKEN_ANNOTATION: token.to_string()});
+    }
+    let patch = serde_json::json!({
+        "metadata": metadata,
+        "spec": {"renewTime": MicroTime(Timestamp::now())},
+    });
+    let params = PatchParams {
+        field_manager: Some(CLIENT_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    claims.patch(name, &params, &Patch::Merge(&patch)).await
 }
 
 pub(super) fn post_params() -> PostParams {

@@ -9,22 +9,19 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::claim::ClaimGuard;
+use super::claim::{ClaimGuard, touch};
 use super::clock::{BootInstant, BootTimer};
 use super::object_watch::Events;
 use super::wait::{Granted, claim_ending, holds_grant, lease_duration};
-use super::{CALL_TIMEOUT, CLIENT_MANAGER, Error, LostReason};
-use crate::crd::{ClaimPhase, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
+use super::{CALL_TIMEOUT, Error, LostReason};
+use crate::crd::{ClaimPhase, Lease, LeaseClaim};
 use crate::kube_error::ApiErrorKind;
 
 /// A held Lease. Renewed in the background until released, dropped or lost.
@@ -58,9 +55,11 @@ impl fmt::Debug for Grant {
 }
 
 impl Grant {
-    /// The grant the wait `found`, once a first renewal sent now has counted
-    /// ([`Keeper::confirm`]); from then on its keeper holds it in the background. When
-    /// that renewal does not count, the claim is deleted and the grant not believed.
+    /// The grant the wait `found`, believed from the send of the claim's latest write
+    /// that counted when the grant was seen within a third of a duration of it (`head`),
+    /// else once a first renewal sent now has counted ([`Keeper::confirm`]); from then
+    /// on its keeper holds it in the background. When that renewal does not count, the
+    /// claim is deleted and the grant not believed.
     pub(super) async fn confirmed(
         namespace: &str,
         lease: &str,
@@ -73,6 +72,7 @@ impl Grant {
             guard,
             lease: granted,
             observed_at,
+            written_at,
             lease_events,
             claim_events,
         } = found;
@@ -92,7 +92,12 @@ impl Grant {
             stop: stop.clone(),
             timer,
         };
-        let confirmed_at = match keeper.confirm(observed_at).await {
+        let early = written_at.filter(|w| observed_at < *w + keeper.duration() / 3);
+        let confirmed = match early {
+            Some(written_at) => Ok(written_at),
+            None => keeper.confirm(observed_at).await,
+        };
+        let confirmed_at = match confirmed {
             Ok(sent_at) => {
                 keeper
                     .deadline
@@ -400,25 +405,8 @@ impl Keeper {
             let (claims, name, uid) = (claims.clone(), name.clone(), uid.clone());
             async move {
                 let sent_at = BootInstant::now();
-                // The UID makes the patch fail (422: immutable) on another object of the same name.
-                // The token says the renewal is of this grant, which this process has
-                // seen ("Expiry is one write", in the controller's `index::holder`).
-                let patch = serde_json::json!({
-                    "metadata": {
-                        "uid": uid,
-                        "annotations": {RENEWED_TOKEN_ANNOTATION: token.to_string()},
-                    },
-                    "spec": {"renewTime": MicroTime(Timestamp::now())},
-                });
-                let params = PatchParams {
-                    field_manager: Some(CLIENT_MANAGER.to_string()),
-                    ..PatchParams::default()
-                };
-                match tokio::time::timeout(
-                    attempt_limit,
-                    claims.patch(&name, &params, &Patch::Merge(&patch)),
-                )
-                .await
+                match tokio::time::timeout(attempt_limit, touch(&claims, &name, &uid, Some(token)))
+                    .await
                 {
                     Ok(Ok(claim)) => judge_renewal(&claim, &uid, token).map(|()| sent_at),
                     Ok(Err(e)) => Err(RenewalError::Api(e)),

@@ -114,6 +114,7 @@
 mod claim;
 pub(crate) mod clock;
 mod grant;
+mod head;
 mod object_watch;
 mod wait;
 
@@ -456,6 +457,7 @@ impl LeaseClient {
         let identity = options.identity.clone().unwrap_or_else(default_identity);
         let claim = new_claim(lease, &identity, options.pod.resolve());
         let timer = BootTimer::new().map_err(Error::Clock)?;
+        let created_at = clock::BootInstant::now();
         let created = until_deadline(deadline, self.create_claim(claim))
             .await
             .ok_or_else(timed_out)??;
@@ -465,6 +467,7 @@ impl LeaseClient {
             &self.claims,
             lease,
             guard,
+            created_at,
             self.watch_periods(),
             deadline,
             timed_out,

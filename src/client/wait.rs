@@ -11,28 +11,34 @@ use tokio::time::{Instant, timeout_at};
 
 use super::claim::ClaimGuard;
 use super::clock::BootInstant;
+use super::head::EarlyConfirmation;
 use super::object_watch::{Events, watch_one};
 use super::{Error, LostReason, WatchPeriods};
 use crate::crd::{ClaimPhase, Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS};
 
 /// A grant, as the wait saw it: the claim (guarded), the Lease that names it, when
-/// that was seen, and the watches a holder goes on with.
+/// that was seen, the send time of the latest write of this claim whose response
+/// showed it not ended (its create, or an early confirmation: `head`), and the
+/// watches a holder goes on with.
 pub(super) struct Granted {
     pub(super) guard: ClaimGuard,
     pub(super) lease: Lease,
     pub(super) observed_at: BootInstant,
+    pub(super) written_at: Option<BootInstant>,
     pub(super) lease_events: Events<Lease>,
     pub(super) claim_events: Events<LeaseClaim>,
 }
 
-/// Waits, until `deadline` if any, for the Lease `lease` to name the claim of `guard`.
-/// When the wait fails or times out (`timed_out`), the claim is deleted before this
-/// returns.
+/// Waits, until `deadline` if any, for the Lease `lease` to name the claim of `guard`
+/// (created no earlier than `created_at`). When the wait fails or times out
+/// (`timed_out`), the claim is deleted before this returns.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn await_grant(
     leases: &Api<Lease>,
     claims: &Api<LeaseClaim>,
     lease: &str,
     guard: ClaimGuard,
+    created_at: BootInstant,
     periods: WatchPeriods,
     deadline: Option<Instant>,
     timed_out: impl FnOnce() -> Error,
@@ -40,9 +46,16 @@ pub(super) async fn await_grant(
     // Watch both before deciding anything: the first event of each is the current state.
     let mut lease_events = watch_one(leases.clone(), lease, periods.grant_secs);
     let mut claim_events = watch_one(claims.clone(), &guard.name, periods.quiet_secs);
+    let mut early = EarlyConfirmation::new(&guard, created_at, periods.quiet_secs);
     let waited = until_deadline(
         deadline,
-        wait_for_grant(lease, &guard, &mut lease_events, &mut claim_events),
+        wait_for_grant(
+            lease,
+            &guard,
+            &mut lease_events,
+            &mut claim_events,
+            &mut early,
+        ),
     )
     .await;
     let granted = match waited {
@@ -58,6 +71,7 @@ pub(super) async fn await_grant(
         }
     };
     let observed_at = BootInstant::now();
+    let written_at = early.settle().await;
     // The holder's Lease watch on the quiet period. When that is the grant period too
     // (PINGed connections), the same watch goes on; otherwise a new one starts, its
     // first event the Lease now, so nothing since the grant is missed.
@@ -71,6 +85,7 @@ pub(super) async fn await_grant(
         guard,
         lease: granted,
         observed_at,
+        written_at,
         lease_events,
         claim_events,
     })
@@ -139,12 +154,13 @@ async fn wait_for_grant(
     guard: &ClaimGuard,
     lease_events: &mut Events<Lease>,
     claim_events: &mut Events<LeaseClaim>,
+    early: &mut EarlyConfirmation,
 ) -> Result<Lease, Error> {
     loop {
         tokio::select! {
             Some(event) = lease_events.next() => match event {
                 Ok(Some(l)) if holds(&l, &guard.uid) => return Ok(l),
-                Ok(_) => {}
+                Ok(l) => early.lease_seen(l.as_ref()),
                 // Warned: a watch that keeps failing (e.g. forbidden) would otherwise wait silently.
                 Err(e) => tracing::warn!(%lease, error = %e, "lease watch error; retrying"),
             },
@@ -160,6 +176,7 @@ async fn wait_for_grant(
                 }
                 Err(e) => tracing::warn!(claim = %guard.name, error = %e, "claim watch error; retrying"),
             },
+            () = early.step() => {}
             else => return Err(Error::WatchEnded { lease: lease.to_string() }),
         }
     }

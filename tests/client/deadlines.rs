@@ -84,11 +84,14 @@ async fn restricted_client(ns: &TestNamespace, rules: serde_json::Value) -> Leas
     LeaseClient::new(support::client_with_token(&token).await, &ns.name)
 }
 
-/// A waiter may see its grant after the controller has ended it (a watch resumed late
-/// replays "granted to X", then "granted to Y"). acquire must not return it: its first
-/// renewal finds the claim's end. Here the waiter may not watch its claim (RBAC), so
-/// only a response can tell it; the test writes the ending mark and then the Lease
-/// that names the claim, as a late watch would deliver them.
+/// A waiter may see its grant after the controller has expired it (a watch resumed late
+/// replays "granted to X", then "granted to Y"). acquire must not return it. An expiry
+/// comes at least a duration after the grant, so after the claim's create and any
+/// early confirmation too; seen that late, the grant is confirmed after it is seen, and
+/// that renewal finds the claim's end. Here the waiter may not watch its claim (RBAC),
+/// so only a response can tell it; the test writes the ending mark and then the Lease
+/// that names the claim, as a late watch would deliver them, a third of the duration
+/// after the create (sooner would be no expiry: the create would vouch for the grant).
 #[tokio::test]
 async fn acquire_never_returns_a_grant_the_controller_already_ended() {
     support::install_crds().await;
@@ -108,6 +111,7 @@ async fn acquire_never_returns_a_grant_the_controller_already_ended() {
         .unwrap();
     let acquiring = tokio::spawn(async move { leases.acquire("replayed", options("late")).await });
     let claim = the_claim(&ns).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let ended = serde_json::json!({"status": {"phase": "Expired", "fencingToken": 7}});
     ns.api::<LeaseClaim>()
         .patch_status(
@@ -170,10 +174,11 @@ async fn a_holder_whose_grant_is_not_mirrored_yet_keeps_it_until_the_claim_shows
 }
 
 /// A holder may see its grant late (its Lease watch died silently and was resumed), and
-/// the controller's clock started at the grant. acquire returns only once a renewal
-/// has counted, within a third of the duration after it saw the grant. Here the
-/// holder may not patch its claim (RBAC: renewals are refused, 403, and retried), and
-/// the test writes the Lease as the controller would: the acquire fails then.
+/// the controller's clock started at the grant. Seen more than a third of the duration
+/// after its claim's latest write, acquire returns only once a renewal has counted,
+/// within a third of the duration after it saw the grant. Here the holder may not
+/// patch its claim (RBAC: renewals are refused, 403, and retried), and the test writes
+/// the Lease as the controller would, 2.1 s after the create: the acquire fails then.
 #[tokio::test]
 async fn a_grant_whose_first_renewal_never_counts_is_not_returned_after_a_third_of_the_duration() {
     support::install_crds().await;
@@ -194,6 +199,8 @@ async fn a_grant_whose_first_renewal_never_counts_is_not_returned_after_a_third_
 
     let acquiring =
         tokio::spawn(async move { leases.acquire("first-renewal", options("holder")).await });
+    the_claim(&ns).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     let granted = Instant::now();
     let result = grant_as_the_controller(&ns, "first-renewal", 7, 6, acquiring).await;
     let after = granted.elapsed();

@@ -9,6 +9,7 @@ use tokio::time::timeout;
 
 mod connections;
 mod deadlines;
+mod early;
 mod lifecycle;
 
 async fn setup(prefix: &str) -> (TestNamespace, ControllerProcess, LeaseClient) {
