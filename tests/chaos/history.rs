@@ -709,7 +709,10 @@ fn check_liveness(events: &[Event], expect: &Expectations, v: &mut Verdict) {
 
 /// The timing contract: the controller never ends a grant while its holder's last
 /// successful renewal is within the holder's own deadline (workers have no pods, so
-/// their pods never go away). A renewal is successful when it got a 2xx response in
+/// their pods never go away). A renewal (or the claim's create, or a waiter's early
+/// confirmation: a grant is believed from the latest of these sent before it, DESIGN.md
+/// "Client deadlines", so each counts whether it came before the grant or after) is
+/// successful when it got a 2xx response in
 /// which the claim had not ended, within the holder's deadline; the holder then
 /// believes it holds the Lease until send time + `holder_deadline_ns`. An ending is
 /// the first Lease version (in resourceVersion order) that names another holder or

@@ -1,5 +1,6 @@
-//! Records a worker's renewals and releases in its history, as its client sent them
-//! and heard back, by wrapping the worker's Kubernetes client: the client library is
+//! Records a worker's renewals (with the claim's create and a waiter's early
+//! confirmation, which vouch for a grant as a renewal does) and releases in its
+//! history, as its client sent them and heard back, by wrapping the worker's Kubernetes client: the client library is
 //! used exactly as an application uses it, and the checker learns when each renewal
 //! was sent and what its response said (see `history::check_renewal_contract`).
 
@@ -13,7 +14,8 @@ use kube::client::Body;
 use crate::history::{Event, Recorder};
 use crate::rng::now_ns;
 
-/// `inner`, recording every PATCH (renewal) and DELETE (release) of a LeaseClaim.
+/// `inner`, recording every POST (create), PATCH (renewal) and DELETE (release) of a
+/// LeaseClaim.
 pub fn recording(inner: Client, history: &Path, worker: &str) -> Client {
     let recorder = Arc::new(Mutex::new(
         Recorder::create(history).expect("opening the history file"),
@@ -64,9 +66,11 @@ pub fn recording(inner: Client, history: &Path, worker: &str) -> Client {
             if field("/kind") == "LeaseClaim" && !name.is_empty() && !uid.is_empty() {
                 uids.lock().unwrap().insert(name, uid);
             }
-            if let Some(name) = claim
-                && renewal
-            {
+            // The claim's create vouches for a grant that follows it as a renewal
+            // does (DESIGN.md, "Client deadlines"): recorded as one.
+            let created = (creation && parts.status.is_success() && field("/kind") == "LeaseClaim")
+                .then(|| field("/metadata/name"));
+            if let Some(name) = claim.filter(|_| renewal).or(created) {
                 let claim_uid = uids.lock().unwrap().get(&name).cloned().unwrap_or_default();
                 recorder.lock().unwrap().record(&Event::Renewal {
                     worker,

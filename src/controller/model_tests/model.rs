@@ -36,6 +36,8 @@ enum Op {
     DeleteClaim(usize),
     DeletePod(usize),
     Renew(usize),
+    /// A waiting claim's client writes it before its grant (`client::head`).
+    EarlyWrite(usize),
     /// A renewal that lands between a pass's next claim read and its writes.
     RenewAfterNextRead(usize),
     AdvanceMs(u64),
@@ -58,6 +60,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..8).prop_map(Op::DeleteClaim),
         1 => (0usize..8).prop_map(Op::DeletePod),
         3 => (0usize..8).prop_map(Op::Renew),
+        2 => (0usize..8).prop_map(Op::EarlyWrite),
         1 => (0usize..8).prop_map(Op::RenewAfterNextRead),
         2 => (0u64..3000).prop_map(Op::AdvanceMs),
         1 => Just(Op::RecreateLease),
@@ -338,6 +341,39 @@ fn a_first_renewal_after_an_expiry_finds_the_claim_marked() {
     );
 }
 
+/// A head waiter writes its claim in the holder's last sixth; the expiry's Lease
+/// write follows, and the new holder believes its grant from that earlier write (two
+/// thirds of the duration after its send), never past the controller's clock for it.
+#[test]
+fn a_write_before_the_grant_vouches_for_it_and_nothing_expires_it_early() {
+    let mut ops = granted_and_renewed_once();
+    ops.extend([
+        Op::AdvanceMs(1700),
+        Op::EarlyWrite(1),
+        Op::Sync(0),
+        Op::Finish(0),
+        Op::AdvanceMs(400),
+        Op::Sync(0),
+        Op::Finish(0),
+        Op::Sync(0),
+        Op::Finish(0),
+    ]);
+    let world = run_ops(ops.clone()).unwrap();
+    assert_eq!(holder_and_phase(&world, "c001").0, Some("c001".into()));
+    let belief = world.beliefs["u1"];
+    assert_eq!(belief.last_counted, world.written.get("u1").copied());
+    // Silent since: the controller expires it no sooner than a duration after the grant.
+    ops.extend([
+        Op::AdvanceMs(1500),
+        Op::Sync(0),
+        Op::Finish(0),
+        Op::Sync(0),
+        Op::Finish(0),
+    ]);
+    let world = run_ops(ops).unwrap();
+    assert_eq!(holder_and_phase(&world, "c001").0, Some("c001".into()));
+}
+
 async fn run_model(ops: Vec<Op>) -> Result<Model, TestCaseError> {
     let start = clock();
     let model = Model(Arc::new(Mutex::new(World::new(start))), 0);
@@ -466,6 +502,8 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
                 .pod(pod_name.as_deref())
                 .build();
             world.claims.insert(name, c.clone());
+            // The create's response vouches for a grant that follows at once.
+            world.written.insert(format!("u{i}"), now);
             world.broadcast(Change::Claim(c, false));
         }
         Op::DeleteClaim(i) => {
@@ -486,6 +524,7 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
             }
         }
         Op::Renew(i) => world.renew(i),
+        Op::EarlyWrite(i) => world.early_write(i),
         Op::RenewAfterNextRead(i) => world.renew_after_read = Some(i),
         Op::RecreateLease => {
             // A claim granted on the old Lease may wait again on the new one.

@@ -42,6 +42,12 @@ pub(super) struct World {
     /// client believes (see [`Belief`]).
     pub(super) granted: HashMap<String, (String, i64)>,
     pub(super) beliefs: HashMap<String, Belief>,
+    /// Claim uid -> the send time of its client's latest write before its grant whose
+    /// response showed the claim not ended (its create, or an early confirmation): a
+    /// grant published within a third of the duration of it is believed from it
+    /// (`client::head`), the first Lease version naming the claim being the earliest
+    /// its client can see.
+    pub(super) written: HashMap<String, Instant>,
     /// A claim (by its index among the claims) to renew right after the next claim
     /// read a controller makes: a renewal racing a pass between its quorum read and
     /// its Lease write.
@@ -122,6 +128,7 @@ impl World {
             renewals: HashMap::new(),
             granted: HashMap::new(),
             beliefs: HashMap::new(),
+            written: HashMap::new(),
             renew_after_read: None,
             violations: Vec::new(),
             mirror_ranks: HashMap::new(),
@@ -178,6 +185,16 @@ impl World {
             .insert(holder.claim_uid.clone(), (lease_uid, token));
         let secs = written.spec.lease_duration_seconds as u64;
         let now = self.now;
+        let first_grant = !self.grants.contains_key(&holder.claim_uid);
+        if let Some(sent) = self.written.get(&holder.claim_uid).copied()
+            && first_grant
+            && now < sent + Duration::from_secs(secs) / 3
+        {
+            self.beliefs
+                .entry(holder.claim_uid.clone())
+                .or_default()
+                .last_counted = Some(sent);
+        }
         self.grants
             .entry(holder.claim_uid.clone())
             .and_modify(|g| *g = None)
@@ -252,6 +269,36 @@ impl World {
         let c = c.clone();
         self.renewals.insert(renew_time, now);
         self.count_renewal(&c, secs);
+        self.broadcast(Change::Claim(c, false));
+    }
+
+    /// The `i`th claim's client, still waiting, writes its claim early (a `renewTime`
+    /// naming no token: it has seen no grant); sent now, landing now. Its response
+    /// vouches for a grant that follows within a third of the duration, unless it
+    /// shows the claim ended.
+    pub(super) fn early_write(&mut self, i: usize) {
+        let Some(name) = self.claims.keys().nth(i).cloned() else {
+            return;
+        };
+        let uid = self.claims[&name].metadata.uid.clone().unwrap_or_default();
+        if self.grants.contains_key(&uid) {
+            return;
+        }
+        let (now, rv) = (self.now, self.bump());
+        let c = self.claims.get_mut(&name).unwrap();
+        let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
+        c.spec.renew_time = Some(MicroTime(renew_time));
+        c.metadata.resource_version = Some(rv.to_string());
+        let c = c.clone();
+        self.renewals.insert(renew_time, now);
+        let ended = c
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p.is_final());
+        if !ended {
+            self.written.insert(uid, now);
+        }
         self.broadcast(Change::Claim(c, false));
     }
 

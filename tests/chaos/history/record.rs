@@ -72,8 +72,10 @@ pub enum Event {
         t_ns: u64,
         within_ns: u64,
     },
-    /// One renewal request of a worker (a PATCH of its claim), with its send time and
-    /// what came back: the HTTP status (0: no response) and the claim's phase in it.
+    /// One renewal request of a worker (a PATCH of its claim, before its grant too: an
+    /// early confirmation; or the claim's create, which vouches for a grant the same
+    /// way), with its send time and what came back: the HTTP status (0: no response)
+    /// and the claim's phase in it.
     Renewal {
         worker: String,
         claim: String,

@@ -191,6 +191,12 @@ impl Fixture {
                 journal.clone(),
                 "before its holder's deadline",
             ),
+            (
+                "grant ended within the deadline of a write that showed no phase (a create)",
+                self.with(vec![renewal("ua", 15, 201, "")]),
+                journal.clone(),
+                "before its holder's deadline",
+            ),
         ]
     }
 
