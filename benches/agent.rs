@@ -1,17 +1,30 @@
-//! What `palisade agent` costs over the client library it wraps, side by side in one
+//! What `palisade agent` costs over the client library it wraps, and what the
+//! library's release handover takes on each kind of connection, side by side in one
 //! run on the local control plane (`make bench`):
 //!
-//! - Release handover: from the holder's release (the library's `Grant::release`
-//!   called; the agent's `DELETE .../leases/{ns}/{name}` sent) to the waiter
-//!   learning of its grant (the library's `acquire` returning; the agent's
-//!   long-polling `GET ...?waitMs=` answering `held`). The agent's holder and waiter
-//!   are two agents, as two pods are; one Lease, one handover at a time.
+//! - Release handover through three paths: the README's client
+//!   (`LeaseClient::from_config`: PINGed HTTP/2 connections of its own, watches of 5
+//!   minutes), the library on a caller's `kube::Client` (`LeaseClient::new`: watches
+//!   of 5 s), and the agent (two agents, as two pods are). From the holder's release
+//!   (`Grant::release` called; the agent's `DELETE .../leases/{ns}/{name}` sent) to
+//!   the waiter learning of its grant (`acquire` returning; the agent's long-polling
+//!   `GET ...?waitMs=` answering `held`); each path on a Lease of its own, one
+//!   handover at a time. The three are here, not in `benches/handover.rs`, because
+//!   only an A/B in one process, interleaved round by round (the first path of a
+//!   round rotating), compares them: run minutes apart, in separate benches, their
+//!   difference was smaller than the noise between the runs. `--rounds` each, cut
+//!   into `--blocks` blocks; each path's p50 and p99 come with the spread of its
+//!   blocks' p50s and p99s (lowest to highest), so that a reader can tell a change
+//!   from noise. Beside them, per round, one serial API write (a merge patch of a
+//!   LeaseClaim's `spec.renewTime` naming a token: exactly what a renewal sends) on
+//!   the README client's connections and on the caller's client's: what one write
+//!   on the same connections takes, at the same time.
 //! - Holding `--leases` Leases (15 s duration) for `--steady` seconds: the agent's
 //!   resident memory and CPU time, and the API server's count of requests to
 //!   palisade's resources per held grant, against the library holding as many.
 //!
 //! A program that prints figures, not a test: `cargo bench --bench agent -- [--rounds
-//! N] [--leases N] [--steady S] [--out DIR]`; writes `DIR/palisade-agent.json` in the
+//! N] [--blocks N] [--leases N] [--steady S] [--out DIR]`; writes `DIR/palisade-agent.json` in the
 //! schema of `benches/common/schema.rs`. `make test` runs a smoke version.
 
 use support::agent_http;
@@ -21,10 +34,14 @@ mod cluster;
 #[allow(dead_code)]
 mod schema;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use palisade::client::{AcquireOptions, Grant, LeaseClient, PodBinding};
+use palisade::crd::{LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use serde_json::json;
 
 use schema::{Figure, Latency, Source};
@@ -34,9 +51,12 @@ const STEADY_LEASE_SECS: i64 = 15;
 
 #[derive(clap::Parser)]
 struct Args {
-    /// Release handovers, through the library and through the agent each.
+    /// Release handovers through each of the three paths.
     #[arg(long, default_value_t = 200)]
     rounds: usize,
+    /// Blocks the rounds are cut into, for the spread of the block figures (at least 1).
+    #[arg(long, default_value_t = 4)]
+    blocks: usize,
     /// Leases held at steady state.
     #[arg(long, default_value_t = 10)]
     leases: usize,
@@ -56,7 +76,12 @@ struct Agent {
 }
 
 impl Agent {
-    async fn start(kubeconfig: &Path, ns: &str, dir: &Path, name: &str) -> Agent {
+    async fn start(
+        kubeconfig: &std::path::Path,
+        ns: &str,
+        dir: &std::path::Path,
+        name: &str,
+    ) -> Agent {
         let socket = dir.join(format!("{name}.sock"));
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
             .args([
@@ -134,80 +159,281 @@ fn options(identity: &str) -> AcquireOptions {
     }
 }
 
-async fn library_release(leases: &LeaseClient, rounds: usize) -> Vec<f64> {
-    leases
-        .ensure_lease("library-release", STEADY_LEASE_SECS)
-        .await
-        .unwrap();
-    let mut holder = leases
-        .acquire("library-release", options("lib-0"))
-        .await
-        .unwrap();
-    let mut samples = Vec::new();
-    for i in 1..=rounds {
-        let l = leases.clone();
-        let waiter = tokio::spawn(async move {
-            l.acquire("library-release", options(&format!("lib-{i}")))
-                .await
-        });
-        cluster::wait_waiting(leases, "library-release", 1).await;
-        let let_go = Instant::now();
-        holder.release().await.unwrap();
-        holder = waiter.await.unwrap().unwrap();
-        samples.push(let_go.elapsed().as_secs_f64() * 1e3);
-    }
-    holder.release().await.unwrap();
-    samples
+/// One release-handover path of the A/B: the holder it hands over from, on one Lease.
+enum HandoverPath<'a> {
+    /// The client library, through the `LeaseClient` given.
+    Library {
+        leases: LeaseClient,
+        lease: &'static str,
+        holder: Option<Grant>,
+        round: usize,
+    },
+    /// Two agents, as two pods are, handing one Lease back and forth.
+    Agent {
+        leases: LeaseClient,
+        agents: [&'a Agent; 2],
+        sessions: [String; 2],
+        ns: String,
+        round: usize,
+    },
 }
 
-async fn agent_release(
-    leases: &LeaseClient,
+const AGENT_LEASE: &str = "agent-release";
+
+impl<'a> HandoverPath<'a> {
+    async fn library(leases: LeaseClient, lease: &'static str) -> HandoverPath<'a> {
+        leases.ensure_lease(lease, STEADY_LEASE_SECS).await.unwrap();
+        let holder = leases
+            .acquire(lease, options(&format!("{lease}-0")))
+            .await
+            .unwrap();
+        HandoverPath::Library {
+            leases,
+            lease,
+            holder: Some(holder),
+            round: 0,
+        }
+    }
+
+    async fn agent(leases: LeaseClient, agents: [&'a Agent; 2], ns: &str) -> HandoverPath<'a> {
+        let sessions = [agents[0].session().await, agents[1].session().await];
+        assert_eq!(
+            agents[0].acquire(&sessions[0], AGENT_LEASE, 10_000).await["state"],
+            "held"
+        );
+        HandoverPath::Agent {
+            leases,
+            agents,
+            sessions,
+            ns: ns.to_string(),
+            round: 0,
+        }
+    }
+
+    /// One release handover, ms.
+    async fn handover(&mut self) -> f64 {
+        match self {
+            HandoverPath::Library {
+                leases,
+                lease,
+                holder,
+                round,
+            } => {
+                *round += 1;
+                let (l, lease) = (leases.clone(), *lease);
+                let identity = format!("{lease}-{round}");
+                let waiter =
+                    tokio::spawn(async move { l.acquire(lease, options(&identity)).await });
+                cluster::wait_waiting(leases, lease, 1).await;
+                let let_go = Instant::now();
+                holder.take().unwrap().release().await.unwrap();
+                *holder = Some(waiter.await.unwrap().unwrap());
+                let_go.elapsed().as_secs_f64() * 1e3
+            }
+            HandoverPath::Agent {
+                leases,
+                agents,
+                sessions,
+                ns,
+                round,
+            } => {
+                let (holder, waiter) = (*round % 2, (*round + 1) % 2);
+                *round += 1;
+                let grant_path =
+                    |i: usize| format!("/v1/sessions/{}/leases/{ns}/{AGENT_LEASE}", sessions[i]);
+                assert_eq!(
+                    agents[waiter]
+                        .acquire(&sessions[waiter], AGENT_LEASE, 0)
+                        .await["state"],
+                    "waiting"
+                );
+                cluster::wait_waiting(leases, AGENT_LEASE, 1).await;
+                // The waiter's long poll is in flight before the release.
+                let socket = agents[waiter].socket.clone();
+                let poll = format!("{}?waitMs=30000", grant_path(waiter));
+                let granted = tokio::spawn(async move {
+                    let answer = agent_http::call(&socket, "GET", &poll, None).await.1;
+                    (Instant::now(), answer)
+                });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let let_go = Instant::now();
+                let (status, released) =
+                    agent_http::call(&agents[holder].socket, "DELETE", &grant_path(holder), None)
+                        .await;
+                assert_eq!(status, 200, "{released}");
+                let (at, answer) = granted.await.unwrap();
+                assert_eq!(answer["state"], "held", "{answer}");
+                (at - let_go).as_secs_f64() * 1e3
+            }
+        }
+    }
+
+    async fn finish(self) {
+        match self {
+            HandoverPath::Library { holder, .. } => holder.unwrap().release().await.unwrap(),
+            HandoverPath::Agent {
+                agents, sessions, ..
+            } => {
+                for (agent, session) in agents.iter().zip(&sessions) {
+                    let path = format!("/v1/sessions/{session}");
+                    agent_http::call(&agent.socket, "DELETE", &path, None).await;
+                }
+            }
+        }
+    }
+}
+
+/// One serial API write, exactly what a renewal sends (a merge patch of a claim's
+/// `spec.renewTime` naming a token), on the connections of `claims`, ms.
+async fn serial_write(claims: &Api<LeaseClaim>, claim: &str) -> f64 {
+    let renewal = json!({
+        "metadata": {"annotations": {RENEWED_TOKEN_ANNOTATION: "1"}},
+        "spec": {"renewTime": MicroTime(Timestamp::now())},
+    });
+    let sent = Instant::now();
+    claims
+        .patch(claim, &PatchParams::default(), &Patch::Merge(&renewal))
+        .await
+        .unwrap();
+    sent.elapsed().as_secs_f64() * 1e3
+}
+
+/// The A/B's configs, in the order of its rows.
+const PATHS: [&str; 3] = ["readme-client", "library", "agent"];
+/// What each path's samples start and end with.
+const PATH_NOTES: [&str; 3] = [
+    "Grant::release called -> the waiter's acquire returns, both on a LeaseClient::from_config \
+     (the README's client: PINGed HTTP/2 connections of its own, watches of 5 minutes)",
+    "Grant::release called -> the waiter's acquire returns, both on LeaseClient::new over the \
+     caller's kube::Client (watches of 5 s)",
+    "DELETE of the grant sent to the holder's agent -> the waiter's long poll (GET ?waitMs) on \
+     its own agent answers held",
+];
+
+/// Per path, its samples by block; and per connection set (README client, caller's
+/// client), the serial writes' samples.
+struct AbResult {
+    release: [Vec<Vec<f64>>; 3],
+    writes: [Vec<f64>; 2],
+}
+
+/// The release A/B: the three paths interleaved round by round (the first path of a
+/// round rotates, so no path always follows another), `rounds` each in `blocks`
+/// blocks; one serial write on each library path's connections per round.
+async fn release_ab(
+    readme: LeaseClient,
+    library: LeaseClient,
     agents: [&Agent; 2],
     ns: &str,
-    rounds: usize,
-) -> Vec<f64> {
-    const LEASE: &str = "agent-release";
-    let sessions = [agents[0].session().await, agents[1].session().await];
-    let grant_path = |i: usize| format!("/v1/sessions/{}/leases/{ns}/{LEASE}", sessions[i]);
-    assert_eq!(
-        agents[0].acquire(&sessions[0], LEASE, 10_000).await["state"],
-        "held"
-    );
-    let mut samples = Vec::new();
-    for round in 0..rounds {
-        let (holder, waiter) = (round % 2, (round + 1) % 2);
-        assert_eq!(
-            agents[waiter].acquire(&sessions[waiter], LEASE, 0).await["state"],
-            "waiting"
-        );
-        cluster::wait_waiting(leases, LEASE, 1).await;
-        // The waiter's long poll is in flight before the release.
-        let socket = agents[waiter].socket.clone();
-        let poll = format!("{}?waitMs=30000", grant_path(waiter));
-        let granted = tokio::spawn(async move {
-            let answer = agent_http::call(&socket, "GET", &poll, None).await.1;
-            (Instant::now(), answer)
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let let_go = Instant::now();
-        let (status, released) =
-            agent_http::call(&agents[holder].socket, "DELETE", &grant_path(holder), None).await;
-        assert_eq!(status, 200, "{released}");
-        let (at, answer) = granted.await.unwrap();
-        assert_eq!(answer["state"], "held", "{answer}");
-        samples.push((at - let_go).as_secs_f64() * 1e3);
+    (rounds, blocks): (usize, usize),
+) -> AbResult {
+    let probe = "write-probe";
+    library.ensure_lease(probe, 3600).await.unwrap();
+    let claim: LeaseClaim = serde_json::from_value(json!({
+        "apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
+        "metadata": {"name": probe},
+        "spec": {"leaseName": probe, "holderIdentity": probe}
+    }))
+    .unwrap();
+    library
+        .claims()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let probes = [readme.claims().clone(), library.claims().clone()];
+    let mut paths = [
+        HandoverPath::library(readme.clone(), "readme-release").await,
+        HandoverPath::library(library.clone(), "library-release").await,
+        HandoverPath::agent(library.clone(), agents, ns).await,
+    ];
+    let mut out = AbResult {
+        release: Default::default(),
+        writes: Default::default(),
+    };
+    for block in 0..blocks {
+        let n = rounds / blocks + usize::from(block < rounds % blocks);
+        let mut samples: [Vec<f64>; 3] = Default::default();
+        for round in 0..n {
+            for k in 0..3 {
+                let i = (round + k) % 3;
+                samples[i].push(paths[i].handover().await);
+            }
+            for k in 0..2 {
+                let i = (round + k) % 2;
+                out.writes[i].push(serial_write(&probes[i], probe).await);
+            }
+        }
+        for (all, s) in out.release.iter_mut().zip(samples) {
+            all.push(s);
+        }
     }
-    for (agent, session) in agents.iter().zip(&sessions) {
-        agent_http::call(
-            &agent.socket,
-            "DELETE",
-            &format!("/v1/sessions/{session}"),
-            None,
-        )
+    for p in paths {
+        p.finish().await;
+    }
+    let _ = library
+        .claims()
+        .delete(probe, &DeleteParams::default())
         .await;
-    }
-    samples
+    out
 }
+
+/// p50 and p99 (nearest rank) of some samples.
+fn p50_p99(samples: &[f64]) -> (f64, f64) {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    (
+        schema::nearest_rank(&s, 0.5),
+        schema::nearest_rank(&s, 0.99),
+    )
+}
+
+/// The path's latency entry and the spread of its blocks' p50s and p99s.
+fn ab_entries(config: &str, note: &str, blocks: &[Vec<f64>]) -> (Latency, Vec<Figure>) {
+    let per_block: Vec<(f64, f64)> = blocks.iter().map(|b| p50_p99(b)).collect();
+    let range = |f: fn(&(f64, f64)) -> f64| {
+        let v: Vec<f64> = per_block.iter().map(f).collect();
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    };
+    let (p50s, p99s) = (range(|b| b.0), range(|b| b.1));
+    let all: Vec<f64> = blocks.concat();
+    let spread = format!(
+        "{} blocks of {}: block p50s {:.1} to {:.1} ms, block p99s {:.1} to {:.1} ms",
+        blocks.len(),
+        blocks.first().map_or(0, Vec::len),
+        p50s.0,
+        p50s.1,
+        p99s.0,
+        p99s.1
+    );
+    let latency = Latency::of(
+        "palisade-agent",
+        config,
+        "release",
+        all,
+        &format!("{note}; {AB_NOTE}; {spread}"),
+    );
+    let fig = |name: &str, value: f64, what: &str| Figure {
+        system: "palisade-agent".into(),
+        config: config.into(),
+        name: name.into(),
+        value,
+        unit: "ms".into(),
+        note: format!("release handover, {what} of the block figures ({spread})"),
+    };
+    let figures = vec![
+        fig("release_block_p50_min", p50s.0, "the lowest p50"),
+        fig("release_block_p50_max", p50s.1, "the highest p50"),
+        fig("release_block_p99_min", p99s.0, "the lowest p99"),
+        fig("release_block_p99_max", p99s.1, "the highest p99"),
+    ];
+    (latency, figures)
+}
+
+const AB_NOTE: &str = "one handover at a time, each path on a Lease of its own; the three \
+     paths interleaved round by round in one process (the first of a round rotating), the \
+     controller and the API server the same";
 
 /// Requests/s to palisade's resources the API server counted over `window`.
 async fn request_rate(client: &kube::Client, window: f64) -> f64 {
@@ -248,10 +474,13 @@ fn figure(name: &str, value: f64, unit: &str, note: String) -> Figure {
 async fn main() {
     let args = <Args as clap::Parser>::parse();
     assert!(
-        args.rounds <= 10_000 && args.leases <= 1_000 && (0.0..=600.0).contains(&args.steady),
+        args.rounds <= 10_000
+            && (1..=args.rounds.max(1)).contains(&args.blocks)
+            && args.leases <= 1_000
+            && (0.0..=600.0).contains(&args.steady),
         "arguments out of range"
     );
-    let (kubeconfig, _, client) = cluster::connect().await;
+    let (kubeconfig, config, client) = cluster::connect().await;
     let ns = format!("bench-agent-{}", std::process::id());
     cluster::create_namespace(&client, &ns).await;
     let (mut controller, _) = cluster::start_controller(&kubeconfig, &ns).await;
@@ -264,16 +493,19 @@ async fn main() {
     let started = Instant::now();
 
     eprintln!(
-        "palisade-agent: {} release handovers each, library and agent, alternating in blocks",
-        args.rounds
+        "palisade-agent: {} release handovers each through the README's client, the library \
+         on the caller's client and the agent, interleaved round by round in {} blocks",
+        args.rounds, args.blocks
     );
-    let (mut library, mut agent) = (Vec::new(), Vec::new());
-    // Alternating blocks, so that neither side gets the quieter minutes.
-    for block in 0..4 {
-        let n = args.rounds / 4 + usize::from(block < args.rounds % 4);
-        library.extend(library_release(&leases, n).await);
-        agent.extend(agent_release(&leases, [&agents[0], &agents[1]], &ns, n).await);
-    }
+    let readme = LeaseClient::from_config(config.clone(), Some(&ns)).expect("a LeaseClient");
+    let ab = release_ab(
+        readme,
+        leases.clone(),
+        [&agents[0], &agents[1]],
+        &ns,
+        (args.rounds, args.blocks),
+    )
+    .await;
 
     eprintln!(
         "palisade-agent: {} Leases held {} s through the agent, then through the library",
@@ -331,26 +563,33 @@ async fn main() {
     let _ = controller.start_kill();
     cluster::delete_namespace(&client, &ns).await;
 
-    let note = "one Lease, one handover at a time; alternating blocks of library and agent rounds";
-    let latency = vec![
-        Latency::of(
-            "palisade-agent",
-            "library",
-            "release",
-            library,
-            &format!("Grant::release called -> the waiter's acquire returns; {note}"),
-        ),
-        Latency::of(
-            "palisade-agent",
-            "agent",
-            "release",
-            agent,
-            &format!(
-                "DELETE of the grant sent to the holder's agent -> the waiter's long poll (GET ?waitMs) on its own agent answers held; {note}"
-            ),
-        ),
-    ];
-    let figures = vec![
+    let mut latency = Vec::new();
+    let mut ab_figures = Vec::new();
+    for ((config, note), blocks) in PATHS.iter().zip(PATH_NOTES).zip(&ab.release) {
+        let (l, f) = ab_entries(config, note, blocks);
+        latency.push(l);
+        ab_figures.extend(f);
+    }
+    for (config, writes) in PATHS.iter().zip(&ab.writes) {
+        let (p50, p99) = p50_p99(writes);
+        let note = format!(
+            "one serial API write, a merge patch of a LeaseClaim's spec.renewTime naming a token \
+             (what a renewal sends), on the {config} path's connections, one per round of the \
+             release A/B, interleaved with it; n = {}",
+            writes.len()
+        );
+        for (name, value) in [("serial_write_p50", p50), ("serial_write_p99", p99)] {
+            ab_figures.push(Figure {
+                system: "palisade-agent".into(),
+                config: (*config).into(),
+                name: name.into(),
+                value,
+                unit: "ms".into(),
+                note: note.clone(),
+            });
+        }
+    }
+    let mut figures = vec![
         figure(
             "rss_bytes_holding_leases",
             rss,
@@ -388,6 +627,7 @@ async fn main() {
             ),
         ),
     ];
+    figures.extend(ab_figures);
     let source = Source {
         source: "palisade-agent".into(),
         versions: schema::palisade_versions(None),
@@ -396,6 +636,7 @@ async fn main() {
         parameters: schema::parameters(
             vec![
                 ("rounds", json!(args.rounds)),
+                ("blocks", json!(args.blocks)),
                 ("leases", json!(args.leases)),
                 ("steady_seconds", json!(args.steady)),
             ],
