@@ -27,11 +27,14 @@
 //!   third of `leaseDurationSeconds`, and the grant is given up on this process's
 //!   own clock (`CLOCK_BOOTTIME`, `src/client/clock.rs`) before the controller can
 //!   hand the lease on: the rule and its proof are DESIGN.md, "Client deadlines".
-//!   [`LeaseClient::acquire`] returns a grant only once a first renewal, sent as soon
-//!   as the grant is seen, has counted: a watch that resumed late may replay a grant
-//!   the controller has already ended, and only a response from the API server
-//!   now tells. That renewal must count within a third of a duration of seeing the
-//!   grant, or the acquire fails.
+//!   [`LeaseClient::acquire`] returns a grant believed from a write of the claim's own
+//!   whose response showed it not ended: its create, or the early confirmation the
+//!   head of the queue sends as soon as it sees the holder let go or fall silent
+//!   (`head`), when the grant is seen within a third of a duration of that write's
+//!   send; otherwise only once a first renewal, sent as soon as the grant is seen,
+//!   has counted (a watch that resumed late may replay a grant the controller has
+//!   already ended, and only a response from the API server now tells). That renewal
+//!   must count within a third of a duration of seeing the grant, or the acquire fails.
 //! - A claim is never left behind by this process: acquiring arms a guard that
 //!   deletes the claim if the acquire fails, times out or is cancelled (its future
 //!   dropped, even while the create request is in flight), and a [`Grant`] deletes
@@ -47,6 +50,10 @@
 //!
 //! - **`CLOCK_BOOTTIME`** (a `timerfd`, `clock`): it keeps counting while the machine
 //!   is suspended, where `CLOCK_MONOTONIC` stops.
+//! - **The write before the grant** (`head`, module docs): the controller's clock for
+//!   a grant starts after it, so it anchors the deadline as safely as a renewal; used
+//!   only within a third of a duration, so no expiry can have come since. It takes
+//!   the confirmation's write off the handover's critical path.
 //! - **The first renewal.** A waiter's watch that resumed after a silent death may
 //!   replay "granted to X" when the controller has already ended X's grant and
 //!   granted Y, and only a response from the API server tells (the ended grant's
