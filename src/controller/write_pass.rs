@@ -11,7 +11,9 @@
 //! so no grant ends on the index alone. Before it writes anything, the pass confirms
 //! what the decision relies on with quorum reads (a GET without a resourceVersion is
 //! served from etcd): `Released` that the holder's claim is gone, being deleted or
-//! re-created; `PodGone` (holder or pending claim) that the pod is missing, being
+//! re-created (unless a watch event showed its deletion or its deletion mark, which
+//! are final for that UID whichever cache served them; a claim left out of a relist
+//! is read); `PodGone` (holder or pending claim) that the pod is missing, being
 //! deleted, replaced or terminal; `LeaseDeleted` that no Lease of that name exists;
 //! `Superseded` without a Lease write that the Lease still has the resourceVersion
 //! decided from. For `Expired` (of a holder whose claim shows no renewal of the

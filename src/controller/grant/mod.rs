@@ -88,7 +88,8 @@ pub struct ClaimUpdate {
 /// resourceVersion) before it writes anything, and writes nothing if one fails.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Check {
-    /// `Released`: the claim is gone, being deleted, or re-created under another UID.
+    /// `Released`, when a relist left the claim out (a lagging cache may have): the
+    /// claim is gone, being deleted, or re-created under another UID.
     ClaimGone { name: String, uid: String },
     /// `PodGone`: the pod is missing, being deleted, replaced (another UID) or terminal.
     PodGone { name: String, uid: Option<String> },
@@ -248,12 +249,16 @@ fn holder_ending(
         name: h.claim.clone(),
         uid: h.claim_uid.clone(),
     };
+    // A deletion seen as such (a watch event, a deletion mark) is final for that UID,
+    // whichever cache showed it; an absence after a relist may be a lagging cache's
+    // view, which a quorum read confirms.
     let Some(c) = claims.iter().find(|c| c.claim.uid == h.claim_uid) else {
-        decision.check(released);
+        if !view.holder_deleted {
+            decision.check(released);
+        }
         return Some(Ending::Released);
     };
     if c.claim.deleting {
-        decision.check(released);
         return Some(Ending::Released);
     }
     match &c.pod_problem {

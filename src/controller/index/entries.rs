@@ -151,6 +151,9 @@ pub(super) struct LeaseEntry {
     pub(super) claims: Vec<Box<ClaimEntry>>,
     /// The holder's claim UID and when the index first saw it hold the lease.
     pub(super) holder_since: Option<(String, Instant)>,
+    /// A watch event said that claim was deleted: a fact (a UID never comes back),
+    /// where its absence after a relist is only what one cache showed.
+    pub(super) holder_deleted: bool,
     /// Claims that held a Lease object of this name that is gone (deleted, or
     /// replaced by a re-created one): revoked even if their `Granted` mirror never
     /// landed, and never granted by a later Lease of the name.
@@ -198,6 +201,7 @@ impl LeaseEntry {
         }
         self.lease = None;
         self.holder_since = None;
+        self.holder_deleted = false;
         self.expiry_confirmed = None;
     }
 

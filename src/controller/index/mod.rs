@@ -60,6 +60,8 @@ pub struct LeaseView<'a> {
     pub expiry_confirmed: bool,
     /// When a claim whose pod has not been seen yet stops waiting for it.
     pub pod_recheck: Option<Instant>,
+    /// A watch event said the holder's claim was deleted (not a relist leaving it out).
+    pub holder_deleted: bool,
     /// UIDs of claims that held a Lease object of this name that is gone.
     pub deleted_holders: &'a [String],
     /// UIDs of claims whose expiry this controller wrote without marking them first.
@@ -245,6 +247,8 @@ impl Index {
             .as_ref()
             .and_then(|s| s.holder.as_ref())
             .map(|h| h.claim_uid.clone());
+        let same_holder = matches!((&holder_uid, &entry.holder_since), (Some(uid), Some((seen, _))) if seen == uid);
+        entry.holder_deleted &= same_holder;
         entry.holder_since = match (holder_uid, entry.holder_since.take()) {
             (Some(uid), Some((seen, since))) if seen == uid => Some((seen, since)),
             (Some(uid), _) => Some((uid, now)),
@@ -354,6 +358,14 @@ impl Index {
             .map(|c| c.uid.clone());
         if held_uid.is_some() && held_uid != claim.metadata.uid {
             return Vec::new();
+        }
+        if let Some(entry) = self
+            .claim_lease
+            .get(&(namespace.clone(), name.clone()))
+            .and_then(|key| self.leases.get_mut(key))
+            && entry.holder_since.as_ref().map(|(uid, _)| uid) == claim.metadata.uid.as_ref()
+        {
+            entry.holder_deleted = true;
         }
         self.remove_claim(&namespace, &name)
     }
@@ -561,6 +573,7 @@ impl Index {
                 .map(|(alive, duration)| alive + duration * 5 / 6),
             expiry_confirmed,
             pod_recheck,
+            holder_deleted: entry.holder_deleted,
             deleted_holders: &entry.deleted_holders,
             expired_holders: &entry.expired_holders,
         })

@@ -374,6 +374,38 @@ fn a_write_before_the_grant_vouches_for_it_and_nothing_expires_it_early() {
     assert_eq!(holder_and_phase(&world, "c001").0, Some("c001".into()));
 }
 
+/// A release the controller learns of from the claim's DELETED event is a fact: it
+/// hands the Lease on without reading the claim again. Learned from a relist that
+/// leaves the claim out (which a lagging cache could serve), it reads first.
+#[test]
+fn a_release_seen_as_a_delete_event_is_handed_on_without_a_read() {
+    let mut released = granted_and_renewed_once();
+    released.push(Op::DeleteClaim(0));
+    let before = run_ops(released.clone()).unwrap().claim_reads;
+    let handed_on = |world: &World| {
+        let holder = world
+            .lease
+            .as_ref()
+            .and_then(|l| l.status.as_ref()?.holder.clone());
+        holder.map(|h| h.claim)
+    };
+
+    let mut deleted = released.clone();
+    deleted.extend([Op::Sync(0), Op::Finish(0)]);
+    let world = run_ops(deleted).unwrap();
+    assert_eq!(handed_on(&world), Some("c001".to_string()));
+    assert_eq!(
+        world.claim_reads, before,
+        "a quorum read before the handover"
+    );
+
+    let mut relisted = released;
+    relisted.extend([Op::Relist(0), Op::Finish(0)]);
+    let world = run_ops(relisted).unwrap();
+    assert_eq!(handed_on(&world), Some("c001".to_string()));
+    assert_eq!(world.claim_reads, before + 1, "no read after a relist");
+}
+
 async fn run_model(ops: Vec<Op>) -> Result<Model, TestCaseError> {
     let start = clock();
     let model = Model(Arc::new(Mutex::new(World::new(start))), 0);

@@ -52,6 +52,8 @@ pub(super) struct World {
     /// read a controller makes: a renewal racing a pass between its quorum read and
     /// its Lease write.
     pub(super) renew_after_read: Option<usize>,
+    /// How many claim reads (quorum reads) the controllers made.
+    pub(super) claim_reads: usize,
     /// What the server saw go wrong (checked after every step).
     pub(super) violations: Vec<String>,
     /// Per controller and claim uid: how far along its lifecycle the last status that
@@ -130,6 +132,7 @@ impl World {
             beliefs: HashMap::new(),
             written: HashMap::new(),
             renew_after_read: None,
+            claim_reads: 0,
             violations: Vec::new(),
             mirror_ranks: HashMap::new(),
             deleted_claims: HashSet::new(),
@@ -410,6 +413,7 @@ impl ApiServer for Model {
         name: &str,
     ) -> controller::Result<Option<LeaseClaim>> {
         let mut world = self.0.lock().unwrap();
+        world.claim_reads += 1;
         let read = world.claims.get(name).cloned();
         if let Some(i) = world.renew_after_read.take() {
             world.renew(i);
