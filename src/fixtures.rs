@@ -194,6 +194,15 @@ impl ClaimBuilder {
         self
     }
 
+    /// `spec.pod` with the pod's UID too, as the client library binds a claim.
+    pub fn pod_with_uid(mut self, name: &str, uid: &str) -> Self {
+        self.0.spec.pod = Some(PodRef {
+            name: name.into(),
+            uid: Some(uid.into()),
+        });
+        self
+    }
+
     /// `status.phase`; None leaves the claim without a phase (and, if it has no status
     /// yet, without a status).
     pub fn phase(mut self, phase: impl Into<Option<ClaimPhase>>) -> Self {

@@ -169,8 +169,12 @@ fn ended(c: &ClaimView<'_>, how: &Ending, wall: Timestamp) -> LeaseClaimStatus {
 }
 
 /// A decision that ends a grant because the claim's pod is gone has the writer
-/// confirm it (when the claim names a pod).
+/// confirm it (when the claim names a pod), unless the index knows it final for
+/// that pod (`index::pods`).
 pub(super) fn check_pod_gone(decision: &mut Decision, c: &ClaimView<'_>) {
+    if c.pod_gone_for_certain {
+        return;
+    }
     if let Some(pod) = &c.claim.pod {
         decision.check(Check::PodGone {
             name: pod.name.clone(),

@@ -126,6 +126,24 @@ impl PodEntry {
         }
     }
 
+    /// A deleted pod's tombstone (`pods`): gone as a deletion mark says.
+    pub(crate) fn deleted(pod: &Pod) -> Self {
+        PodEntry {
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            terminal_phase: None,
+            deleting: true,
+        }
+    }
+
+    pub(crate) fn is_deleting(&self) -> bool {
+        self.deleting
+    }
+
+    /// Deleted, being deleted or terminal, and the pod with `uid`: nothing undoes that.
+    pub(crate) fn is_final_for(&self, uid: Option<&str>) -> bool {
+        (self.deleting || self.terminal_phase.is_some()) && uid == Some(self.uid.as_str())
+    }
+
     /// "Pod gone" (module docs) for a pod that exists: why it no longer backs
     /// a claim that names it (with `uid`, when the claim gave one), or None. The
     /// index's view and the write pass's quorum check both ask this.

@@ -23,6 +23,7 @@ use crate::token::resource_version_newer;
 
 mod entries;
 mod holder;
+mod pods;
 #[cfg(test)]
 mod tests;
 mod watched;
@@ -39,6 +40,8 @@ pub use watched::Watched;
 pub struct ClaimView<'a> {
     pub claim: &'a ClaimEntry,
     pub pod_problem: Option<PodProblem>,
+    /// The problem is final for the claim's pod (`pods`): no quorum read needed.
+    pub pod_gone_for_certain: bool,
 }
 
 /// Everything the grant decision needs about one Lease name.
@@ -201,13 +204,6 @@ impl Index {
             .claim_lease
             .get(&(namespace.to_string(), name.to_string()))?;
         Some(self.leases.get(key)?.claim(name)?.uid.as_str())
-    }
-
-    /// The UID of the pod of that name the index holds.
-    pub fn pod_uid(&self, namespace: &str, name: &str) -> Option<&str> {
-        self.pods
-            .get(&(namespace.to_string(), name.to_string()))
-            .map(|p| p.uid.as_str())
     }
 
     /// Applies a Lease; an object older than the one held (by resourceVersion) is ignored,
@@ -386,41 +382,12 @@ impl Index {
                 .claims
                 .iter()
                 .any(|c| c.pod.as_ref().map(|p| &p.name) == Some(&pod_key.1));
-            if !still_named && let Some(set) = self.pod_leases.get_mut(&pod_key) {
-                set.remove(&key);
-                if set.is_empty() {
-                    self.pod_leases.remove(&pod_key);
-                }
+            if !still_named {
+                self.unname_pod(&pod_key, &key);
             }
         }
         self.forget_if_empty(&key);
         vec![key]
-    }
-
-    pub fn apply_pod(&mut self, pod: &Pod) -> Vec<LeaseKey> {
-        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let new = PodEntry::of(pod);
-        if self.pods.get(&key) == Some(&new) {
-            return Vec::new();
-        }
-        self.pods.insert(key.clone(), new);
-        self.leases_of_pod(&key)
-    }
-
-    pub fn delete_pod(&mut self, pod: &Pod) -> Vec<LeaseKey> {
-        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-        if self.pods.get(&key).map(|p| &p.uid) != pod.metadata.uid.as_ref() {
-            return Vec::new();
-        }
-        self.pods.remove(&key);
-        self.leases_of_pod(&key)
-    }
-
-    fn leases_of_pod(&self, pod: &(String, String)) -> Vec<LeaseKey> {
-        self.pod_leases
-            .get(pod)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
     }
 
     /// After a watch (re)list, whose objects were applied as they came: forgets the
@@ -451,22 +418,6 @@ impl Index {
         let mut touched = Vec::new();
         for (ns, name) in gone {
             touched.extend(self.remove_claim(&ns, &name));
-        }
-        touched
-    }
-
-    /// [`Index::retain_leases`] for pods, by (namespace, name).
-    pub fn retain_pods(&mut self, listed: &HashSet<(String, String)>) -> Vec<LeaseKey> {
-        let gone: Vec<(String, String)> = self
-            .pods
-            .keys()
-            .filter(|k| !listed.contains(*k))
-            .cloned()
-            .collect();
-        let mut touched = Vec::new();
-        for key in gone {
-            self.pods.remove(&key);
-            touched.extend(self.leases_of_pod(&key));
         }
         touched
     }
@@ -551,7 +502,11 @@ impl Index {
                 {
                     pod_problem = Some(PodProblem::Gone);
                 }
-                ClaimView { claim, pod_problem }
+                ClaimView {
+                    claim,
+                    pod_problem,
+                    pod_gone_for_certain: self.pod_gone_for_certain(&key.namespace, claim),
+                }
             })
             .collect();
         let pod_recheck = claims
@@ -577,17 +532,5 @@ impl Index {
             deleted_holders: &entry.deleted_holders,
             expired_holders: &entry.expired_holders,
         })
-    }
-
-    fn pod_problem(&self, namespace: &str, claim: &ClaimEntry, now: Instant) -> Option<PodProblem> {
-        let pod_ref = claim.pod.as_ref()?;
-        match self
-            .pods
-            .get(&(namespace.to_string(), pod_ref.name.clone()))
-        {
-            None if now < claim.first_seen + POD_GRACE => Some(PodProblem::NotSeenYet),
-            None => Some(PodProblem::Gone),
-            Some(p) => p.problem(pod_ref.uid.as_deref()),
-        }
     }
 }

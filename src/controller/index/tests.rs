@@ -175,3 +175,41 @@ fn the_queue_counts_follow_the_leases_waiting_counts_without_a_walk() {
     index.apply_lease(recreated, now);
     check(&index, 2, 2);
 }
+
+/// A deleted pod that a claim names is kept as a tombstone, final for its UID (no
+/// quorum read needed), and forgotten with the last claim that names it; a relist
+/// that leaves it out makes it missing again, which is not final.
+#[test]
+fn a_deleted_pod_is_final_while_a_claim_names_it_and_forgotten_after() {
+    let now = Instant::now();
+    let mut index = Index::default();
+    let key = LeaseKey::new("ns", "a");
+    let pod = PodBuilder::new("p").uid("pu").phase("Running").build();
+    let named = ClaimBuilder::new("c", "a")
+        .uid("cu")
+        .pod_with_uid("p", "pu")
+        .build();
+    index.apply_pod(&pod);
+    index.apply_claim(named.clone(), now);
+    let certain = |index: &Index| {
+        let view = index.view(&key, now).unwrap();
+        (
+            view.claims[0].pod_problem.clone(),
+            view.claims[0].pod_gone_for_certain,
+        )
+    };
+    assert_eq!(certain(&index), (None, false));
+    index.delete_pod(&pod);
+    assert_eq!(certain(&index), (Some(PodProblem::Gone), true));
+    index.retain_pods(&HashSet::new());
+    assert!(!certain(&index).1, "final after a relist");
+
+    index.apply_pod(&pod);
+    index.delete_pod(&pod);
+    index.delete_claim(&named);
+    assert_eq!(
+        index.pod_uid("ns", "p"),
+        None,
+        "a tombstone outlived its claims"
+    );
+}

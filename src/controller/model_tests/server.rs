@@ -52,8 +52,9 @@ pub(super) struct World {
     /// read a controller makes: a renewal racing a pass between its quorum read and
     /// its Lease write.
     pub(super) renew_after_read: Option<usize>,
-    /// How many claim reads (quorum reads) the controllers made.
+    /// How many claim and pod reads (quorum reads) the controllers made.
     pub(super) claim_reads: usize,
+    pub(super) pod_reads: usize,
     /// What the server saw go wrong (checked after every step).
     pub(super) violations: Vec<String>,
     /// Per controller and claim uid: how far along its lifecycle the last status that
@@ -133,6 +134,7 @@ impl World {
             written: HashMap::new(),
             renew_after_read: None,
             claim_reads: 0,
+            pod_reads: 0,
             violations: Vec::new(),
             mirror_ranks: HashMap::new(),
             deleted_claims: HashSet::new(),
@@ -422,7 +424,9 @@ impl ApiServer for Model {
     }
 
     async fn get_pod(&self, _namespace: &str, name: &str) -> controller::Result<Option<Pod>> {
-        Ok(self.0.lock().unwrap().pods.get(name).cloned())
+        let mut world = self.0.lock().unwrap();
+        world.pod_reads += 1;
+        Ok(world.pods.get(name).cloned())
     }
 
     async fn replace_lease_status(
