@@ -31,7 +31,8 @@ pub const SCENARIOS: [&str; 3] = ["release", "pod-deletion", "expiry-past-durati
 /// `failover` (from SIGKILL of the leading replica to the new leader's first grant, as
 /// the bench's watch saw it; config `default`/`before`/`tuned`) and
 /// `storm-past-duration` (N holders silent at once: each re-grant past its due
-/// instant, signed; config = N).
+/// instant, /readyz + D, signed; config `N` with bare-claim waiters, the Lease write as
+/// the bench's watch saw it, or `N-library` with library waiters, `acquire` returning).
 pub const OTHER_SCENARIOS: [&str; 2] = ["failover", "storm-past-duration"];
 
 /// The rows of the HA bench (`benches/ha/`, source `ha`), each (scenario, config),
@@ -271,9 +272,9 @@ impl Source {
                     "{at}: an operator failover row needs its config (its timings)"
                 ));
             }
-            if l.scenario == "storm-past-duration" && l.config.parse::<usize>().is_err() {
+            if l.scenario == "storm-past-duration" && storm_size(&l.config).is_none() {
                 out.push(format!(
-                    "{at}: a storm row's config is its number of Leases"
+                    "{at}: a storm row's config is its number of Leases, or that and `-library`"
                 ));
             }
             if l.n == 0 {
@@ -304,6 +305,15 @@ impl Source {
             }
         }
         out
+    }
+}
+
+/// A storm row's number of Leases and whether its waiters were the library's: config
+/// `N` or `N-library`.
+pub fn storm_size(config: &str) -> Option<(usize, bool)> {
+    match config.strip_suffix("-library") {
+        Some(n) => Some((n.parse().ok()?, true)),
+        None => Some((config.parse().ok()?, false)),
     }
 }
 

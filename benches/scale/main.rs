@@ -155,6 +155,9 @@ mod resync;
 mod run;
 mod setup;
 mod storm;
+mod storm_floor;
+mod storm_library;
+mod storm_run;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -189,6 +192,9 @@ use resync::resync;
 use run::*;
 use setup::setup;
 use storm::storm;
+use storm_floor::*;
+use storm_library::*;
+use storm_run::*;
 
 struct Args {
     sizes: Vec<usize>,
@@ -202,6 +208,8 @@ struct Args {
     failover_kills: Option<usize>,
     failover_before_kills: Option<usize>,
     storm_duration: Option<i64>,
+    storm_library_max: usize,
+    storm_library_per_client: usize,
 }
 
 /// Scale of palisade: many Leases on one controller (`make bench`; needs `make cluster`).
@@ -241,6 +249,13 @@ struct Cli {
     /// 6 s per 1,000 Leases and at least 30).
     #[arg(long)]
     storm_duration: Option<i64>,
+    /// The largest size at which the storm runs a second time with library waiters
+    /// (`LeaseClient::acquire`, all in this process).
+    #[arg(long, default_value_t = 1000)]
+    storm_library_max: usize,
+    /// Library waiters per `LeaseClient` in that storm.
+    #[arg(long, default_value_t = 20)]
+    storm_library_per_client: usize,
     /// The palisade binary to run as the controller (default: the one built with this
     /// bench). One without the `--leader-elect-*` flags needs `--failover-at 0`.
     #[arg(long)]
@@ -265,6 +280,8 @@ fn args() -> Args {
         failover_kills: c.failover_kills,
         failover_before_kills: c.failover_before_kills,
         storm_duration: c.storm_duration,
+        storm_library_max: c.storm_library_max,
+        storm_library_per_client: c.storm_library_per_client,
     };
     if let Some(bin) = c.controller_bin {
         assert!(

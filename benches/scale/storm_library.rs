@@ -1,0 +1,104 @@
+//! The storm's library waiters: one `LeaseClient::acquire` per Lease, all in this
+//! process, so a re-grant counts when `acquire` returns, its confirming write
+//! included. The agent serves all its callers on one `LeaseClient`; here one
+//! `LeaseClient::from_config` serves `--storm-library-per-client` waiters (20), each
+//! on connections of its own: with 50 or more waiting acquires on one client, every
+//! one of them failed in the storm (its confirming renewal not answered within a
+//! third of the duration), while 20 passed.
+
+use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::*;
+
+/// The waiters' identity: their claims are named `<lease>-lib-<random>`.
+const IDENTITY: &str = "lib";
+
+/// The running acquires; dropping this releases every grant (their claims deleted).
+pub(crate) struct LibraryWaiters {
+    clients: Vec<LeaseClient>,
+    pub(crate) acquired: UnboundedReceiver<Result<(usize, Instant), String>>,
+    stop: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl LibraryWaiters {
+    /// Starts one acquire per Lease (no controller running) and returns once all their
+    /// claims exist (at most 60 s + 20 ms per Lease).
+    pub(crate) async fn start(s: &Size<'_>) -> Result<Self> {
+        let kubeconfig = s.root.join("target/cluster/kubeconfig");
+        let kc = Kubeconfig::read_from(&kubeconfig)?;
+        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        let per = s.args.storm_library_per_client.max(1);
+        let clients = (0..s.n.div_ceil(per))
+            .map(|_| LeaseClient::from_config(config.clone(), Some(s.ns)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let before = count_objects(&s.claims).await?;
+        let (tx, acquired) = tokio::sync::mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..s.n {
+            let (client, tx, stop) = (clients[i / per].clone(), tx.clone(), stop.clone());
+            tasks.spawn(async move {
+                let options = AcquireOptions {
+                    identity: Some(IDENTITY.into()),
+                    pod: PodBinding::None,
+                    timeout: None,
+                };
+                let lease = lease_name(i);
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    r = client.acquire(&lease, options) => match r {
+                        Ok(grant) => {
+                            let _ = tx.send(Ok((i, Instant::now())));
+                            stop.cancelled().await;
+                            drop(grant);
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(format!("{lease}: {e}")));
+                        }
+                    },
+                }
+            });
+        }
+        let waiters = Self {
+            clients,
+            acquired,
+            stop,
+            tasks,
+        };
+        let until =
+            Instant::now() + Duration::from_secs(60) + Duration::from_millis(20 * s.n as u64);
+        loop {
+            let now = count_objects(&s.claims).await?;
+            if now >= before + s.n {
+                return Ok(waiters);
+            }
+            if Instant::now() > until.min(s.deadline) {
+                bail!(
+                    "{} of {} library waiters' claims created in time",
+                    now - before.min(now),
+                    s.n
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Releases every grant and waits (at most 30 s) for the claims' deletions.
+    pub(crate) async fn release(mut self) {
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        for client in &self.clients {
+            if !client.flush(Duration::from_secs(30)).await {
+                eprintln!("scale: storm: the library waiters' claims were not all deleted in 30 s");
+                return;
+            }
+        }
+    }
+}
+
+/// Whether `claim` is a library waiter's claim on `lease`.
+pub(crate) fn is_library_claim(lease: &str, claim: &str) -> bool {
+    claim.starts_with(&format!("{lease}-{IDENTITY}-"))
+}
