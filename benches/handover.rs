@@ -5,7 +5,7 @@
 //! holder's process observes its grant (its `acquire` returns). Release and Pod
 //! deletion run one handover at a time on one Lease; expiry (2 s lease duration, a
 //! holder that renews once when it sees its grant and then falls silent, reported as
-//! the time past its renewal + the duration) runs `--expiry-lanes` independent
+//! the time past its renewal's send, taken client-side, + the duration) runs `--expiry-lanes` independent
 //! Leases side by side, `--expiry-rounds` handovers each, so that 200 of them take
 //! under a minute; lane `l` starts `l / lanes` of the duration late, as the peers'
 //! expiry lanes do, so that the lanes do not come due in step. The holders and waiters use a `LeaseClient` as the README builds it
@@ -16,9 +16,14 @@
 //!
 //! API cost: requests/s the API server counts (`apiserver_request_total`, group
 //! `palisade.dev`, resources `leases` and `leaseclaims`: the holder's, the
-//! waiters' and the controller's) at steady state for one Lease (15 s duration)
-//! with one holder and three waiters, over `--steady` seconds after `--warmup`,
-//! less the rate of an idle window of `--baseline` seconds before.
+//! waiters' and the controller's) at steady state for one Lease (15 s duration),
+//! first with its holder alone, then with one holder and three waiters (the
+//! per-waiter cost is the difference over three), each over `--steady` seconds after
+//! `--warmup`, less the rate of an idle window of `--baseline` seconds before. The
+//! counter counts a watch when it ends, every 5 minutes on the library's
+//! connections, which a window of seconds never sees: each watch open beyond the idle
+//! ones (the API server's `apiserver_longrunning_requests` gauge) adds one request per
+//! its period (the `timeoutSeconds` the candidates' watches asked for), pro rata.
 //!
 //! A program that prints figures, not a test: `cargo bench --bench handover --
 //! [--rounds N] [--expiry-lanes N] [--expiry-rounds N] [--steady S] [--warmup S]
@@ -27,12 +32,13 @@
 //! of `make cluster`. `make test` runs a smoke version (a few rounds, debug build)
 //! so this cannot rot.
 
+#[path = "common/api_cost.rs"]
+mod api_cost;
 #[path = "common/cluster.rs"]
 mod cluster;
 #[path = "common/cpu.rs"]
 #[allow(dead_code)]
 mod cpu;
-use support::requests;
 #[path = "common/schema.rs"]
 #[allow(dead_code)]
 mod schema;
@@ -47,7 +53,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, ResourceExt};
 use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
 use palisade::crd::{LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 use serde_json::json;
@@ -55,11 +61,6 @@ use serde_json::json;
 use cluster::{WAIT_LIMIT, wait_waiting};
 use cpu::Census;
 use schema::{Figure, Latency, Source};
-
-/// The lease duration of the API-cost Lease, client-go's default.
-const STEADY_LEASE_SECS: i64 = 15;
-/// An idle rate of palisade.dev requests above this (req/s) means someone else uses the cluster.
-const NOT_IDLE: f64 = 1.0;
 
 /// Handover latency and API cost of palisade (`make bench`; needs `make cluster`).
 #[derive(clap::Parser)]
@@ -156,10 +157,11 @@ async fn main() {
         leases.flush(Duration::from_secs(10)).await;
         let baseline = args.baseline.unwrap_or(args.steady);
         eprintln!(
-            "palisade: API cost, idle {baseline} s, then 1 holder + 3 waiters for {} s after {} s",
+            "palisade: API cost, idle {baseline} s, then the holder alone and 1 holder + 3 \
+             waiters, each for {} s after {} s",
             args.steady, args.warmup
         );
-        Some(api_cost(&client, config, &ns, baseline, args.warmup, args.steady).await)
+        Some(api_cost::api_cost(&client, config, &ns, baseline, args.warmup, args.steady).await)
     } else {
         None
     };
@@ -176,15 +178,15 @@ async fn main() {
     );
     let expiry_note = format!(
         "2 s lease duration; the holder renews once when it sees its grant (naming its token, \
-         as the library's acquire does) and falls silent; time from that renewal's response + 2 s \
-         to the next holder's acquire returning, signed (negative: the handover landed before \
+         as the library's acquire does) and falls silent; time from that renewal's send (taken \
+         client-side just before the request goes out) + 2 s to the next holder's acquire returning, signed (negative: the handover landed before \
          the duration as the bench measured it); {} Leases side by side, {} handovers each, \
          their starts staggered over the duration{}",
         args.expiry_lanes,
         args.expiry_rounds,
         Split::note(
             &expiry,
-            "the controller decided the handover past the renewal + 2 s"
+            "the controller decided the handover past the renewal's send + 2 s"
         )
     );
     let latency = vec![
@@ -221,49 +223,7 @@ async fn main() {
             .into(),
     }];
     if let Some(c) = &cost {
-        figures.push(Figure {
-            system: "palisade".into(),
-            config: "default".into(),
-            name: "lease_requests_per_s_1_holder_3_waiters".into(),
-            value: c.rate - c.baseline_rate,
-            unit: "req/s".into(),
-            note: format!(
-                "apiserver_request_total{{group=palisade.dev, resource=leases|leaseclaims}}, all verbs \
-                 (holder, waiters and controller), over {:.0} s at steady state, {STEADY_LEASE_SECS} s \
-                 lease duration, less the idle rate ({:.3} req/s); watches count when they end",
-                c.window, c.baseline_rate
-            ) + if c.rate < c.baseline_rate {
-                "; INVALID: below the idle rate (other traffic fell into the idle window)"
-            } else {
-                ""
-            } + if c.baseline_rate > NOT_IDLE {
-                "; CAUTION: the cluster was not idle (palisade.dev requests from elsewhere), \
-                 so this figure is noise: see the client-side one"
-            } else {
-                ""
-            },
-        });
-        figures.push(Figure {
-            system: "palisade".into(),
-            config: "default".into(),
-            name: "lease_requests_per_s_1_holder_3_waiters_client_side".into(),
-            value: c.client_side_rate,
-            unit: "req/s".into(),
-            note: "requests to leases and leaseclaims sent by the holder and the 3 waiters, counted in \
-                   their client (the controller's are not in it)"
-                .into(),
-        });
-        figures.push(Figure {
-            system: "palisade".into(),
-            config: "default".into(),
-            name: "idle_requests_per_s".into(),
-            value: c.baseline_rate,
-            unit: "req/s".into(),
-            note: format!(
-                "the same counter with the controller running and no claim, over {:.0} s",
-                c.baseline_window
-            ),
-        });
+        figures.extend(api_cost::cost_figures(c));
     }
     let version = client
         .apiserver_version()
@@ -416,10 +376,11 @@ async fn expiry_lanes(
 
 /// The holder is a bare claim that renews once, the moment its grant is observed, as
 /// the client library's `acquire` does, naming the grant's token; then it falls
-/// silent. It expires 2 s after the controller observed that renewal: report the
-/// time past the renewal's response + 2 s, signed. The controller observes the
-/// renewal a little after it landed, so a handover can come before that point: such
-/// a sample is negative and reported as it is.
+/// silent. Report the time from that renewal's send (taken client-side, just before
+/// the request goes out, as the peers' benches take their silent holder's) + 2 s to
+/// the next holder's `acquire` returning, signed, whatever the library does in
+/// between. The controller expires 2 s after it observed the renewal, a little after
+/// the send; a handover before send + 2 s is a negative sample, reported as it is.
 async fn expiry(
     client: &Client,
     leases: &LeaseClient,
@@ -462,6 +423,9 @@ async fn expiry(
             "metadata": {"annotations": {RENEWED_TOKEN_ANNOTATION: token.to_string()}},
             "spec": {"renewTime": MicroTime(Timestamp::now())},
         });
+        // Every bench's expiry clock starts here: the silent holder's last renewal as
+        // its client sends it, just before the request goes out.
+        let (sent, sent_wall) = (Instant::now(), Timestamp::now());
         claims
             .patch(
                 &silent.name_any(),
@@ -470,7 +434,6 @@ async fn expiry(
             )
             .await
             .unwrap();
-        let (renewed, renewed_wall) = (Instant::now(), Timestamp::now());
         let cpu_before = census.snap();
         let next = leases
             .acquire(
@@ -480,9 +443,9 @@ async fn expiry(
             .await
             .unwrap();
         // Signed milliseconds: never clamped to 0.
-        let total = (renewed.elapsed().as_secs_f64() - EXPIRY_DURATION.as_secs_f64()) * 1e3;
+        let total = (sent.elapsed().as_secs_f64() - EXPIRY_DURATION.as_secs_f64()) * 1e3;
         let cpu = census.top(&cpu_before, &census.snap());
-        let decided = ms_between(renewed_wall, decided_at(leases, &lease).await)
+        let decided = ms_between(sent_wall, decided_at(leases, &lease).await)
             - EXPIRY_DURATION.as_secs_f64() * 1e3;
         samples.push(Split {
             total,
@@ -515,7 +478,7 @@ impl Split {
     }
 
     /// Which part of the samples the controller's decision took, and which the rest
-    /// (its Lease write, the watch to the waiter, the waiter's first renewal), for the
+    /// (its Lease write, the watch to the waiter, what the waiter's `acquire` does), for the
     /// figure's note: p50 and p99 of each, and the slowest 1% split.
     fn note(samples: &[Split], decided: &str) -> String {
         if samples.is_empty() {
@@ -543,8 +506,9 @@ impl Split {
             .collect();
         format!(
             "; split at the Lease's status.acquireTime (the controller's wall clock when it \
-             decided, same machine): {decided} p50 {:.1} / p99 {:.1} ms, then its Lease write, \
-             the watch to the waiter and the waiter's first renewal p50 {:.1} / p99 {:.1} ms; \
+             decided, same machine): {decided} p50 {:.1} / p99 {:.1} ms, then the rest (its \
+             Lease write, the watch to the waiter, and what the waiter's acquire does before \
+             it returns) p50 {:.1} / p99 {:.1} ms; \
              the slowest 1% (ms, total = decided + rest; CPU ms over it, the machine's \
              and the two processes' that used most): {}",
             schema::nearest_rank(&d, 0.5),
@@ -570,105 +534,6 @@ fn ms_between(from: Timestamp, to: Timestamp) -> f64 {
     (to.as_microsecond() - from.as_microsecond()) as f64 / 1e3
 }
 
-struct Cost {
-    /// Requests/s counted with the holder and the waiters in place.
-    rate: f64,
-    window: f64,
-    /// Requests/s counted before, with the controller running and no claim.
-    baseline_rate: f64,
-    baseline_window: f64,
-    /// Requests/s the holder and the waiters sent, counted in their client.
-    client_side_rate: f64,
-}
-
-/// The API server's count of requests to palisade's resources, all verbs and codes.
-async fn palisade_requests(client: &Client) -> f64 {
-    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client
-        .request_text(req)
-        .await
-        .expect("GET /metrics of the API server");
-    text.lines()
-        .filter(|l| {
-            l.starts_with("apiserver_request_total{")
-                && l.contains(r#"group="palisade.dev""#)
-                && (l.contains(r#"resource="leases""#) || l.contains(r#"resource="leaseclaims""#))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// The rate of [`palisade_requests`] over `window` seconds.
-async fn request_rate(client: &Client, window: f64) -> (f64, f64) {
-    let before = palisade_requests(client).await;
-    let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(window)).await;
-    let after = palisade_requests(client).await;
-    let elapsed = t0.elapsed().as_secs_f64();
-    ((after - before) / elapsed, elapsed)
-}
-
-/// One Lease (15 s duration), one holder, three waiters: requests/s at steady state.
-async fn api_cost(
-    client: &Client,
-    config: Config,
-    ns: &str,
-    baseline: f64,
-    warmup: f64,
-    window: f64,
-) -> Cost {
-    // The holder and the waiters send through a client of their own that counts.
-    let sent = requests::Recorded::default();
-    let (builder, protocol) = palisade::kube_client::builder(config).unwrap();
-    let counted = builder.with_layer(&sent).build();
-    let leases = &LeaseClient::on_pinged_connections(counted, protocol, ns);
-    let (baseline_rate, baseline_window) = request_rate(client, baseline).await;
-    leases
-        .ensure_lease("steady", STEADY_LEASE_SECS)
-        .await
-        .unwrap();
-    let holder = leases
-        .acquire("steady", options("steady-holder", PodBinding::None))
-        .await
-        .unwrap();
-    let waiters: Vec<_> = (0..3)
-        .map(|i| {
-            let l = leases.clone();
-            tokio::spawn(async move {
-                let mut o = options(&format!("steady-waiter-{i}"), PodBinding::None);
-                o.timeout = None;
-                l.acquire("steady", o).await
-            })
-        })
-        .collect();
-    wait_waiting(leases, "steady", 3).await;
-    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
-    let sent_before = palisade_requests_sent(&sent);
-    let (rate, window) = request_rate(client, window).await;
-    let client_side_rate = (palisade_requests_sent(&sent) - sent_before) as f64 / window;
-    assert!(
-        holder.lost_reason().is_none(),
-        "the steady holder lost its grant"
-    );
-    // Waiters first (a cancelled acquire deletes its claim), so that nothing is handed over.
-    for w in waiters {
-        w.abort();
-        assert!(
-            w.await.is_err_and(|e| e.is_cancelled()),
-            "a waiter was granted"
-        );
-    }
-    holder.release().await.unwrap();
-    leases.flush(Duration::from_secs(10)).await;
-    Cost {
-        rate,
-        window,
-        baseline_rate,
-        baseline_window,
-        client_side_rate,
-    }
-}
-
 /// GET a path of the controller's admin server (plain HTTP/1.0).
 async fn http_get(port: u16, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -681,16 +546,4 @@ async fn http_get(port: u16, path: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     out
-}
-
-/// How many of the recorded requests went to palisade's resources.
-fn palisade_requests_sent(sent: &requests::Recorded) -> usize {
-    sent.taken()
-        .iter()
-        .filter(|r| {
-            let path = r.split(' ').nth(1).unwrap_or_default();
-            path.starts_with("/apis/palisade.dev/")
-                && (path.contains("/leases") || path.contains("/leaseclaims"))
-        })
-        .count()
 }
