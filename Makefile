@@ -417,7 +417,8 @@ test-one:
 # and fails the target once the report is written.
 BENCH_DIR := target/bench
 # The scale bench's own defaults: 1,000 and 10,000 Leases; failover (20 kills, and 5
-# with the old 15s/10s/2s timings) at 1,000; a storm at each size.
+# with the old 15s/10s/2s timings) at 1,000; a storm at each size with bare-claim waiters,
+# and at 1,000 a second one with library waiters.
 SCALE_ARGS ?=
 RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
 bench: cluster databases linkproxy

@@ -5,14 +5,15 @@
 //! `cargo bench --bench scale -- [--sizes N,...] [--out DIR] [--timeout SECS]
 //! [--lease-duration SECS] [--inflight N] [--steady SECS] [--handover SECS]
 //! [--failover-at N] [--failover-kills K] [--failover-before-kills K]
-//! [--storm-duration SECS] [--controller-bin PATH]`; smoke run (debug build, figures
+//! [--storm-duration SECS] [--storm-library-max N] [--storm-library-per-client N]
+//! [--controller-bin PATH]`; smoke run (debug build, figures
 //! mean nothing): `cargo test --bench scale -- --sizes 20`. Needs the cluster of
 //! `make cluster`. Writes `DIR/scale.json` (figures named `leases_<N>_...`; latency
 //! rows `failover` and `storm-past-duration`) and prints them as a table, and the
 //! time each phase took.
 //!
 //! Modules: one per phase below (`setup`, `initial_grant`, `renewals`, `resync`,
-//! `failover`, `handover`, `storm`), `run` (one size: the phases in order, and their
+//! `failover`, `handover`, `storm` with `storm_floor`, `storm_run`, `storm_library`), `run` (one size: the phases in order, and their
 //! helpers), `controller` (the controller under test), `renewer` (the holders'
 //! renewals), `procs` (CPU and memory from /proc), `output` (the figures).
 //! `--controller-bin` runs another palisade binary as the controller (an older
@@ -94,35 +95,52 @@
 //!    in 2. (first delete until idle, Events included, renewals subtracted).
 //!    Peak RSS is the higher VmHWM of the two controller processes. Then the
 //!    controller is killed and the renewals stop for good.
-//! 7. **Storm**: every holder silent at the same moment, each Lease with a waiter
-//!    (`w-i` where `h-i` still holds, else a new claim `s-i`). Each holder then renews
-//!    once, naming its grant's token as every renewal of the client library does (the
-//!    renewer of the earlier phases does not know the tokens), so their expiries are
-//!    one write each ("Expiry is one write", `src/controller/index/holder.rs`). How they come due at
-//!    one instant without N renewals: the controller gives every held grant a fresh
-//!    full duration when it takes over (DESIGN rule 4; a restart is a takeover), so a
+//! 7. **Storm** (`storm`, `storm_floor`, `storm_run`, `storm_library`): every holder
+//!    silent at the same moment, each Lease with a waiter (`w-i` where `h-i` still
+//!    holds, else a new claim `s-i`). Each holder then renews once, naming its grant's
+//!    token as every renewal of the client library does (the renewer of the earlier
+//!    phases does not know the tokens), so their expiries are one write each ("Expiry
+//!    is one write", `src/controller/index/holder.rs`). How they come due at one
+//!    instant without N renewals: the controller gives every held grant a fresh full
+//!    duration when it takes over (DESIGN rule 4; a restart is a takeover), so a
 //!    controller started with no holder renewing makes all N due one lease duration
-//!    after its sync, taken as `/readyz` turning true (the true instant is a little
-//!    earlier: the delays come out a little short). The duration is the storm's D
-//!    (`--storm-duration`; 10 s below 1,000 Leases, else 6 s per 1,000 and at least
-//!    30: the sync's writes, the new waiters' Pending status, must be done before the
-//!    due instant, and the note says if they were not). A shorter spec alone never
-//!    cuts a grant short (the grant's recorded `status.holder.leaseDurationSeconds`
-//!    counts too), so with no controller running the bench first writes that field
-//!    to D on every Lease, 16 in flight (the controller's `--concurrency`), with the
-//!    bench's Lease watch already open: N status writes that each change the
-//!    resourceVersion, timed. Two such passes before the storm and one after it; the
-//!    median of the three is the **floor**: the API server's own rate for one status
-//!    write per Lease (three, since one pass of 1,000 writes lasts a second or two and
-//!    its rate moved by half within a day). Then the spec's `leaseDurationSeconds` (32 in flight), then
-//!    the controller.
-//!    Per Lease: delay = when the watch saw the waiter named holder - the due
-//!    instant, signed, never clamped (Latency `storm-past-duration`, config N);
-//!    the last one is a figure; our rate is N / (last re-grant - due), also as a
-//!    fraction of the floor; the CPU split over that window says who saturated.
-//!    One replica runs, leader election off, so there are no election flaps to
-//!    count. A Lease not re-granted within 60 s + 20 ms per Lease of the due
-//!    instant fails the run.
+//!    after its sync. The duration is the storm's D (`--storm-duration`; 10 s below
+//!    1,000 Leases, else 6 s per 1,000 and at least 30: the sync's writes, the new
+//!    waiters' Pending status, must be done before the due instant, and the note says
+//!    if they were not); the spec is set to D (32 in flight), and since a shorter spec
+//!    alone never cuts a grant short, the floor's first pass sets the grants' recorded
+//!    `status.holder.leaseDurationSeconds` to D too.
+//!    The **floor**: the API server's own rate for the controller's kind of write, one
+//!    per Lease, no controller running, the bench's Lease watch open as in the storms:
+//!    a status PUT of the whole Lease as a grant writes it (holder, token, grants,
+//!    waiting, conditions; the recorded duration D and a fresh acquireTime, so each
+//!    write changes it) conditioned on its resourceVersion, 16 in flight (the
+//!    controller's `--concurrency`). Three passes, interleaved: floor, storm with bare
+//!    claims, floor, storm with library waiters, floor; published as median, min and
+//!    max, the fractions against the median.
+//!    Each storm starts a controller (one replica, leader election off, so no election
+//!    flaps) and waits for every re-grant, then kills it. Bare claims: a re-grant is
+//!    the Lease naming the waiter, as the bench's Lease watch saw it. Library waiters
+//!    (only up to `--storm-library-max`, 1,000): after the bare storm each new holder
+//!    renews once naming its token, then one `LeaseClient::acquire` per Lease starts
+//!    in this process, `--storm-library-per-client` (20) waiters on each
+//!    `LeaseClient::from_config` (with 50 or more on one client, every acquire failed
+//!    in the storm: its confirming renewal not answered within a third of D), and the
+//!    controller starts once all their claims exist; a re-grant is `acquire`
+//!    returning (an `acquire` that fails is counted and named in the note). Per Lease:
+//!    delay = the re-grant - (`/readyz` + D), signed, never clamped (Latency
+//!    `storm-past-duration`, config `N` or `N-library`). `/readyz` + D is the latest
+//!    the due instant can be: the controller starts the holders' clocks during its
+//!    initial list, so the delays are short by up to its sync (spawn to `/readyz`, in
+//!    the note). The last one is a figure. The rates do not depend on the due instant:
+//!    re-grants per second from the first to the last (n - 1 intervals), also as a
+//!    fraction of the floor's median, with the Lease writes' own rate in the library
+//!    storm; the CPU split from the due instant to the last says who saturated. A
+//!    Lease not re-granted within 60 s + 20 ms per Lease of the due instant fails the
+//!    run. At 10,000 Leases the library storm is not run (not tried: 10,000 acquires
+//!    hold three watches each while waiting, their Lease, their claim and the
+//!    holder's claim, 30,000 on a 2-core API server, and the phase must stay within
+//!    minutes).
 //! 8. The namespace's claims, Leases and Events are deleted with the namespace
 //!    (waited for, at most 3 minutes; also on failure).
 //!
