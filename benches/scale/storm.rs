@@ -20,40 +20,29 @@ pub(crate) async fn storm(
 ) -> Result<()> {
     let n = s.n;
     let d = storm_duration(s.args, n);
-    if d == s.args.lease_duration {
-        bail!(
-            "--storm-duration must differ from --lease-duration (its write must change the Lease)"
-        );
-    }
     let leases = s.leases.clone();
     let claims = s.claims.clone();
 
     // 1. Who holds each Lease (claim, UID, token); a waiter for each: w-i where h-i
     // still holds, else a new s-i.
     type Held = Option<(String, String, i64)>;
-    let mut holders: HashMap<String, (Held, String)> = HashMap::new();
-    let mut lp = ListParams::default().limit(2000);
-    loop {
-        let page = leases.list(&lp).await?;
-        for l in page.items {
-            let rv = l.metadata.resource_version.clone().unwrap_or_default();
+    let holders: HashMap<String, Held> = list_leases(&leases)
+        .await?
+        .into_iter()
+        .map(|(name, l)| {
             let held = l.status.and_then(|s| {
                 let h = s.holder?;
                 Some((h.claim, h.claim_uid, s.fencing_token?))
             });
-            holders.insert(l.metadata.name.unwrap_or_default(), (held, rv));
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) => lp = ListParams::default().limit(2000).continue_token(&c),
-            None => break,
-        }
-    }
+            (name, held)
+        })
+        .collect();
     let mut expected = HashMap::new();
     let mut missing = Vec::new();
     for i in 0..n {
         let name = lease_name(i);
         let holder = match holders.get(&name) {
-            Some((Some((h, _, _)), _)) => h.clone(),
+            Some(Some((h, _, _))) => h.clone(),
             _ => bail!("storm: {name} has no holder after the handover phase"),
         };
         let waiter = if holder == format!("h-{i:05}") {
@@ -81,7 +70,7 @@ pub(crate) async fn storm(
     let created_s = t.elapsed().as_secs_f64();
     // Each holder's last renewal, as the client library sends every one: it names
     // the grant renewed ("Expiry is one write", src/controller/index/holder.rs).
-    let held: Vec<(String, String, i64)> = holders.values().filter_map(|h| h.0.clone()).collect();
+    let held: Vec<(String, String, i64)> = holders.into_values().flatten().collect();
     stream::iter(held)
         .map(|(claim, uid, token)| {
             let claims = claims.clone();
