@@ -150,7 +150,8 @@
 //! processes"). So a grant rate is the rate of this whole system, not of the
 //! controller alone; the CPU split says where the time went. The default run took
 //! 8 minutes on the idle 2-core machine (1,000 Leases 71 s, 10,000 Leases 401 s) and
-//! 13 to 17 minutes while other work ran there: it is API-server bound (at 10,000:
+//! 13 to 17 minutes while other work ran there, before the storm with library waiters
+//! (about 45 s more at 1,000: its D of 30 s, its waiters queued and released): it is API-server bound (at 10,000:
 //! 30,000 creates, 40,000 writes for the initial grants, some 45,000 deletes to
 //! clean up). Every wait is bounded, the whole run by `--timeout` (default 2400 s).
 
