@@ -122,39 +122,48 @@ type bench struct {
 
 // newClientset builds a clientset with its own transport (own TCP/TLS
 // connections): a non-nil Proxy func makes client-go's transport cache skip it.
-func (b *bench) newClientset() (*kubernetes.Clientset, error) {
+// lastWrite gets the wall clock (Unix ns) of each Lease write as it goes out.
+func (b *bench) newClientset(lastWrite *atomic.Int64) (*kubernetes.Clientset, error) {
 	cfg := rest.CopyConfig(b.base)
 	cfg.QPS, cfg.Burst = 100, 200
 	cfg.Timeout = 10 * time.Second
 	cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		return countingRT{rt: rt, n: &b.clientN}
+		return countingRT{rt: rt, n: &b.clientN, lastWrite: lastWrite}
 	}
 	return kubernetes.NewForConfig(cfg)
 }
 
 type countingRT struct {
-	rt http.RoundTripper
-	n  *atomic.Int64
+	rt        http.RoundTripper
+	n         *atomic.Int64
+	lastWrite *atomic.Int64
 }
 
 func (c countingRT) RoundTrip(r *http.Request) (*http.Response, error) {
 	if strings.Contains(r.URL.Path, "/leases") {
 		c.n.Add(1)
+		// Every bench's expiry clock starts at the silent holder's last renewal
+		// send, as its client saw it: here, just before the request goes out.
+		if r.Method == http.MethodPut || r.Method == http.MethodPatch || r.Method == http.MethodPost {
+			c.lastWrite.Store(time.Now().UnixNano())
+		}
 	}
 	return c.rt.RoundTrip(r)
 }
 
 type candidate struct {
-	id      string
-	le      *leaderelection.LeaderElector
-	cancel  context.CancelFunc
-	done    chan struct{}
-	started chan time.Time // receives time of OnStartedLeading
+	id        string
+	lastWrite atomic.Int64 // Unix ns of its last Lease write's send
+	le        *leaderelection.LeaderElector
+	cancel    context.CancelFunc
+	done      chan struct{}
+	started   chan time.Time // receives time of OnStartedLeading
 }
 
 func (b *bench) startCandidate(ctx context.Context, t timing, lease, id string, releaseOnCancel bool) (*candidate, error) {
-	cs, err := b.newClientset()
+	c := &candidate{id: id, done: make(chan struct{}), started: make(chan time.Time, 1)}
+	cs, err := b.newClientset(&c.lastWrite)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +172,6 @@ func (b *bench) startCandidate(ctx context.Context, t timing, lease, id string, 
 		Client:     cs.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
 	}
-	c := &candidate{id: id, done: make(chan struct{}), started: make(chan time.Time, 1)}
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		LeaseDuration:   t.LeaseDuration,
@@ -241,7 +249,7 @@ func jitterSleep(ctx context.Context, max time.Duration) error {
 type samples struct {
 	raw       []float64 // t0 (holder let go) -> the next OnStartedLeading
 	pastLD    []float64 // expiry: raw - LeaseDuration
-	pastRenew []float64 // expiry: next OnStartedLeading - (last renewTime + LeaseDuration)
+	pastRenew []float64 // expiry: next OnStartedLeading - (last renewal's send + LeaseDuration)
 }
 
 // runLanes runs n handovers as `lanes` independent chains side by side, each on a
@@ -331,15 +339,16 @@ func (b *bench) runHandover(ctx context.Context, t timing, expiry bool, lane, n 
 		holder.cancel()
 		var renewExpiry time.Time
 		if expiry {
-			// Wait for the old holder's loop to exit (no release), then read the
-			// last renewTime it wrote.
+			// Wait for the old holder's loop to exit (no release); its last Lease
+			// write is its last renewal, timed at its send.
 			select {
 			case <-holder.done:
 			case <-time.After(limit):
 			}
 			l, gerr := b.admin.CoordinationV1().Leases(b.ns).Get(ctx, lease, metav1.GetOptions{})
-			if gerr == nil && l.Spec.RenewTime != nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == holder.id {
-				renewExpiry = l.Spec.RenewTime.Time.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
+			sent := holder.lastWrite.Load()
+			if gerr == nil && sent != 0 && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == holder.id {
+				renewExpiry = time.Unix(0, sent).Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
 			}
 		}
 		var t1 time.Time
@@ -417,7 +426,9 @@ func (b *bench) measureRate(ctx context.Context, window time.Duration) (float64,
 	return (s1 - s0) / el, float64(b.clientN.Load()-c0) / el, nil
 }
 
-func (b *bench) steadyState(ctx context.Context, t timing, window time.Duration) (float64, float64, error) {
+// steadyState measures the holder alone, then 1 holder + 3 waiters, each over
+// window: server-side and client-side rates, [alone, all].
+func (b *bench) steadyState(ctx context.Context, t timing, window time.Duration) (srv, cli [2]float64, err error) {
 	lease := "lease-" + t.Name + "-steady"
 	limit := t.LeaseDuration*2 + 10*time.Second
 	var all []*candidate
@@ -428,27 +439,34 @@ func (b *bench) steadyState(ctx context.Context, t timing, window time.Duration)
 	}()
 	h, err := b.startCandidate(ctx, t, lease, t.Name+"-steady-holder", true)
 	if err != nil {
-		return 0, 0, err
+		return srv, cli, err
 	}
 	all = append(all, h)
 	if _, err := waitStarted(ctx, h, limit); err != nil {
-		return 0, 0, err
+		return srv, cli, err
+	}
+	if err := sleepCtx(ctx, 3*t.RetryPeriod); err != nil {
+		return srv, cli, err
+	}
+	if srv[0], cli[0], err = b.measureRate(ctx, window); err != nil {
+		return srv, cli, err
 	}
 	for i := 0; i < 3; i++ {
 		w, err := b.startCandidate(ctx, t, lease, fmt.Sprintf("%s-steady-waiter-%d", t.Name, i), true)
 		if err != nil {
-			return 0, 0, err
+			return srv, cli, err
 		}
 		all = append(all, w)
 		if err := waitObserves(ctx, w, h.id, limit); err != nil {
-			return 0, 0, err
+			return srv, cli, err
 		}
 	}
 	// settle a couple of retry periods
 	if err := sleepCtx(ctx, 3*t.RetryPeriod); err != nil {
-		return 0, 0, err
+		return srv, cli, err
 	}
-	return b.measureRate(ctx, window)
+	srv[1], cli[1], err = b.measureRate(ctx, window)
+	return srv, cli, err
 }
 
 func summarize(cfg, scen string, v []float64, note string) latency {
@@ -616,8 +634,8 @@ func main() {
 				s, err = b.runLanes(ctx, t, true, *rounds, l)
 				raw := summarize(t.Name, "raw", s.raw, "")
 				o.Latency = append(o.Latency, summarize(t.Name, "expiry-past-duration", s.pastRenew, fmt.Sprintf(
-					"the holder stops without releasing; the next candidate's OnStartedLeading minus (the holder's last "+
-						"renewTime + LeaseDuration); from the stop itself p50 %.0f ms, p99 %.0f ms; %s; "+
+					"the holder stops without releasing; the next candidate's OnStartedLeading minus (the send of the holder's "+
+						"last renewal, taken in its HTTP client as the request went out, + LeaseDuration), signed; from the stop itself p50 %.0f ms, p99 %.0f ms; %s; "+
 						"%d Leases side by side, %d handovers each, their starts staggered over the lease duration", raw.P50, raw.P99, timingNote, l, (*rounds+l-1)/l)))
 				if err != nil {
 					return fmt.Errorf("%s expiry: %w", t.Name, err)
@@ -630,10 +648,16 @@ func main() {
 					return fmt.Errorf("%s steady: %w", t.Name, err)
 				}
 				o.Figures = append(o.Figures,
-					figure{System: "client-go", Config: t.Name, Name: "lease_requests_per_s_1_holder_3_waiters", Value: round3(srv - idle), Unit: "req/s",
+					figure{System: "client-go", Config: t.Name, Name: "lease_requests_per_s_holder_only", Value: round3(srv[0] - idle), Unit: "req/s",
+						Note: fmt.Sprintf("the holder alone: apiserver_request_total{group=coordination.k8s.io,resource=leases}, all verbs, "+
+							"over a window of %v at steady state, less the idle rate (%.3f req/s); its transport counted %.3f req/s; %s",
+							*steady, idle, cli[0], timingNote)},
+					figure{System: "client-go", Config: t.Name, Name: "lease_requests_per_s_per_waiter", Value: round3((srv[1] - srv[0]) / 3), Unit: "req/s",
+						Note: fmt.Sprintf("(1 holder + 3 waiters less the holder alone) / 3, server-side; client-side %.3f req/s", (cli[1]-cli[0])/3)},
+					figure{System: "client-go", Config: t.Name, Name: "lease_requests_per_s_1_holder_3_waiters", Value: round3(srv[1] - idle), Unit: "req/s",
 						Note: fmt.Sprintf("apiserver_request_total{group=coordination.k8s.io,resource=leases}, all verbs, over %v at steady state, "+
 							"less the idle rate (%.3f req/s); %s", *steady, idle, timingNote)},
-					figure{System: "client-go", Config: t.Name, Name: "lease_requests_per_s_1_holder_3_waiters_client_side", Value: round3(cli), Unit: "req/s",
+					figure{System: "client-go", Config: t.Name, Name: "lease_requests_per_s_1_holder_3_waiters_client_side", Value: round3(cli[1]), Unit: "req/s",
 						Note: "lease requests sent by the 4 candidates, counted in their HTTP transport"})
 			}
 		}

@@ -240,10 +240,21 @@ pub async fn load_config(path: &std::path::Path) -> Res<kube::Config> {
     Ok(cfg)
 }
 
+/// When a candidate's last write to its Lease went out: the wall clock taken as its
+/// client hands the request to the connection, just before it is sent.
+pub type LastWrite = Arc<std::sync::Mutex<Option<std::time::SystemTime>>>;
+
 /// A client with its own connection pool (one per candidate, as separate
-/// processes would have), counting its requests to `leases`.
-pub fn candidate_client(cfg: &kube::Config, counter: &Arc<LeaseCounter>) -> Res<kube::Client> {
+/// processes would have), counting its requests to `leases`, and the instant its
+/// last write to them (PATCH, PUT, POST) was sent: every bench's expiry clock starts
+/// at the silent holder's last renewal send, as the client saw it.
+pub fn candidate_client(
+    cfg: &kube::Config,
+    counter: &Arc<LeaseCounter>,
+) -> Res<(kube::Client, LastWrite)> {
     let counter = counter.clone();
+    let last_write = LastWrite::default();
+    let sent = last_write.clone();
     let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
         if req.uri().path().contains("/leases") {
             let c = match *req.method() {
@@ -254,12 +265,19 @@ pub fn candidate_client(cfg: &kube::Config, counter: &Arc<LeaseCounter>) -> Res<
                 _ => &counter.other,
             };
             c.fetch_add(1, Ordering::Relaxed);
+            if matches!(
+                *req.method(),
+                http::Method::PATCH | http::Method::PUT | http::Method::POST
+            ) {
+                *sent.lock().unwrap() = Some(std::time::SystemTime::now());
+            }
         }
         req
     });
-    Ok(kube::client::ClientBuilder::try_from(cfg.clone())?
+    let client = kube::client::ClientBuilder::try_from(cfg.clone())?
         .with_layer(&layer)
-        .build())
+        .build();
+    Ok((client, last_write))
 }
 
 pub async fn create_namespace(admin: &kube::Client, name: &str) -> Res<()> {

@@ -63,6 +63,8 @@ struct CandState {
 
 struct Cand {
     id: String,
+    /// When its last Lease write went out (its client's clock).
+    last_write: LastWrite,
     lock: Arc<LeaseLock>,
     state: Arc<Mutex<CandState>>,
     stop: watch::Sender<bool>,
@@ -71,7 +73,7 @@ struct Cand {
 
 impl Cand {
     fn start(env: &Env, lease: &str, id: String, t: Timing) -> Res<Cand> {
-        let client = candidate_client(&env.cfg, &env.counter)?;
+        let (client, last_write) = candidate_client(&env.cfg, &env.counter)?;
         let lock = Arc::new(LeaseLock::new(
             client,
             &env.ns,
@@ -122,6 +124,7 @@ impl Cand {
         });
         Ok(Cand {
             id,
+            last_write,
             lock,
             state,
             stop,
@@ -237,8 +240,7 @@ async fn lane_inner(
         let t0 = Instant::now();
         let mut expiry_wall = None;
         if expiry {
-            // Silent stop: no step_down. The lease's last renewTime is the
-            // holder's last successful renewal.
+            // Silent stop: no step_down. The Lease still names the holder.
             let l = retry("GET lease", || leases.get(&lease)).await?;
             let spec = l.spec.ok_or_else(|| err("lease without spec"))?;
             if spec.holder_identity.as_deref() != Some(holder.id.as_str()) {
@@ -250,11 +252,18 @@ async fn lane_inner(
                 holder = waiter;
                 continue;
             }
-            let renew = spec.renew_time.ok_or_else(|| err("no renewTime"))?.0;
+            // From the send of the holder's last renewal, as its client saw it (not
+            // the renewTime it stamped before sending): every bench's expiry clock
+            // starts there.
+            let sent = holder
+                .last_write
+                .lock()
+                .unwrap()
+                .ok_or_else(|| err("the holder never wrote its Lease"))?;
             let dur = spec
                 .lease_duration_seconds
                 .ok_or_else(|| err("no leaseDurationSeconds"))?;
-            expiry_wall = Some(SystemTime::from(renew) + Duration::from_secs(dur as u64));
+            expiry_wall = Some(sent + Duration::from_secs(dur as u64));
         } else {
             if let Err(e) = retry("step_down", || holder.lock.step_down()).await {
                 if waiter.leader_at().is_none() {
@@ -293,8 +302,9 @@ async fn lane_inner(
     Ok(())
 }
 
-/// One idle baseline, then 1 holder + 3 waiters on a fresh Lease: warm-up and window.
-async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate)> {
+/// One idle baseline, then on a fresh Lease the holder alone, then 1 holder + 3
+/// waiters: warm-up and window each. Returns (idle, holder alone, all four).
+async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate, Rate)> {
     let t = DEFAULT;
     let lim = limit(t);
     let lease = format!("steady-{attempt}");
@@ -309,6 +319,12 @@ async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate
     );
     let holder = Cand::start(env, &lease, format!("steady{attempt}-holder"), t)?;
     wait_leader(&holder, lim).await?;
+    println!(
+        "  the holder alone; warm-up {}s, window {}s",
+        args.warmup, args.steady
+    );
+    tokio::time::sleep(Duration::from_secs(args.warmup)).await;
+    let alone = measure_rate(&env.admin, &env.counter, Duration::from_secs(args.steady)).await?;
     let mut waiters = Vec::new();
     for i in 0..3 {
         let w = Cand::start(env, &lease, format!("steady{attempt}-waiter-{i}"), t)?;
@@ -323,19 +339,19 @@ async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate
     let r = measure_rate(&env.admin, &env.counter, Duration::from_secs(args.steady)).await?;
     drop(waiters);
     drop(holder);
-    Ok((base, r))
+    Ok((base, alone, r))
 }
 
 async fn steady(env: &Env, args: &Args, o: &mut Source) -> Res<()> {
     let mut attempt = 1;
-    let (base, r, warn) = loop {
-        let (base, r) = steady_attempt(env, args, attempt).await?;
+    let (base, alone, r, warn) = loop {
+        let (base, alone, r) = steady_attempt(env, args, attempt).await?;
         let warn = contamination(r.server_rps - base.server_rps, r.client_rps).unwrap_or_default();
         if !warn.is_empty() {
             println!(" {warn}");
         }
         if warn.is_empty() || attempt >= args.steady_attempts {
-            break (base, r, warn);
+            break (base, alone, r, warn);
         }
         attempt += 1;
     };
@@ -344,6 +360,37 @@ async fn steady(env: &Env, args: &Args, o: &mut Source) -> Res<()> {
         args.steady_attempts
     );
     let cfg = "15s lease, try_acquire_or_renew() every 5s (ttl/3, the crate's documented ratio) by holder and waiters";
+    let holder_only = alone.server_rps - base.server_rps;
+    o.figures.push(Figure {
+        system: SYSTEM.into(),
+        config: String::new(),
+        name: "lease_requests_per_s_holder_only".into(),
+        value: round3(holder_only),
+        unit: "req/s".into(),
+        note: format!(
+            "{cfg}; the holder alone on the Lease: apiserver_request_total{{group=coordination.k8s.io,resource=leases}} \
+             delta over a window of {:.1}s after {}s warm-up, minus the idle baseline {:.3} req/s; its client counted \
+             {:.3} req/s ({}); no candidate opens a watch",
+            alone.seconds,
+            args.warmup,
+            base.server_rps,
+            alone.client_rps,
+            methods_note(&alone.client_by_method)
+        ),
+    });
+    o.figures.push(Figure {
+        system: SYSTEM.into(),
+        config: String::new(),
+        name: "lease_requests_per_s_per_waiter".into(),
+        value: round3((r.server_rps - alone.server_rps) / 3.0),
+        unit: "req/s".into(),
+        note: format!(
+            "(1 holder + 3 waiters less the holder alone) / 3, server-side, both over windows of {:.1}s; \
+             client-side {:.3} req/s",
+            r.seconds,
+            (r.client_rps - alone.client_rps) / 3.0
+        ),
+    });
     o.figures.push(Figure {
         system: SYSTEM.into(),
         config: String::new(),
@@ -416,7 +463,8 @@ async fn run(env: Arc<Env>, args: &Args, o: &mut Source) -> Res<()> {
         let raw_sum = summarize(SYSTEM, "", "", &lo.extra, String::new());
         let mut note = format!(
             "A's renew loop stopped silently right after a renewal (no step_down); value = B's Acquired (wall clock) minus \
-             (A's last renewTime + leaseDurationSeconds 2s), read from the Lease. kle considers a lease expired when \
+             (the send of A's last renewal, taken in A's HTTP client as the request went out, + leaseDurationSeconds \
+             2s), signed. kle considers a lease expired when \
              now > renewTime+duration and B polls every 250 ms, so expect ~0-250 ms. Raw time from A's stop to B leader: \
              p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms.",
             raw_sum.p50,

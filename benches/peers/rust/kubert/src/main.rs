@@ -66,6 +66,8 @@ type LeaseTask = tokio::task::JoinHandle<Result<(), kubert::lease::Error>>;
 
 struct Cand {
     id: String,
+    /// When its last Lease write went out (its client's clock).
+    last_write: LastWrite,
     state: Arc<Mutex<CandState>>,
     /// Stops the monitor, which then drops the only claim receiver.
     stop: watch::Sender<bool>,
@@ -75,7 +77,7 @@ struct Cand {
 
 impl Cand {
     async fn start(env: &Env, lease: &str, id: String, params: ClaimParams) -> Res<Cand> {
-        let client = candidate_client(&env.cfg, &env.counter)?;
+        let (client, last_write) = candidate_client(&env.cfg, &env.counter)?;
         let api: Api<Lease> = Api::namespaced(client, &env.ns);
         let (mut rx, task): (_, LeaseTask) = retry("LeaseManager::init + spawn", || async {
             let mgr = LeaseManager::init(api.clone(), lease).await?;
@@ -116,6 +118,7 @@ impl Cand {
         });
         Ok(Cand {
             id,
+            last_write,
             state,
             stop,
             monitor: AbortOnDrop(monitor),
@@ -298,11 +301,18 @@ async fn lane_inner(
                 holder = waiter;
                 continue;
             }
-            let renew = spec.renew_time.ok_or_else(|| err("no renewTime"))?.0;
+            // From the send of the holder's last renewal, as its client saw it (not
+            // the renewTime it stamped before sending): every bench's expiry clock
+            // starts there.
+            let sent = holder
+                .last_write
+                .lock()
+                .unwrap()
+                .ok_or_else(|| err("the holder never wrote its Lease"))?;
             let dur = spec
                 .lease_duration_seconds
                 .ok_or_else(|| err("no leaseDurationSeconds"))?;
-            expiry_wall = Some(SystemTime::from(renew) + Duration::from_secs(dur as u64));
+            expiry_wall = Some(sent + Duration::from_secs(dur as u64));
         } else {
             // A steadily campaigning waiter: let B's lease task complete one
             // wake (its first wake is at the expiry of the claim it read at
@@ -372,8 +382,9 @@ async fn lane_inner(
     Ok(())
 }
 
-/// One idle baseline, then 1 holder + 3 waiters on a fresh Lease: warm-up and window.
-async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate)> {
+/// One idle baseline, then on a fresh Lease the holder alone, then 1 holder + 3
+/// waiters: warm-up and window each. Returns (idle, holder alone, all four).
+async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate, Rate)> {
     let params = default_15s();
     let lim = limit(&params);
     let lease = format!("steady-{attempt}");
@@ -395,6 +406,12 @@ async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate
     )
     .await?;
     wait_leader(&holder, lim).await?;
+    println!(
+        "  the holder alone; warm-up {}s, window {}s",
+        args.warmup, args.steady
+    );
+    tokio::time::sleep(Duration::from_secs(args.warmup)).await;
+    let alone = measure_rate(&env.admin, &env.counter, Duration::from_secs(args.steady)).await?;
     let mut waiters = Vec::new();
     for i in 0..3 {
         let w = Cand::start(
@@ -415,19 +432,19 @@ async fn steady_attempt(env: &Env, args: &Args, attempt: u64) -> Res<(Rate, Rate
     let r = measure_rate(&env.admin, &env.counter, Duration::from_secs(args.steady)).await?;
     drop(waiters);
     drop(holder);
-    Ok((base, r))
+    Ok((base, alone, r))
 }
 
 async fn steady(env: &Env, args: &Args, o: &mut Source) -> Res<()> {
     let mut attempt = 1;
-    let (base, r, warn) = loop {
-        let (base, r) = steady_attempt(env, args, attempt).await?;
+    let (base, alone, r, warn) = loop {
+        let (base, alone, r) = steady_attempt(env, args, attempt).await?;
         let warn = contamination(r.server_rps - base.server_rps, r.client_rps).unwrap_or_default();
         if !warn.is_empty() {
             println!(" {warn}");
         }
         if warn.is_empty() || attempt >= args.steady_attempts {
-            break (base, r, warn);
+            break (base, alone, r, warn);
         }
         attempt += 1;
     };
@@ -436,6 +453,37 @@ async fn steady(env: &Env, args: &Args, o: &mut Source) -> Res<()> {
         args.steady_attempts
     );
     let cfg = "15s lease, renew_grace_period 0.5s (ClaimParams::default() is 30s/1s; ratio kept)";
+    let holder_only = alone.server_rps - base.server_rps;
+    o.figures.push(Figure {
+        system: SYSTEM.into(),
+        config: String::new(),
+        name: "lease_requests_per_s_holder_only".into(),
+        value: round3(holder_only),
+        unit: "req/s".into(),
+        note: format!(
+            "{cfg}; the holder alone on the Lease: apiserver_request_total{{group=coordination.k8s.io,resource=leases}} \
+             delta over a window of {:.1}s after {}s warm-up, minus the idle baseline {:.3} req/s; its client counted \
+             {:.3} req/s ({}); no candidate opens a watch",
+            alone.seconds,
+            args.warmup,
+            base.server_rps,
+            alone.client_rps,
+            methods_note(&alone.client_by_method)
+        ),
+    });
+    o.figures.push(Figure {
+        system: SYSTEM.into(),
+        config: String::new(),
+        name: "lease_requests_per_s_per_waiter".into(),
+        value: round3((r.server_rps - alone.server_rps) / 3.0),
+        unit: "req/s".into(),
+        note: format!(
+            "(1 holder + 3 waiters less the holder alone) / 3, server-side, both over windows of {:.1}s; \
+             client-side {:.3} req/s",
+            r.seconds,
+            (r.client_rps - alone.client_rps) / 3.0
+        ),
+    });
     o.figures.push(Figure {
         system: SYSTEM.into(),
         config: String::new(),
@@ -447,7 +495,7 @@ async fn steady(env: &Env, args: &Args, o: &mut Source) -> Res<()> {
              minus idle baseline {:.3} req/s (measured over {:.1}s just before); raw {:.3} req/s. Expected: per 14.5s the \
              holder sends 1 PATCH and each waiter wakes at the expiry it knows, sends a stale acquire PATCH (409) and a GET \
              = 7/14.5 = 0.48 req/s. The requests come in one burst per period (waiters all wake at the holder's old expiry), \
-             so the window should span whole periods: default 58 s = 4 x 14.5 s.",
+             so the window should span whole periods: 58 s by default (--steady), 4 x 14.5 s.",
             r.seconds, args.warmup, base.server_rps, base.seconds, r.server_rps
         ) + &warn,
     });
@@ -516,8 +564,9 @@ async fn run(env: Arc<Env>, args: &Args, o: &mut Source) -> Res<()> {
         let raw_sum = summarize(SYSTEM, "", "", &lo.extra, String::new());
         let mut note = format!(
             "A's lease task aborted right after a renewal (no vacate); value = B's claim receiver shows B (wall clock) \
-             minus (A's last renewTime + leaseDurationSeconds 2s), read from the Lease. B sleeps exactly until that \
-             expiry, so this is ~one acquire round trip. Raw time from A's abort to B leader: p50 {:.1} ms, p99 {:.1} ms, \
+             minus (the send of A's last renewal, taken in A's HTTP client as the request went out, + \
+             leaseDurationSeconds 2s), signed. B sleeps exactly until the expiry it reads (A's renewTime, stamped before \
+             that send, + 2s), so this is ~one acquire round trip. Raw time from A's abort to B leader: p50 {:.1} ms, p99 {:.1} ms, \
              max {:.1} ms.",
             raw_sum.p50,
             raw_sum.p99,
