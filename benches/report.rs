@@ -794,8 +794,13 @@ fn markdown(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    md += "## Handover latency\n\nFrom the holder letting go to the next holder's process observing its grant; \
-           milliseconds, p50 / p95 / p99 (n), nearest rank.\n\n";
+    md += "## Handover latency\n\nRelease and Pod deletion: from the holder letting go (its release sent, its \
+           Pod deleted) to the next holder's process observing its grant. Expiry, every system alike: from the \
+           send of the silent holder's last renewal, as its own client saw it, plus the lease duration, to the \
+           next holder observing its grant, signed. The palisade-agent rows are an A/B in one process, \
+           interleaved round by round: the README's client (readme-client), the library on a caller's \
+           kube::Client (library) and the agent; their spread over blocks is in Other figures. Milliseconds, \
+           p50 / p95 / p99 (n), nearest rank.\n\n";
     md += "| system (config) | voluntary release | holder's Pod deleted | expiry, past the duration |\n|---|---|---|---|\n";
     let all_latency = latency;
     let handover = handover_only(latency);
