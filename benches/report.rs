@@ -567,7 +567,49 @@ fn agent_targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
             status: Status::NotMeasured,
         },
     };
-    vec![handover, rss, requests]
+    vec![
+        handover,
+        rss,
+        requests,
+        readme_client_target(latency, figures),
+    ]
+}
+
+/// The README's client against the library on a caller's client, in the same
+/// interleaved rounds: p50 within 1.2x, p99 within 3 serial writes' p99 on its connections.
+fn readme_client_target(latency: &[Latency], figures: &[Figure]) -> Target {
+    let t = "README client release handover: p50 <= 1.2x the library's, p99 <= 3 serial writes' p99 (interleaved, same run)";
+    let release = |config: &str| {
+        latency.iter().find(|l| {
+            l.system == "palisade-agent" && l.config == config && l.scenario == "release" && l.n > 0
+        })
+    };
+    let write_p99 = figure(
+        figures,
+        "palisade-agent",
+        "readme-client",
+        "serial_write_p99",
+    );
+    match (release("readme-client"), release("library"), write_p99) {
+        (Some(r), Some(l), Some(w)) => Target {
+            target: t,
+            measured: format!(
+                "p50 {} against {} ms ({:.2}x), p99 {} ms against 3 x {} ms (n={})",
+                ms(r.p50),
+                ms(l.p50),
+                r.p50 / l.p50,
+                ms(r.p99),
+                ms(w.value),
+                r.n
+            ),
+            status: Status::of(r.p50 <= 1.2 * l.p50 && r.p99 <= 3.0 * w.value),
+        },
+        _ => Target {
+            target: t,
+            measured: "-".into(),
+            status: Status::NotMeasured,
+        },
+    }
 }
 
 /// Ours against client-go at default timings, from the API server's count; when
