@@ -5,7 +5,7 @@
 //! `cargo bench --bench scale -- [--sizes N,...] [--out DIR] [--timeout SECS]
 //! [--lease-duration SECS] [--inflight N] [--steady SECS] [--handover SECS]
 //! [--failover-at N] [--failover-kills K] [--failover-before-kills K]
-//! [--storm-duration SECS] [--storm-library-max N] [--storm-library-per-client N]
+//! [--storm-duration SECS] [--storm-library-max N]
 //! [--controller-bin PATH]`; smoke run (debug build, figures
 //! mean nothing): `cargo test --bench scale -- --sizes 20`. Needs the cluster of
 //! `make cluster`. Writes `DIR/scale.json` (figures named `leases_<N>_...`; latency
@@ -123,10 +123,8 @@
 //!    the Lease naming the waiter, as the bench's Lease watch saw it. Library waiters
 //!    (only up to `--storm-library-max`, 1,000): after the bare storm each new holder
 //!    renews once naming its token, then one `LeaseClient::acquire` per Lease starts
-//!    in this process, `--storm-library-per-client` (20) waiters on each
-//!    `LeaseClient::from_config` (with 50 or more on one client, every acquire failed
-//!    in the storm: its confirming renewal not answered within a third of D), and the
-//!    controller starts once all their claims exist; a re-grant is `acquire`
+//!    in this process, all on one `LeaseClient::from_config` as the agent serves its
+//!    callers, and the controller starts once all their claims exist; a re-grant is `acquire`
 //!    returning (an `acquire` that fails is counted and named in the note). Per Lease:
 //!    delay = the re-grant - (`/readyz` + D), signed, never clamped (Latency
 //!    `storm-past-duration`, config `N` or `N-library`). `/readyz` + D is the latest
@@ -228,7 +226,6 @@ struct Args {
     failover_before_kills: Option<usize>,
     storm_duration: Option<i64>,
     storm_library_max: usize,
-    storm_library_per_client: usize,
 }
 
 /// Scale of palisade: many Leases on one controller (`make bench`; needs `make cluster`).
@@ -272,9 +269,6 @@ struct Cli {
     /// (`LeaseClient::acquire`, all in this process).
     #[arg(long, default_value_t = 1000)]
     storm_library_max: usize,
-    /// Library waiters per `LeaseClient` in that storm.
-    #[arg(long, default_value_t = 20)]
-    storm_library_per_client: usize,
     /// The palisade binary to run as the controller (default: the one built with this
     /// bench). One without the `--leader-elect-*` flags needs `--failover-at 0`.
     #[arg(long)]
@@ -300,7 +294,6 @@ fn args() -> Args {
         failover_before_kills: c.failover_before_kills,
         storm_duration: c.storm_duration,
         storm_library_max: c.storm_library_max,
-        storm_library_per_client: c.storm_library_per_client,
     };
     if let Some(bin) = c.controller_bin {
         assert!(

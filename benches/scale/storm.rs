@@ -247,7 +247,7 @@ fn storm_figures(
         _ => (
             "storm_library",
             format!("{n}-library"),
-            "re-grant = the waiter's palisade::client::LeaseClient::acquire returning (after the Lease write, its watch and the library's confirming write), all N waiters in the bench's process, --storm-library-per-client of them on each LeaseClient::from_config (the agent serves all its callers on one: with 50 or more waiting on one client every acquire failed, its confirming renewal not answered within D/3)",
+            "re-grant = the waiter's palisade::client::LeaseClient::acquire returning (after the Lease write and its watch; the head waiter's write made before the grant, or its confirming write after it), all N waiters in the bench's process on one LeaseClient::from_config, as the agent serves all its callers",
         ),
     };
     let samples: Vec<f64> = o.regrants.iter().map(|at| signed_ms(*at, o.due)).collect();

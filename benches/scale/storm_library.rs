@@ -1,10 +1,7 @@
 //! The storm's library waiters: one `LeaseClient::acquire` per Lease, all in this
-//! process, so a re-grant counts when `acquire` returns, its confirming write
-//! included. The agent serves all its callers on one `LeaseClient`; here one
-//! `LeaseClient::from_config` serves `--storm-library-per-client` waiters (20), each
-//! on connections of its own: with 50 or more waiting acquires on one client, every
-//! one of them failed in the storm (its confirming renewal not answered within a
-//! third of the duration), while 20 passed.
+//! process on one `LeaseClient::from_config`, as the agent serves all its callers on
+//! one, so a re-grant counts when `acquire` returns (the head waiter's early write or
+//! its confirming write included).
 
 use palisade::client::{AcquireOptions, LeaseClient, PodBinding};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -16,7 +13,7 @@ const IDENTITY: &str = "lib";
 
 /// The running acquires; dropping this releases every grant (their claims deleted).
 pub(crate) struct LibraryWaiters {
-    clients: Vec<LeaseClient>,
+    client: LeaseClient,
     pub(crate) acquired: UnboundedReceiver<Result<(usize, Instant), String>>,
     stop: CancellationToken,
     tasks: tokio::task::JoinSet<()>,
@@ -29,16 +26,13 @@ impl LibraryWaiters {
         let kubeconfig = s.root.join("target/cluster/kubeconfig");
         let kc = Kubeconfig::read_from(&kubeconfig)?;
         let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-        let per = s.args.storm_library_per_client.max(1);
-        let clients = (0..s.n.div_ceil(per))
-            .map(|_| LeaseClient::from_config(config.clone(), Some(s.ns)))
-            .collect::<Result<Vec<_>, _>>()?;
+        let client = LeaseClient::from_config(config, Some(s.ns))?;
         let before = count_objects(&s.claims).await?;
         let (tx, acquired) = tokio::sync::mpsc::unbounded_channel();
         let stop = CancellationToken::new();
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..s.n {
-            let (client, tx, stop) = (clients[i / per].clone(), tx.clone(), stop.clone());
+            let (client, tx, stop) = (client.clone(), tx.clone(), stop.clone());
             tasks.spawn(async move {
                 let options = AcquireOptions {
                     identity: Some(IDENTITY.into()),
@@ -62,7 +56,7 @@ impl LibraryWaiters {
             });
         }
         let waiters = Self {
-            clients,
+            client,
             acquired,
             stop,
             tasks,
@@ -89,11 +83,8 @@ impl LibraryWaiters {
     pub(crate) async fn release(mut self) {
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
-        for client in &self.clients {
-            if !client.flush(Duration::from_secs(30)).await {
-                eprintln!("scale: storm: the library waiters' claims were not all deleted in 30 s");
-                return;
-            }
+        if !self.client.flush(Duration::from_secs(30)).await {
+            eprintln!("scale: storm: the library waiters' claims were not all deleted in 30 s");
         }
     }
 }

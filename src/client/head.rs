@@ -45,7 +45,8 @@ use tokio::time::{Instant, sleep_until};
 use super::CALL_TIMEOUT;
 use super::claim::{ClaimGuard, touch};
 use super::clock::BootInstant;
-use super::object_watch::{Events, watch_one};
+use super::connections::WatchConnections;
+use super::object_watch::Events;
 use super::wait::claim_ending;
 use crate::crd::{Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS};
 
@@ -76,6 +77,8 @@ struct Holder {
 /// write that counted.
 pub(super) struct EarlyConfirmation {
     claims: Api<LeaseClaim>,
+    namespace: String,
+    watches: WatchConnections,
     name: String,
     uid: String,
     watch_secs: u32,
@@ -89,9 +92,16 @@ pub(super) struct EarlyConfirmation {
 
 impl EarlyConfirmation {
     /// For the claim of `guard`, whose create was sent at `created_at` (no later).
-    pub(super) fn new(guard: &ClaimGuard, created_at: BootInstant, watch_secs: u32) -> Self {
+    pub(super) fn new(
+        guard: &ClaimGuard,
+        created_at: BootInstant,
+        watches: &WatchConnections,
+        watch_secs: u32,
+    ) -> Self {
         EarlyConfirmation {
             claims: guard.claims.clone(),
+            namespace: guard.claims.namespace().unwrap_or_default().to_string(),
+            watches: watches.clone(),
             name: guard.name.clone(),
             uid: guard.uid.clone(),
             watch_secs,
@@ -121,7 +131,9 @@ impl EarlyConfirmation {
             _ => {
                 self.holder = Some(Holder {
                     uid: holder.claim_uid.clone(),
-                    events: watch_one(self.claims.clone(), &holder.claim, self.watch_secs),
+                    events: self
+                        .watches
+                        .watch(&self.namespace, &holder.claim, self.watch_secs),
                     renew_time: None,
                     duration,
                 })

@@ -98,7 +98,9 @@
 //! - **Ours** ([`LeaseClient::try_default`]/`from_config`, the agent, `palisade
 //!   lock`): HTTP/2, PINGed every 3 s and closed when a PING goes unanswered for 3 s
 //!   (`crate::kube_client`), which fails every request and watch on it at once; they
-//!   resume on a new connection. So watches stay open for 5 minutes, like client-go's
+//!   resume on a new connection. Requests keep the first connection, and watches
+//!   spread over more as they grow in number (`connections`: an HTTP/2 connection
+//!   carries only so many streams at once, and a watch holds one for minutes). So watches stay open for 5 minutes, like client-go's
 //!   reflectors, and a waiter costs under one request a minute (one holder and three
 //!   waiters: 0.23 requests/s, the holder's renewals 0.20 of it; 0.90 with the 5 s
 //!   Lease watch below). A waiter whose connections froze saw its grant 6.2 to 6.5 s
@@ -120,6 +122,7 @@
 
 mod claim;
 pub(crate) mod clock;
+mod connections;
 mod grant;
 mod head;
 mod object_watch;
@@ -136,6 +139,7 @@ use tokio_util::task::TaskTracker;
 
 use claim::{ClaimGuard, new_claim, post_params};
 use clock::BootTimer;
+use connections::WatchConnections;
 pub use grant::Grant;
 use wait::{await_grant, until_deadline};
 
@@ -336,6 +340,8 @@ pub struct LeaseClient {
     /// What the connections' answers show, on connections we built; `None` on a
     /// caller's `kube::Client` ([`LeaseClient::new`]).
     protocol: Option<crate::kube_client::Protocol>,
+    /// Where the watches go (`connections`).
+    watches: WatchConnections,
     /// Claim creations and the deletions spawned from `Drop`, so that `flush` can wait for them.
     cleanup: TaskTracker,
 }
@@ -345,7 +351,8 @@ impl LeaseClient {
     /// waiter's Lease watch is ended and resumed every 5 s, the sign of life a silently
     /// dead connection cannot give; [`LeaseClient::from_config`] waits for free.
     pub fn new(client: Client, namespace: &str) -> Self {
-        Self::with_periods(client, namespace, None)
+        let watches = WatchConnections::Caller(client.clone());
+        Self::with_periods(client, namespace, None, watches)
     }
 
     /// A client on connections that `kube_client::client` or `kube_client::builder`
@@ -358,19 +365,22 @@ impl LeaseClient {
         protocol: crate::kube_client::Protocol,
         namespace: &str,
     ) -> Self {
-        Self::with_periods(client, namespace, Some(protocol))
+        let watches = WatchConnections::Caller(client.clone());
+        Self::with_periods(client, namespace, Some(protocol), watches)
     }
 
     fn with_periods(
         client: Client,
         namespace: &str,
         protocol: Option<crate::kube_client::Protocol>,
+        watches: WatchConnections,
     ) -> Self {
         Self {
             namespace: namespace.to_string(),
             leases: Api::namespaced(client.clone(), namespace),
             claims: Api::namespaced(client, namespace),
             protocol,
+            watches,
             cleanup: TaskTracker::new(),
         }
     }
@@ -379,11 +389,17 @@ impl LeaseClient {
     /// HTTP/2 where the API server speaks it, PINGed, so its watches stay open for
     /// minutes; in `namespace` or else the configuration's default namespace.
     pub fn from_config(config: Config, namespace: Option<&str>) -> Result<Self, kube::Error> {
-        let (client, protocol) = crate::kube_client::client(config)?;
+        let (client, protocol) = crate::kube_client::client(config.clone())?;
         let namespace = namespace
             .map(str::to_string)
             .unwrap_or_else(|| client.default_namespace().to_string());
-        Ok(Self::with_periods(client, &namespace, Some(protocol)))
+        let watches = WatchConnections::own(client.clone(), config);
+        Ok(Self::with_periods(
+            client,
+            &namespace,
+            Some(protocol),
+            watches,
+        ))
     }
 
     /// How long this client's watches last: minutes on connections whose last
@@ -403,6 +419,12 @@ impl LeaseClient {
         self.watch_periods() == PINGED_CONNECTIONS
     }
 
+    /// How many connections this client's watches and requests use (for tests).
+    #[doc(hidden)]
+    pub fn connections(&self) -> usize {
+        self.watches.connections()
+    }
+
     /// [`LeaseClient::from_config`] with `KUBECONFIG` (or the in-cluster config).
     pub async fn try_default(namespace: Option<&str>) -> Result<Self, kube::Error> {
         Self::from_config(crate::kube_client::infer().await?, namespace)
@@ -416,6 +438,7 @@ impl LeaseClient {
             leases: Api::namespaced(client.clone(), namespace),
             claims: Api::namespaced(client, namespace),
             protocol: self.protocol.clone(),
+            watches: self.watches.clone(),
             cleanup: self.cleanup.clone(),
         }
     }
@@ -470,8 +493,8 @@ impl LeaseClient {
             .ok_or_else(timed_out)??;
         let guard = ClaimGuard::new(self.claims.clone(), &created, self.cleanup.clone());
         let granted = await_grant(
-            &self.leases,
-            &self.claims,
+            &self.watches,
+            &self.namespace,
             lease,
             guard,
             created_at,

@@ -6,13 +6,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::Api;
 use tokio::time::{Instant, timeout_at};
 
 use super::claim::ClaimGuard;
 use super::clock::BootInstant;
+use super::connections::WatchConnections;
 use super::head::EarlyConfirmation;
-use super::object_watch::{Events, watch_one};
+use super::object_watch::Events;
 use super::{Error, LostReason, WatchPeriods};
 use crate::crd::{ClaimPhase, Lease, LeaseClaim, MAX_LEASE_DURATION_SECONDS};
 
@@ -34,8 +34,8 @@ pub(super) struct Granted {
 /// (`timed_out`), the claim is deleted before this returns.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn await_grant(
-    leases: &Api<Lease>,
-    claims: &Api<LeaseClaim>,
+    watches: &WatchConnections,
+    namespace: &str,
     lease: &str,
     guard: ClaimGuard,
     created_at: BootInstant,
@@ -44,9 +44,9 @@ pub(super) async fn await_grant(
     timed_out: impl FnOnce() -> Error,
 ) -> Result<Granted, Error> {
     // Watch both before deciding anything: the first event of each is the current state.
-    let mut lease_events = watch_one(leases.clone(), lease, periods.grant_secs);
-    let mut claim_events = watch_one(claims.clone(), &guard.name, periods.quiet_secs);
-    let mut early = EarlyConfirmation::new(&guard, created_at, periods.quiet_secs);
+    let mut lease_events = watches.watch::<Lease>(namespace, lease, periods.grant_secs);
+    let mut claim_events = watches.watch::<LeaseClaim>(namespace, &guard.name, periods.quiet_secs);
+    let mut early = EarlyConfirmation::new(&guard, created_at, watches, periods.quiet_secs);
     let waited = until_deadline(
         deadline,
         wait_for_grant(
@@ -79,7 +79,7 @@ pub(super) async fn await_grant(
         lease_events
     } else {
         drop(lease_events);
-        watch_one(leases.clone(), lease, periods.quiet_secs)
+        watches.watch::<Lease>(namespace, lease, periods.quiet_secs)
     };
     Ok(Granted {
         guard,

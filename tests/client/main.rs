@@ -11,6 +11,7 @@ mod connections;
 mod deadlines;
 mod early;
 mod lifecycle;
+mod shared;
 
 async fn setup(prefix: &str) -> (TestNamespace, ControllerProcess, LeaseClient) {
     support::install_crds().await;
