@@ -6,6 +6,7 @@
 mod decisions;
 mod durations;
 mod expiry;
+mod handovers;
 mod model;
 mod server;
 
