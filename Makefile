@@ -3,7 +3,7 @@
 #   make test           the whole suite: unit + integration tests against a real kube-apiserver (starts it)
 #   make unit-test      only the tests that need no cluster (unit, model, property, doc examples)
 #   make demo           the fencing story, end to end, on the local control plane (no node)
-#   make bench          all benchmark figures in one run (~33 min on 2 cores): target/bench/results.{json,md,png},
+#   make bench          all benchmark figures in one run (~35 min on 2 cores): target/bench/results.{json,md,png},
 #                       and the figures in docs/performance.md
 #   make bench-peers    only the peers: client-go leader election, kube-leader-election, kubert
 #   make bench-operator only the fenced-operator figures (palisade's and client-go's, ~4 min):

@@ -1027,7 +1027,7 @@ fn storm_table(latency: &[Latency], figures: &[Figure]) -> String {
          server's own rate for the controller's kind of write, a status PUT of the whole Lease conditioned on \
          its resourceVersion, one per Lease, 16 in flight, no controller: median (min to max) of three passes \
          interleaved with the storms. Waiters: bare claims (re-grant = the Lease write, as the bench's watch \
-         saw it) or the client library's (`acquire` returning, its confirming write included).\n\n\
+         saw it) or the client library's (`acquire` returning: all on one client, as the agent serves its callers; the head waiter writes before the grant, or confirms after it when that write is too old).\n\n\
          | Leases | waiters | last past due | p50 / p99 past due (ms) | floor (writes/s) | ours (grants/s) | fraction of floor | saturated |\n\
          |---|---|---|---|---|---|---|---|\n",
     );

@@ -102,8 +102,8 @@
 //!   spread over more as they grow in number (`connections`: an HTTP/2 connection
 //!   carries only so many streams at once, and a watch holds one for minutes). So watches stay open for 5 minutes, like client-go's
 //!   reflectors, and a waiter costs under one request a minute (one holder and three
-//!   waiters: 0.23 requests/s, the holder's renewals 0.20 of it; 0.90 with the 5 s
-//!   Lease watch below). A waiter whose connections froze saw its grant 6.2 to 6.5 s
+//!   waiters: 0.233 requests/s, the holder alone 0.206 (its renewals, and its watches'
+//!   restarts pro rata), each waiter 0.009; 0.90 with the 5 s Lease watch below). A waiter whose connections froze saw its grant 6.2 to 6.5 s
 //!   after the release. client-go detects dead HTTP/2 connections the same way (PINGs
 //!   after 30 s of silence). Offering HTTP/2 is not speaking it: the periods follow
 //!   the protocol of the last answer (`kube_client::Protocol`), so behind a server
