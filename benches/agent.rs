@@ -437,26 +437,10 @@ const AB_NOTE: &str = "one handover at a time, each path on a Lease of its own; 
 
 /// Requests/s to palisade's resources the API server counted over `window`.
 async fn request_rate(client: &kube::Client, window: f64) -> f64 {
-    let count = || async {
-        let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
-        let text = client
-            .request_text(req)
-            .await
-            .expect("GET /metrics of the API server");
-        text.lines()
-            .filter(|l| {
-                l.starts_with("apiserver_request_total{")
-                    && l.contains(r#"group="palisade.dev""#)
-                    && (l.contains(r#"resource="leases""#)
-                        || l.contains(r#"resource="leaseclaims""#))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
-    let before = count().await;
+    let before = cluster::palisade_requests(client).await;
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(window)).await;
-    (count().await - before) / t0.elapsed().as_secs_f64()
+    (cluster::palisade_requests(client).await - before) / t0.elapsed().as_secs_f64()
 }
 
 fn figure(name: &str, value: f64, unit: &str, note: String) -> Figure {

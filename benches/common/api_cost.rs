@@ -56,31 +56,14 @@ impl Cost {
     }
 }
 
-/// The API server's count of requests to palisade's resources, all verbs and codes.
-async fn palisade_requests(client: &Client) -> f64 {
-    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client
-        .request_text(req)
-        .await
-        .expect("GET /metrics of the API server");
-    text.lines()
-        .filter(|l| {
-            l.starts_with("apiserver_request_total{")
-                && l.contains(r#"group="palisade.dev""#)
-                && (l.contains(r#"resource="leases""#) || l.contains(r#"resource="leaseclaims""#))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// The rate of [`palisade_requests`] over `window` seconds, the candidates' requests
+/// The rate of [`palisade_requests`](crate::cluster::palisade_requests) over `window` seconds, the candidates' requests
 /// counted in `sent`, and their watches' restarts pro rata.
 async fn request_rate(client: &Client, sent: &requests::Recorded, window: f64) -> Rate {
-    let before = palisade_requests(client).await;
+    let before = crate::cluster::palisade_requests(client).await;
     let sent_before = palisade_requests_sent(sent);
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(window)).await;
-    let after = palisade_requests(client).await;
+    let after = crate::cluster::palisade_requests(client).await;
     let elapsed = t0.elapsed().as_secs_f64();
     let periods = watch_periods(sent);
     Rate {

@@ -118,3 +118,22 @@ pub async fn wait_waiting(leases: &LeaseClient, lease: &str, n: i64) {
         Err(_) => panic!("{lease} did not list {n} waiting claims within {WAIT_LIMIT:?}"),
     }
 }
+
+/// The API server's count of requests to palisade's resources, all verbs and codes.
+// Not every bench that includes this file counts requests (the operator bench does not).
+#[allow(dead_code)]
+pub async fn palisade_requests(client: &Client) -> f64 {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client
+        .request_text(req)
+        .await
+        .expect("GET /metrics of the API server");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(r#"group="palisade.dev""#)
+                && (l.contains(r#"resource="leases""#) || l.contains(r#"resource="leaseclaims""#))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -262,17 +262,8 @@ impl World {
         let Some(Some((_, secs))) = self.grants.get(&uid).cloned() else {
             return;
         };
-        let (now, rv) = (self.now, self.bump());
-        let c = self.claims.get_mut(&name).unwrap();
-        let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
-        c.spec.renew_time = Some(MicroTime(renew_time));
-        c.metadata.resource_version = Some(rv.to_string());
-        if let Some((_, token)) = self.granted.get(&uid) {
-            c.annotations_mut()
-                .insert(RENEWED_TOKEN_ANNOTATION.into(), token.to_string());
-        }
-        let c = c.clone();
-        self.renewals.insert(renew_time, now);
+        let token = self.granted.get(&uid).map(|(_, token)| *token);
+        let c = self.write_renew_time(&name, token);
         self.count_renewal(&c, secs);
         self.broadcast(Change::Claim(c, false));
     }
@@ -289,13 +280,8 @@ impl World {
         if self.grants.contains_key(&uid) {
             return;
         }
-        let (now, rv) = (self.now, self.bump());
-        let c = self.claims.get_mut(&name).unwrap();
-        let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
-        c.spec.renew_time = Some(MicroTime(renew_time));
-        c.metadata.resource_version = Some(rv.to_string());
-        let c = c.clone();
-        self.renewals.insert(renew_time, now);
+        let now = self.now;
+        let c = self.write_renew_time(&name, None);
         let ended = c
             .status
             .as_ref()
@@ -305,6 +291,23 @@ impl World {
             self.written.insert(uid, now);
         }
         self.broadcast(Change::Claim(c, false));
+    }
+
+    /// Claim `name`'s `renewTime` written now, sent now (naming `token` as a renewal of
+    /// that grant): the claim as the write left it.
+    fn write_renew_time(&mut self, name: &str, token: Option<i64>) -> LeaseClaim {
+        let (now, rv) = (self.now, self.bump());
+        let c = self.claims.get_mut(name).unwrap();
+        let renew_time = Timestamp::from_second(1_800_000_000 + rv as i64).unwrap();
+        c.spec.renew_time = Some(MicroTime(renew_time));
+        c.metadata.resource_version = Some(rv.to_string());
+        if let Some(token) = token {
+            c.annotations_mut()
+                .insert(RENEWED_TOKEN_ANNOTATION.into(), token.to_string());
+        }
+        let c = c.clone();
+        self.renewals.insert(renew_time, now);
+        c
     }
 
     /// The client's side of a renewal whose response shows `claim`.

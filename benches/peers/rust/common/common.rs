@@ -738,3 +738,47 @@ impl Run {
         }
     }
 }
+
+/// The holder alone's request rate and a waiter's (1 holder + 3 waiters less the
+/// holder alone, over 3), server-side less the idle `base`, each over its window
+/// after `warmup` seconds; `cfg` names the timings. The same for both peers.
+pub fn holder_and_waiter_figures(
+    system: &str,
+    cfg: &str,
+    warmup: u64,
+    (base, alone, r): (&Rate, &Rate, &Rate),
+) -> Vec<crate::schema::Figure> {
+    use crate::schema::Figure;
+    vec![
+        Figure {
+            system: system.into(),
+            config: String::new(),
+            name: "lease_requests_per_s_holder_only".into(),
+            value: round3(alone.server_rps - base.server_rps),
+            unit: "req/s".into(),
+            note: format!(
+                "{cfg}; the holder alone on the Lease: apiserver_request_total{{group=coordination.k8s.io,resource=leases}} \
+                 delta over a window of {:.1}s after {}s warm-up, minus the idle baseline {:.3} req/s; its client counted \
+                 {:.3} req/s ({}); no candidate opens a watch",
+                alone.seconds,
+                warmup,
+                base.server_rps,
+                alone.client_rps,
+                methods_note(&alone.client_by_method)
+            ),
+        },
+        Figure {
+            system: system.into(),
+            config: String::new(),
+            name: "lease_requests_per_s_per_waiter".into(),
+            value: round3((r.server_rps - alone.server_rps) / 3.0),
+            unit: "req/s".into(),
+            note: format!(
+                "(1 holder + 3 waiters less the holder alone) / 3, server-side, both over windows of {:.1}s; \
+                 client-side {:.3} req/s",
+                r.seconds,
+                (r.client_rps - alone.client_rps) / 3.0
+            ),
+        },
+    ]
+}

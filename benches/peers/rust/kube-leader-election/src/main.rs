@@ -360,37 +360,12 @@ async fn steady(env: &Env, args: &Args, o: &mut Source) -> Res<()> {
         args.steady_attempts
     );
     let cfg = "15s lease, try_acquire_or_renew() every 5s (ttl/3, the crate's documented ratio) by holder and waiters";
-    let holder_only = alone.server_rps - base.server_rps;
-    o.figures.push(Figure {
-        system: SYSTEM.into(),
-        config: String::new(),
-        name: "lease_requests_per_s_holder_only".into(),
-        value: round3(holder_only),
-        unit: "req/s".into(),
-        note: format!(
-            "{cfg}; the holder alone on the Lease: apiserver_request_total{{group=coordination.k8s.io,resource=leases}} \
-             delta over a window of {:.1}s after {}s warm-up, minus the idle baseline {:.3} req/s; its client counted \
-             {:.3} req/s ({}); no candidate opens a watch",
-            alone.seconds,
-            args.warmup,
-            base.server_rps,
-            alone.client_rps,
-            methods_note(&alone.client_by_method)
-        ),
-    });
-    o.figures.push(Figure {
-        system: SYSTEM.into(),
-        config: String::new(),
-        name: "lease_requests_per_s_per_waiter".into(),
-        value: round3((r.server_rps - alone.server_rps) / 3.0),
-        unit: "req/s".into(),
-        note: format!(
-            "(1 holder + 3 waiters less the holder alone) / 3, server-side, both over windows of {:.1}s; \
-             client-side {:.3} req/s",
-            r.seconds,
-            (r.client_rps - alone.client_rps) / 3.0
-        ),
-    });
+    o.figures.extend(holder_and_waiter_figures(
+        SYSTEM,
+        cfg,
+        args.warmup,
+        (&base, &alone, &r),
+    ));
     o.figures.push(Figure {
         system: SYSTEM.into(),
         config: String::new(),
