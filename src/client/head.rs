@@ -19,12 +19,12 @@
 //! So the head of the queue sends that write as soon as it learns the grant is near,
 //! and the controller's Lease write and this write run side by side: when the
 //! holder's claim is deleted (a release) or marked ended (its Pod deleted: a
-//! revocation), when the holder's `renewTime` has not changed for 5/6 of the duration
-//! on this client's clock (an expiry). The claim's create counts too: on a free Lease
-//! the grant follows it at once. Writes
-//! per handover stay the same (the write moves, the keeper's first renewal follows a
-//! third of a duration later instead of at once); one serial write leaves the
-//! critical path of every handover.
+//! revocation), or when the holder's `renewTime` has not changed for 5/6 of the
+//! duration on this client's clock (an expiry). The claim's create counts too: on a
+//! free Lease the grant follows it at once. Writes per handover stay the same (the
+//! write moves, the keeper's first renewal follows a third of a duration later
+//! instead of at once); one serial write leaves the critical path of every handover.
+//! The head waiter holds one more watch, of the holder's claim.
 //!
 //! A write is used only when the grant is seen within D/3 of its send, the keeper's
 //! usual margin before its next renewal; otherwise the grant is confirmed after it
