@@ -310,6 +310,9 @@ async fn a_session_that_stops_its_keepalives_lets_go_and_its_token_file_goes() {
     let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
     let agent = AgentProcess::start(&ns).await;
     let hung = agent.session(1_000).await;
+    // Kept alive until it holds: a first grant on a cold cluster can take longer than
+    // the 1 s keepalive, and a session that lapsed before would let go at once.
+    let until_held = Keepalive::start(&agent.socket, &hung, Duration::from_millis(300));
     let (status, first) = agent.acquire(&hung, "cron", 10_000).await;
     assert_eq!(status, 200, "{first}");
     let file = agent.token_file(&ns.name, "cron");
@@ -318,6 +321,7 @@ async fn a_session_that_stops_its_keepalives_lets_go_and_its_token_file_goes() {
         format!("{}\n", first["token"])
     );
     assert!(first["validForMs"].as_u64().unwrap() > 0, "{first}");
+    drop(until_held);
 
     let waiter = agent.session(1_000).await;
     let _alive = Keepalive::start(&agent.socket, &waiter, Duration::from_millis(300));
