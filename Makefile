@@ -105,10 +105,11 @@ build:
 	cargo build --release --locked
 
 # --- the agent's thin clients and their examples ----------------------------------
-# clients/go and examples/go-leader-redis; clients/python and examples/python-worker-postgres.
+# clients/go and examples/go-leader-redis; clients/python and examples/python-worker-postgres;
+# clients/java (with its adapters), its conformance driver and examples/java-worker-postgres.
 # Included here: after `all` (the default goal) and after IMAGE_DIR and CACHE_DIR, which
 # their targets' names use (make expands a target's name as it reads the line).
-include mk/go.mk mk/python.mk
+include mk/go.mk mk/python.mk mk/java.mk mk/java-example.mk
 
 # --- control-plane binaries (cached by version) -------------------------------
 
@@ -338,9 +339,10 @@ unit-test:
 # The conformance suite's drivers: the Go client's, and the venv the Python one runs in
 # (the Rust library's and palisade lock's are built by cargo).
 CONFORMANCE_ENV = PALISADE_CONFORMANCE_GO=$(CURDIR)/$(GO_DRIVER_BIN) \
-	PALISADE_CONFORMANCE_PYTHON="$(PYTHON_CONFORMANCE_DRIVER)"
+	PALISADE_CONFORMANCE_PYTHON="$(PYTHON_CONFORMANCE_DRIVER)" \
+	PALISADE_CONFORMANCE_JAVA=$(CURDIR)/$(JAVA_DRIVER_BIN)
 CONFORMANCE_ARGS ?=
-conformance: cluster conformance-go-driver python-venv
+conformance: cluster conformance-go-driver python-venv conformance-java-driver
 	$(CONFORMANCE_ENV) cargo test --locked --test conformance -- $(CONFORMANCE_ARGS)
 
 # The whole suite, in parts run in this order; each part's time goes to the log and to
@@ -348,8 +350,8 @@ conformance: cluster conformance-go-driver python-venv
 # budget table. Integration tests (tests/*.rs) use the cluster `make cluster` starts; the
 # examples of the thin clients run last, as pods on the node.
 TEST_PARTS := controlplane-bins $(NODE_DEPS) cluster chart promtool databases conformance-go-driver python-venv \
-	go-client-check python-client-check linkproxy \
-	$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image chaospod-image) \
+	go-client-check python-client-check java-client-check conformance-java-driver linkproxy \
+	$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image example-java-image chaospod-image) \
 	test-build test-bench-smoke test-suites test-chaos-ha $(if $(filter 1,$(NODE)),test-examples test-operators)
 test:
 	@mkdir -p target && : >target/test-parts.tsv && t0=$$(date +%s); \
@@ -387,7 +389,7 @@ test-chaos-ha:
 	$(CONFORMANCE_ENV) cargo test --locked --test chaos -- --ha --duration 45s --seed 1
 
 test-examples:
-	$(MAKE) --no-print-directory example-go-check example-python-check
+	$(MAKE) --no-print-directory example-go-check example-python-check example-java-check
 
 # Operators nobody on the project wrote, fenced (tests/operators/; mk/go.mk builds them).
 .PHONY: test-operators
