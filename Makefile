@@ -373,7 +373,7 @@ test-bench-smoke:
 		--steady 1 --warmup 0 --baseline 1 --out target/bench-smoke
 	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
 	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
-	cargo test --locked --bench agent -- --rounds 4 --leases 3 --steady 2 --out target/bench-smoke
+	$(CONFORMANCE_ENV) cargo test --locked --bench agent -- --rounds 4 --leases 3 --steady 2 --out target/bench-smoke
 	cargo test --locked --bench ha -- --rounds 3 --failovers 1 --out target/bench-smoke
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked --bench operator -- --rounds 20 --kills 2 \
 		--out target/bench-smoke
@@ -423,7 +423,7 @@ BENCH_DIR := target/bench
 # and at 1,000 a second one with library waiters.
 SCALE_ARGS ?=
 RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
-bench: cluster databases linkproxy
+bench: cluster databases linkproxy conformance-go-driver conformance-java-driver
 	@rm -f $(BENCH_DIR)/*.json $(BENCH_DIR)/results.md $(BENCH_DIR)/*.png
 	@mkdir -p $(BENCH_DIR)
 	cargo bench --locked --no-run --bench handover --bench agent --bench report --bench ha --bench operator
@@ -438,7 +438,7 @@ bench: cluster databases linkproxy
 	echo "make bench: scale done at $$SECONDS s"; \
 	cargo bench --locked --bench fence_db -- --out $(BENCH_DIR) $(FENCE_DB_ARGS) || failed="$$failed fence-db"; \
 	echo "make bench: fencing in PostgreSQL and Redis done at $$SECONDS s"; \
-	cargo bench --locked --bench agent -- --out $(BENCH_DIR) $(AGENT_BENCH_ARGS) || failed="$$failed agent"; \
+	$(CONFORMANCE_ENV) cargo bench --locked --bench agent -- --out $(BENCH_DIR) $(AGENT_BENCH_ARGS) || failed="$$failed agent"; \
 	echo "make bench: the agent against the library done at $$SECONDS s"; \
 	cargo bench --locked --bench ha -- --out $(BENCH_DIR) $(HA_BENCH_ARGS) || failed="$$failed ha"; \
 	echo "make bench: the HA control plane done at $$SECONDS s"; \
