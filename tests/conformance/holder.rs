@@ -25,10 +25,18 @@ pub enum Client {
     Go,
     /// The Python client through the agent.
     Python,
+    /// The Java client through the agent.
+    Java,
 }
 
 impl Client {
-    pub const ALL: [Client; 4] = [Client::Rust, Client::Lock, Client::Go, Client::Python];
+    pub const ALL: [Client; 5] = [
+        Client::Rust,
+        Client::Lock,
+        Client::Go,
+        Client::Python,
+        Client::Java,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -36,6 +44,7 @@ impl Client {
             Client::Lock => "lock",
             Client::Go => "go",
             Client::Python => "python",
+            Client::Java => "java",
         }
     }
 
@@ -44,7 +53,7 @@ impl Client {
     }
 
     pub fn through_agent(self) -> bool {
-        matches!(self, Client::Go | Client::Python)
+        matches!(self, Client::Go | Client::Python | Client::Java)
     }
 }
 
@@ -173,6 +182,8 @@ pub struct Setup {
     pub out: PathBuf,
     pub go_driver: Option<PathBuf>,
     pub python: Option<(PathBuf, PathBuf)>,
+    /// The Java driver's launcher script.
+    pub java_driver: Option<PathBuf>,
     pub duration_secs: i64,
     pub keepalive_ms: u64,
 }
@@ -233,7 +244,7 @@ impl Holder {
                     .args([lease, "--", "sh", "-c", LOCK_SCRIPT]);
                 c
             }
-            Client::Go | Client::Python => {
+            Client::Go | Client::Python | Client::Java => {
                 let socket = setup.out.join(format!("{id}.sock"));
                 let mut a = Command::new(env!("CARGO_BIN_EXE_palisade"));
                 a.args(["agent", "--namespace", &setup.namespace, "--socket"])
@@ -253,6 +264,9 @@ impl Holder {
                 support::agent_http::wait_for_socket(&socket).await;
                 let mut c = match client {
                     Client::Go => Command::new(setup.go_driver.as_ref().expect("the Go driver")),
+                    Client::Java => {
+                        Command::new(setup.java_driver.as_ref().expect("the Java driver"))
+                    }
                     _ => {
                         let (python, script) = setup.python.as_ref().expect("the Python driver");
                         let mut c = Command::new(python);

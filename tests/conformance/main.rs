@@ -1,14 +1,15 @@
 //! One conformance suite for every way to hold a Lease: the Rust library, `palisade
-//! lock`, and the agent through each thin client (Go, Python). Black-box: each
+//! lock`, and the agent through each thin client (Go, Python, Java). Black-box: each
 //! client is a driver process speaking the protocol of tests/conformance/README.md,
 //! and the scenarios (scenarios.rs) kill, freeze, cut off and release it while a
 //! fence in this process judges every write. Prints the table the README shows.
 //!
-//!   conformance [--clients rust,lock,go,python] [--scenarios exclusion,kill,...]
+//!   conformance [--clients rust,lock,go,python,java] [--scenarios exclusion,kill,...]
 //!
-//! The Go driver and the Python interpreter and driver come from
-//! PALISADE_CONFORMANCE_GO and PALISADE_CONFORMANCE_PYTHON ("PYTHON SCRIPT"), which
-//! the Makefile sets; a client asked for without its driver fails the run.
+//! The Go driver, the Python interpreter and driver, and the Java driver's launcher
+//! come from PALISADE_CONFORMANCE_GO, PALISADE_CONFORMANCE_PYTHON ("PYTHON SCRIPT")
+//! and PALISADE_CONFORMANCE_JAVA, which the Makefile sets; a client asked for without
+//! its driver fails the run.
 
 mod driver;
 mod holder;
@@ -69,8 +70,9 @@ fn parse_args(raw: &[String]) -> Result<Args, String> {
                 args.clients = value
                     .split(',')
                     .map(|c| {
-                        Client::parse(c)
-                            .ok_or(format!("unknown client {c:?} (rust, lock, go, python)"))
+                        Client::parse(c).ok_or(format!(
+                            "unknown client {c:?} (rust, lock, go, python, java)"
+                        ))
                     })
                     .collect::<Result<_, _>>()?
             }
@@ -114,8 +116,8 @@ fn main() -> ExitCode {
     runtime.block_on(run(args))
 }
 
-/// The Go driver, and the Python interpreter with the Python driver.
-type Drivers = (Option<PathBuf>, Option<(PathBuf, PathBuf)>);
+/// The Go driver, the Python interpreter with the Python driver, and the Java driver's launcher.
+type Drivers = (Option<PathBuf>, Option<(PathBuf, PathBuf)>, Option<PathBuf>);
 
 fn drivers_of(clients: &[Client]) -> Result<Drivers, String> {
     let go = match std::env::var("PALISADE_CONFORMANCE_GO") {
@@ -137,19 +139,30 @@ fn drivers_of(clients: &[Client]) -> Result<Drivers, String> {
         }
         Err(_) => None,
     };
-    for path in go.iter().chain(python.iter().flat_map(|(p, s)| [p, s])) {
+    let java = match std::env::var("PALISADE_CONFORMANCE_JAVA") {
+        Ok(path) => Some(PathBuf::from(path)),
+        Err(_) if clients.contains(&Client::Java) => {
+            return Err("PALISADE_CONFORMANCE_JAVA (the Java driver's launcher) is not set: run it through `make test` or `make conformance`".into());
+        }
+        Err(_) => None,
+    };
+    for path in go
+        .iter()
+        .chain(python.iter().flat_map(|(p, s)| [p, s]))
+        .chain(java.iter())
+    {
         if !path.exists() {
             return Err(format!(
-                "{} does not exist (build it with make conformance-drivers)",
+                "{} does not exist (`make conformance` builds the drivers)",
                 path.display()
             ));
         }
     }
-    Ok((go, python))
+    Ok((go, python, java))
 }
 
 async fn run(args: Args) -> ExitCode {
-    let (go_driver, python) = match drivers_of(&args.clients) {
+    let (go_driver, python, java_driver) = match drivers_of(&args.clients) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("conformance: {e}");
@@ -176,6 +189,7 @@ async fn run(args: Args) -> ExitCode {
             out: out.clone(),
             go_driver,
             python,
+            java_driver,
             duration_secs: DURATION_SECS,
             keepalive_ms: KEEPALIVE_MS,
         },

@@ -1,0 +1,280 @@
+// The Java client's conformance driver (clients/java/palisade-client), for tests/conformance:
+// the protocol of tests/conformance/README.md through the client's public API only.
+//
+//   palisade-conformance-java --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]
+//
+// The agent is at $PALISADE_AGENT_SOCKET. stdout: `granted <token> <claim UID>`, then `write
+// <token>` every 100 ms without looking at the grant; when the client reports the grant lost,
+// `lost <reason>`, one more `write <token>` (the write in flight, which the fence must refuse)
+// and exit 3; on a `release` line, stdin's end or SIGTERM, release, `released`, exit 0 (also
+// while still waiting in acquire: the wait is given up). Diagnostics on stderr; exit 1 when no
+// grant could be had, 2 on bad arguments.
+
+import dev.palisade.AcquireOptions;
+import dev.palisade.AgentException;
+import dev.palisade.Grant;
+import dev.palisade.LeaseLostException;
+import dev.palisade.LostReason;
+import dev.palisade.Session;
+import dev.palisade.SessionOptions;
+
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.Optional;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+
+public final class Driver {
+    private static final long WRITE_EVERY_NANOS = TimeUnit.MILLISECONDS.toNanos(100);
+    private static final int EXIT_LOST = 3;
+
+    /** What wakes the main thread: a request to quit, or the grant's loss. */
+    private record Event(String quit, LostReason lost) {}
+
+    private final BlockingQueue<Event> events = new LinkedBlockingQueue<>();
+
+    public static void main(String[] args) {
+        Options options;
+        try {
+            options = Options.parse(args);
+        } catch (IllegalArgumentException e) {
+            System.err.println("driver: " + e.getMessage());
+            System.err.println("usage: palisade-conformance-java --lease NAME [--namespace NS]"
+                    + " [--duration-seconds N] [--keepalive-ms N]");
+            System.exit(2);
+            return;
+        }
+        int code = new Driver().run(options);
+        System.out.flush();
+        System.exit(code);
+    }
+
+    private static void say(String line) {
+        synchronized (System.out) {
+            System.out.println(line);
+            System.out.flush();
+        }
+    }
+
+    private int run(Options options) {
+        // SIGTERM through sun.misc.Signal (jdk.unsupported), not a shutdown hook: the handler
+        // replaces the JVM's own, so SIGTERM does not start the JVM's shutdown. The release then
+        // runs on the main thread exactly as for a `release` line, with the client's threads
+        // untouched, and the exit status is ours (0). A shutdown hook would run during shutdown,
+        // concurrently with every other hook, and could only end with Runtime.halt, since the
+        // JVM would otherwise exit 143.
+        sun.misc.Signal.handle(new sun.misc.Signal("TERM"), signal -> quit("SIGTERM"));
+        Thread stdin = new Thread(this::watchStdin, "stdin");
+        stdin.setDaemon(true);
+        stdin.start();
+
+        Session session;
+        try {
+            SessionOptions sessionOptions = SessionOptions.defaults().name("conformance-java");
+            String socket = System.getenv("PALISADE_AGENT_SOCKET");
+            if (socket != null && !socket.isEmpty()) {
+                sessionOptions = sessionOptions.socket(Path.of(socket));
+            }
+            if (options.keepaliveMs > 0) {
+                sessionOptions = sessionOptions.keepalive(Duration.ofMillis(options.keepaliveMs));
+            }
+            session = Session.open(sessionOptions);
+        } catch (AgentException e) {
+            System.err.println("driver: session: " + e);
+            return 1;
+        }
+
+        AcquireOptions acquireOptions = AcquireOptions.defaults();
+        if (options.namespace != null) {
+            acquireOptions = acquireOptions.namespace(options.namespace);
+        }
+        if (options.durationSeconds > 0) {
+            acquireOptions = acquireOptions.durationSeconds(options.durationSeconds);
+        }
+        Grant grant;
+        try {
+            grant = acquire(session, options.lease, acquireOptions);
+        } catch (LeaseLostException e) {
+            System.err.println("driver: acquire: " + e);
+            say("lost " + e.reason().wireName());
+            return EXIT_LOST;
+        } catch (AgentException e) {
+            System.err.println("driver: acquire: " + e);
+            return 1;
+        }
+        if (grant == null) { // asked to quit before the grant: the wait was given up
+            session.close();
+            say("released");
+            return 0;
+        }
+
+        long token = grant.token();
+        say("granted " + token + " " + grant.claimUid());
+        grant.lost().thenAccept(reason -> events.add(new Event(null, reason)));
+        String why = writeUntilEvent(grant, token);
+        if (why == null) {
+            return EXIT_LOST;
+        }
+        System.err.println("driver: " + why + ": releasing");
+        try {
+            grant.release();
+        } catch (LeaseLostException e) {
+            return lost(e.reason(), token);
+        } catch (AgentException e) {
+            System.err.println("driver: release: " + e);
+            return 1;
+        }
+        // Lost before the release got there: the reason is the loss, not RELEASED.
+        Optional<LostReason> reason = grant.lostReason();
+        if (reason.isPresent() && reason.get() != LostReason.RELEASED) {
+            return lost(reason.get(), token);
+        }
+        session.close();
+        say("released");
+        return 0;
+    }
+
+    /**
+     * Acquires on a thread of its own, waiting as long as it takes, while the main thread
+     * waits for the grant or a request to quit; the grant, or null once the wait was given up.
+     */
+    private Grant acquire(Session session, String lease, AcquireOptions options) {
+        CompletableFuture<Grant> acquired = new CompletableFuture<>();
+        Thread acquirer = new Thread(() -> {
+            try {
+                acquired.complete(session.acquire(lease, options));
+            } catch (Throwable e) {
+                acquired.completeExceptionally(e);
+            }
+        }, "acquire");
+        acquirer.setDaemon(true);
+        acquirer.start();
+        acquired.whenComplete((g, e) -> events.add(new Event(null, null)));
+        Event event = take();
+        if (event.quit != null) {
+            System.err.println("driver: " + event.quit + " before the grant: the wait is given up");
+            acquirer.interrupt();
+        }
+        Grant grant;
+        try {
+            grant = acquired.get();
+        } catch (ExecutionException e) {
+            if (event.quit != null && e.getCause() instanceof InterruptedException) {
+                return null;
+            }
+            if (e.getCause() instanceof RuntimeException r) {
+                throw r;
+            }
+            throw new IllegalStateException("acquire", e.getCause());
+        } catch (InterruptedException e) {
+            throw new IllegalStateException("the main thread is never interrupted", e);
+        }
+        if (event.quit != null) { // granted as the quit came: let it go
+            grant.release();
+            return null;
+        }
+        return grant;
+    }
+
+    /** Writes every 100 ms until an event: the quit's reason, or null once the loss is said. */
+    private String writeUntilEvent(Grant grant, long token) {
+        long next = System.nanoTime() + WRITE_EVERY_NANOS;
+        while (true) {
+            Event event;
+            try {
+                event = events.poll(Math.max(0, next - System.nanoTime()), TimeUnit.NANOSECONDS);
+            } catch (InterruptedException e) {
+                throw new IllegalStateException("the main thread is never interrupted", e);
+            }
+            if (event == null) {
+                // No validity check first: the suite's fence judges the write.
+                say("write " + token);
+                next += WRITE_EVERY_NANOS;
+                continue;
+            }
+            if (event.lost != null) {
+                lost(event.lost, token);
+                return null;
+            }
+            if (event.quit != null) {
+                return event.quit;
+            }
+        }
+    }
+
+    private static int lost(LostReason reason, long token) {
+        say("lost " + reason.wireName());
+        say("write " + token);
+        return EXIT_LOST;
+    }
+
+    private Event take() {
+        try {
+            return events.take();
+        } catch (InterruptedException e) {
+            throw new IllegalStateException("the main thread is never interrupted", e);
+        }
+    }
+
+    private void quit(String why) {
+        events.add(new Event(why, null));
+    }
+
+    /** A `release` line, or stdin's end, is a request to quit. */
+    private void watchStdin() {
+        try (BufferedReader in = new BufferedReader(
+                new InputStreamReader(System.in, StandardCharsets.UTF_8))) {
+            String line;
+            while ((line = in.readLine()) != null) {
+                if (line.trim().equals("release")) {
+                    quit("release");
+                    return;
+                }
+            }
+        } catch (IOException e) {
+            System.err.println("driver: stdin: " + e);
+        }
+        quit("stdin EOF");
+    }
+
+    /** The command line. */
+    private static final class Options {
+        String lease;
+        String namespace;
+        int durationSeconds;
+        long keepaliveMs;
+
+        static Options parse(String[] args) {
+            Options o = new Options();
+            for (int i = 0; i < args.length; i++) {
+                String flag = args[i];
+                if (i + 1 >= args.length) {
+                    throw new IllegalArgumentException(flag + " needs a value");
+                }
+                String value = args[++i];
+                try {
+                    switch (flag) {
+                        case "--lease" -> o.lease = value;
+                        case "--namespace" -> o.namespace = value;
+                        case "--duration-seconds" -> o.durationSeconds = Integer.parseInt(value);
+                        case "--keepalive-ms" -> o.keepaliveMs = Long.parseLong(value);
+                        default -> throw new IllegalArgumentException("unknown flag " + flag);
+                    }
+                } catch (NumberFormatException e) {
+                    throw new IllegalArgumentException(flag + ": not a number: " + value);
+                }
+            }
+            if (o.lease == null || o.lease.isEmpty()) {
+                throw new IllegalArgumentException("--lease is required");
+            }
+            return o;
+        }
+    }
+}
