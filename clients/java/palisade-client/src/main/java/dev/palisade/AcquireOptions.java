@@ -1,0 +1,91 @@
+package dev.palisade;
+
+import java.util.Objects;
+import java.util.Optional;
+
+/**
+ * How to acquire a Lease: its namespace (default the agent's, its pod's), the Lease's
+ * duration when the agent creates it, and the claim's holder identity (default the pod's
+ * name). Immutable: each method returns a changed copy.
+ */
+public final class AcquireOptions {
+    private static final AcquireOptions DEFAULTS = new AcquireOptions(null, null, null);
+
+    private final String namespace;
+    private final Integer durationSeconds;
+    private final String holderIdentity;
+
+    private AcquireOptions(String namespace, Integer durationSeconds, String holderIdentity) {
+        this.namespace = namespace;
+        this.durationSeconds = durationSeconds;
+        this.holderIdentity = holderIdentity;
+    }
+
+    /** Every option left to the agent. */
+    public static AcquireOptions defaults() {
+        return DEFAULTS;
+    }
+
+    /** The Lease's namespace (the agent checks it is a DNS label). */
+    public AcquireOptions namespace(String ns) {
+        return new AcquireOptions(nonEmpty(ns, "namespace"), durationSeconds, holderIdentity);
+    }
+
+    /** The Lease's duration when the agent creates it, 1..86400 s; an existing Lease keeps its own. */
+    public AcquireOptions durationSeconds(int seconds) {
+        if (seconds < 1 || seconds > 86_400) {
+            throw new IllegalArgumentException("durationSeconds must be within 1..86400, not " + seconds);
+        }
+        return new AcquireOptions(namespace, seconds, holderIdentity);
+    }
+
+    /** The claim's holder identity (at most 253 characters). */
+    public AcquireOptions holderIdentity(String id) {
+        nonEmpty(id, "holderIdentity");
+        if (id.length() > 253) {
+            throw new IllegalArgumentException("holderIdentity must be at most 253 characters, not " + id.length());
+        }
+        return new AcquireOptions(namespace, durationSeconds, id);
+    }
+
+    /** The namespace given, if any. */
+    public Optional<String> namespace() {
+        return Optional.ofNullable(namespace);
+    }
+
+    /** The duration given, if any. */
+    public Optional<Integer> durationSeconds() {
+        return Optional.ofNullable(durationSeconds);
+    }
+
+    /** The holder identity given, if any. */
+    public Optional<String> holderIdentity() {
+        return Optional.ofNullable(holderIdentity);
+    }
+
+    private static String nonEmpty(String value, String option) {
+        if (value == null || value.isEmpty()) {
+            throw new IllegalArgumentException(option + " must be a non-empty string");
+        }
+        return value;
+    }
+
+    @Override
+    public boolean equals(Object o) {
+        return o instanceof AcquireOptions other
+                && Objects.equals(namespace, other.namespace)
+                && Objects.equals(durationSeconds, other.durationSeconds)
+                && Objects.equals(holderIdentity, other.holderIdentity);
+    }
+
+    @Override
+    public int hashCode() {
+        return Objects.hash(namespace, durationSeconds, holderIdentity);
+    }
+
+    @Override
+    public String toString() {
+        return "AcquireOptions[namespace=" + namespace + ", durationSeconds=" + durationSeconds
+                + ", holderIdentity=" + holderIdentity + "]";
+    }
+}
