@@ -9,7 +9,13 @@
 //!   (`Grant::release` called; the agent's `DELETE .../leases/{ns}/{name}` sent) to
 //!   the waiter learning of its grant (`acquire` returning; the agent's long-polling
 //!   `GET ...?waitMs=` answering `held`); each path on a Lease of its own, one
-//!   handover at a time. The three are here, not in `benches/handover.rs`, because
+//!   handover at a time. Beside them, the same handover as the Go and the Java
+//!   clients' applications see it (`benches/common/drivers.rs`): each client's
+//!   conformance driver, a process per holder on the same two agents, from the
+//!   holder's `release` line on its stdin to the waiting driver's `granted` line;
+//!   the waiter started and queued before the round, so that its start (a JVM's)
+//!   is outside the measure; `--client-rounds` each (default: `--rounds`). The
+//!   paths are here, not in `benches/handover.rs`, because
 //!   only an A/B in one process, interleaved round by round (the first path of a
 //!   round rotating), compares them: run minutes apart, in separate benches, their
 //!   difference was smaller than the noise between the runs. `--rounds` each, cut
@@ -24,12 +30,17 @@
 //!   palisade's resources per held grant, against the library holding as many.
 //!
 //! A program that prints figures, not a test: `cargo bench --bench agent -- [--rounds
-//! N] [--blocks N] [--leases N] [--steady S] [--out DIR]`; writes `DIR/palisade-agent.json` in the
-//! schema of `benches/common/schema.rs`. `make test` runs a smoke version.
+//! N] [--client-rounds N] [--blocks N] [--leases N] [--steady S] [--out DIR]`; writes
+//! `DIR/palisade-agent.json` in the schema of `benches/common/schema.rs`. `make test`
+//! runs a smoke version. The Go and Java drivers come from PALISADE_CONFORMANCE_GO
+//! and PALISADE_CONFORMANCE_JAVA (the Makefile's CONFORMANCE_ENV); without them the
+//! bench fails, saying so.
 
 use support::agent_http;
 #[path = "common/cluster.rs"]
 mod cluster;
+#[path = "common/drivers.rs"]
+mod drivers;
 #[path = "common/schema.rs"]
 #[allow(dead_code)]
 mod schema;
@@ -51,9 +62,12 @@ const STEADY_LEASE_SECS: i64 = 15;
 
 #[derive(clap::Parser)]
 struct Args {
-    /// Release handovers through each of the three paths.
+    /// Release handovers through each of the three library and agent paths.
     #[arg(long, default_value_t = 200)]
     rounds: usize,
+    /// Release handovers through each client's driver (Go, Java); default: --rounds.
+    #[arg(long)]
+    client_rounds: Option<usize>,
     /// Blocks the rounds are cut into, for the spread of the block figures (at least 1).
     #[arg(long, default_value_t = 4)]
     blocks: usize,
@@ -168,6 +182,8 @@ enum HandoverPath<'a> {
         holder: Option<Grant>,
         round: usize,
     },
+    /// A thin client's conformance drivers, through the same two agents.
+    Driver(Box<drivers::DriverPath>),
     /// Two agents, as two pods are, handing one Lease back and forth.
     Agent {
         leases: LeaseClient,
@@ -265,6 +281,7 @@ impl<'a> HandoverPath<'a> {
                 assert_eq!(answer["state"], "held", "{answer}");
                 (at - let_go).as_secs_f64() * 1e3
             }
+            HandoverPath::Driver(path) => path.handover().await,
         }
     }
 
@@ -279,6 +296,7 @@ impl<'a> HandoverPath<'a> {
                     agent_http::call(&agent.socket, "DELETE", &path, None).await;
                 }
             }
+            HandoverPath::Driver(path) => path.finish().await,
         }
     }
 }
@@ -299,33 +317,57 @@ async fn serial_write(claims: &Api<LeaseClaim>, claim: &str) -> f64 {
 }
 
 /// The A/B's configs, in the order of its rows.
-const PATHS: [&str; 3] = ["readme-client", "library", "agent"];
+const PATHS: [&str; 5] = [
+    "readme-client",
+    "library",
+    "agent",
+    "go-client",
+    "java-client",
+];
+/// The first path through a client's driver: the paths from here on take `--client-rounds`.
+const FIRST_DRIVER_PATH: usize = 3;
 /// What each path's samples start and end with.
-const PATH_NOTES: [&str; 3] = [
+const PATH_NOTES: [&str; 5] = [
     "Grant::release called -> the waiter's acquire returns, both on a LeaseClient::from_config \
      (the README's client: PINGed HTTP/2 connections of its own, watches of 5 minutes)",
     "Grant::release called -> the waiter's acquire returns, both on LeaseClient::new over the \
      caller's kube::Client (watches of 5 s)",
     "DELETE of the grant sent to the holder's agent -> the waiter's long poll (GET ?waitMs) on \
      its own agent answers held",
+    "the line `release` written to the holding Go driver's stdin -> the waiting Go driver's \
+     `granted` line read (tests/conformance/go, a process per holder, each on its own agent of \
+     the agent path's two; the waiter started and queued before the round)",
+    "the line `release` written to the holding Java driver's stdin -> the waiting Java driver's \
+     `granted` line read (tests/conformance/java, a JVM per holder, each on its own agent of \
+     the agent path's two; the waiter started and queued before the round, so the JVM's start \
+     is outside the measure)",
 ];
 
 /// Per path, its samples by block; and per connection set (README client, caller's
 /// client), the serial writes' samples.
 struct AbResult {
-    release: [Vec<Vec<f64>>; 3],
+    release: [Vec<Vec<f64>>; 5],
     writes: [Vec<f64>; 2],
 }
 
-/// The release A/B: the three paths interleaved round by round (the first path of a
-/// round rotates, so no path always follows another), `rounds` each in `blocks`
-/// blocks; one serial write on each library path's connections per round.
+/// The clients' drivers and where their processes' logs go.
+struct DriverSetup {
+    go: PathBuf,
+    java: PathBuf,
+    logs: PathBuf,
+}
+
+/// The release A/B: the five paths interleaved round by round (the first path of a
+/// round rotates, so no path always follows another), `rounds` each (the drivers'
+/// paths `client_rounds`) in `blocks` blocks; one serial write on each library path's
+/// connections per round of those.
 async fn release_ab(
     readme: LeaseClient,
     library: LeaseClient,
     agents: [&Agent; 2],
     ns: &str,
-    (rounds, blocks): (usize, usize),
+    drivers: &DriverSetup,
+    (rounds, client_rounds, blocks): (usize, usize, usize),
 ) -> AbResult {
     let probe = "write-probe";
     library.ensure_lease(probe, 3600).await.unwrap();
@@ -341,22 +383,47 @@ async fn release_ab(
         .await
         .unwrap();
     let probes = [readme.claims().clone(), library.claims().clone()];
+    let sockets = [agents[0].socket.clone(), agents[1].socket.clone()];
+    let driver_path = |client, program: &PathBuf| {
+        drivers::DriverPath::start(
+            client,
+            program.clone(),
+            sockets.clone(),
+            library.clone(),
+            (ns, STEADY_LEASE_SECS),
+            &drivers.logs,
+        )
+    };
     let mut paths = [
         HandoverPath::library(readme.clone(), "readme-release").await,
         HandoverPath::library(library.clone(), "library-release").await,
         HandoverPath::agent(library.clone(), agents, ns).await,
+        HandoverPath::Driver(Box::new(
+            driver_path(drivers::Client::Go, &drivers.go).await,
+        )),
+        HandoverPath::Driver(Box::new(
+            driver_path(drivers::Client::Java, &drivers.java).await,
+        )),
     ];
+    let in_block =
+        |total: usize, block: usize| total / blocks + usize::from(block < total % blocks);
     let mut out = AbResult {
         release: Default::default(),
         writes: Default::default(),
     };
     for block in 0..blocks {
-        let n = rounds / blocks + usize::from(block < rounds % blocks);
-        let mut samples: [Vec<f64>; 3] = Default::default();
-        for round in 0..n {
-            for k in 0..3 {
-                let i = (round + k) % 3;
-                samples[i].push(paths[i].handover().await);
+        let n = in_block(rounds, block);
+        let n_clients = in_block(client_rounds, block);
+        let mut samples: [Vec<f64>; 5] = Default::default();
+        for round in 0..n.max(n_clients) {
+            for k in 0..PATHS.len() {
+                let i = (round + k) % PATHS.len();
+                if round < if i < FIRST_DRIVER_PATH { n } else { n_clients } {
+                    samples[i].push(paths[i].handover().await);
+                }
+            }
+            if round >= n {
+                continue;
             }
             for k in 0..2 {
                 let i = (round + k) % 2;
@@ -435,6 +502,23 @@ const AB_NOTE: &str = "one handover at a time, each path on a Lease of its own; 
      paths interleaved round by round in one process (the first of a round rotating), the \
      controller and the API server the same";
 
+/// The Java client's release handover p99 less the Go client's, same run: the Java
+/// client's budget is 2 ms.
+fn java_over_go(go: &[Vec<f64>], java: &[Vec<f64>]) -> Figure {
+    let (go, java) = (p50_p99(&go.concat()).1, p50_p99(&java.concat()).1);
+    Figure {
+        system: "palisade-agent".into(),
+        config: "java-client".into(),
+        name: "release_p99_over_go_client".into(),
+        value: java - go,
+        unit: "ms".into(),
+        note: format!(
+            "release handover p99 through the Java client's driver less the Go client's, \
+             interleaved in the same run ({java:.2} ms against {go:.2} ms); the budget is 2 ms"
+        ),
+    }
+}
+
 /// Requests/s to palisade's resources the API server counted over `window`.
 async fn request_rate(client: &kube::Client, window: f64) -> f64 {
     let before = cluster::palisade_requests(client).await;
@@ -464,6 +548,19 @@ async fn main() {
             && (0.0..=600.0).contains(&args.steady),
         "arguments out of range"
     );
+    let client_rounds = args.client_rounds.unwrap_or(args.rounds);
+    assert!(client_rounds <= 10_000, "arguments out of range");
+    let programs = (
+        drivers::Client::Go.program(),
+        drivers::Client::Java.program(),
+    );
+    let (go, java) = match programs {
+        (Ok(go), Ok(java)) => (go, java),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("palisade-agent: {e}");
+            std::process::exit(1);
+        }
+    };
     let (kubeconfig, config, client) = cluster::connect().await;
     let ns = format!("bench-agent-{}", std::process::id());
     cluster::create_namespace(&client, &ns).await;
@@ -478,16 +575,23 @@ async fn main() {
 
     eprintln!(
         "palisade-agent: {} release handovers each through the README's client, the library \
-         on the caller's client and the agent, interleaved round by round in {} blocks",
+         on the caller's client and the agent, and {client_rounds} through the Go and the Java \
+         client's drivers, interleaved round by round in {} blocks",
         args.rounds, args.blocks
     );
     let readme = LeaseClient::from_config(config.clone(), Some(&ns)).expect("a LeaseClient");
+    let drivers = DriverSetup {
+        go,
+        java,
+        logs: dir.path().to_path_buf(),
+    };
     let ab = release_ab(
         readme,
         leases.clone(),
         [&agents[0], &agents[1]],
         &ns,
-        (args.rounds, args.blocks),
+        &drivers,
+        (args.rounds, client_rounds, args.blocks),
     )
     .await;
 
@@ -554,6 +658,7 @@ async fn main() {
         latency.push(l);
         ab_figures.extend(f);
     }
+    ab_figures.push(java_over_go(&ab.release[3], &ab.release[4]));
     for (config, writes) in PATHS.iter().zip(&ab.writes) {
         let (p50, p99) = p50_p99(writes);
         let note = format!(
@@ -620,6 +725,7 @@ async fn main() {
         parameters: schema::parameters(
             vec![
                 ("rounds", json!(args.rounds)),
+                ("client_rounds", json!(client_rounds)),
                 ("blocks", json!(args.blocks)),
                 ("leases", json!(args.leases)),
                 ("steady_seconds", json!(args.steady)),
