@@ -22,6 +22,10 @@ enum Endpoint {
 
     /** The request target: the template's parameters, in order, percent-encoded. */
     String target(String... params) {
+        long wanted = template.chars().filter(c -> c == '{').count();
+        if (params.length != wanted) {
+            throw new IllegalArgumentException(template + " takes " + wanted + " parameters, not " + params.length);
+        }
         StringBuilder out = new StringBuilder();
         int i = 0;
         int p = 0;
@@ -34,9 +38,6 @@ enum Endpoint {
             out.append(template, i, open);
             out.append(encode(params[p++]));
             i = template.indexOf('}', open) + 1;
-        }
-        if (p != params.length) {
-            throw new IllegalArgumentException(template + " takes " + p + " parameters, not " + params.length);
         }
         return out.toString();
     }
