@@ -7,6 +7,8 @@ import java.net.SocketTimeoutException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
+import java.nio.channels.CancelledKeyException;
+import java.nio.channels.ClosedSelectorException;
 import java.nio.channels.SelectionKey;
 import java.nio.channels.Selector;
 import java.nio.channels.SocketChannel;
@@ -97,6 +99,14 @@ final class Connection implements Closeable {
     }
 
     private void await(int op, long deadline) throws IOException, InterruptedException {
+        try {
+            awaitOpen(op, deadline);
+        } catch (ClosedSelectorException | CancelledKeyException e) {
+            throw new IOException("connection closed", e); // by close(), from another thread
+        }
+    }
+
+    private void awaitOpen(int op, long deadline) throws IOException, InterruptedException {
         key.interestOps(op);
         try {
             while (true) {

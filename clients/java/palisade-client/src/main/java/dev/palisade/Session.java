@@ -539,6 +539,9 @@ public final class Session implements AutoCloseable {
             why = "the event stream sent an event this client cannot read: " + e.getMessage();
         } catch (InterruptedException e) {
             why = "the event stream's thread was interrupted";
+        } catch (RuntimeException e) {
+            why = "the event stream's thread failed: " + e;
+            LOG.log(Level.WARNING, why, e);
         }
         end(LostReason.SESSION_ENDED, why);
     }
