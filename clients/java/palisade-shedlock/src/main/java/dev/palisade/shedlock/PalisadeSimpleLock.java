@@ -23,6 +23,8 @@ final class PalisadeSimpleLock implements FencedLock {
     private final Grant grant;
     private final Deque<PalisadeSimpleLock> active;
     private final AtomicBoolean done = new AtomicBoolean();
+    // Ended by an extend that found the grant gone: ShedLock's executor still unlocks it.
+    private volatile boolean endedByExtend;
 
     PalisadeSimpleLock(PalisadeLockProvider provider, LockConfiguration configuration, Grant grant,
                        Deque<PalisadeSimpleLock> active) {
@@ -48,6 +50,9 @@ final class PalisadeSimpleLock implements FencedLock {
     @Override
     public void unlock() {
         if (done.getAndSet(true)) {
+            if (endedByExtend) {
+                return;
+            }
             throw new IllegalStateException("the ShedLock lock " + name() + " is already unlocked");
         }
         active.remove(this);
@@ -61,8 +66,9 @@ final class PalisadeSimpleLock implements FencedLock {
     }
 
     /**
-     * The Lease stays held (the agent renews it), so extending only moves lockAtLeastFor;
-     * a grant that is no longer valid is released and cannot be extended.
+     * The Lease stays held (the agent renews it), so extending only moves lockAtLeastFor.
+     * A grant that is no longer valid cannot be extended: the lock ends, and the unlock
+     * that ShedLock's executor still sends it does nothing.
      */
     @Override
     public Optional<SimpleLock> extend(Duration lockAtMostFor, Duration lockAtLeastFor) {
@@ -71,6 +77,7 @@ final class PalisadeSimpleLock implements FencedLock {
         }
         if (!grant.isValid()) {
             unlock();
+            endedByExtend = true;
             return Optional.empty();
         }
         if (done.getAndSet(true)) {

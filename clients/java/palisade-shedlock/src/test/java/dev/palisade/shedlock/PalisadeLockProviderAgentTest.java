@@ -8,6 +8,7 @@ import net.javacrumbs.shedlock.core.ClockProvider;
 import net.javacrumbs.shedlock.core.DefaultLockingTaskExecutor;
 import net.javacrumbs.shedlock.core.LockAssert;
 import net.javacrumbs.shedlock.core.LockConfiguration;
+import net.javacrumbs.shedlock.core.LockExtender;
 import net.javacrumbs.shedlock.core.LockingTaskExecutor;
 import net.javacrumbs.shedlock.core.SimpleLock;
 import org.junit.jupiter.api.AfterEach;
@@ -164,5 +165,27 @@ class PalisadeLockProviderAgentTest {
         assertTrue(System.nanoTime() - start < Duration.ofSeconds(3).toNanos(), "the check came too late to mean anything");
         Thread.sleep(Math.max(0, Duration.ofSeconds(3).toMillis() - (System.nanoTime() - start) / 1_000_000 + 200));
         two.lock(config(Duration.ZERO)).orElseThrow(() -> new AssertionError("still held after lockAtLeastFor")).unlock();
+    }
+
+    @Test
+    void extendKeepsTheGrantAndTheExecutorStillReleasesIt() {
+        long[] tokens = new long[2];
+        new DefaultLockingTaskExecutor(one).executeWithLock((Runnable) () -> {
+            tokens[0] = PalisadeLockProvider.currentGrant().orElseThrow().token();
+            LockExtender.extendActiveLock(Duration.ofMinutes(2), Duration.ZERO);
+            tokens[1] = PalisadeLockProvider.currentGrant(name).orElseThrow().token();
+        }, config(Duration.ZERO));
+        assertEquals(tokens[0], tokens[1], "one grant before and after extending");
+        assertTrue(tokens[0] > 0);
+        two.lock(config(Duration.ZERO)).orElseThrow(() -> new AssertionError("the extended lock was not released")).unlock();
+    }
+
+    @Test
+    void aLostGrantCannotBeExtendedAndItsUnlockDoesNothing() {
+        FencedLock lock = (FencedLock) one.lock(config(Duration.ZERO)).orElseThrow();
+        lock.grant().release(); // gone under the lock's feet
+        assertEquals(Optional.empty(), lock.extend(Duration.ofMinutes(1), Duration.ZERO));
+        lock.unlock(); // what ShedLock's executor does after a failed extension
+        one.lock(config(Duration.ZERO)).orElseThrow(() -> new AssertionError("the name stayed taken")).unlock();
     }
 }
