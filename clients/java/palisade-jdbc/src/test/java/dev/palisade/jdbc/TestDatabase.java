@@ -55,9 +55,11 @@ final class TestDatabase {
             try (Connection c = DriverManager.getConnection(withDatabase(serverUrl(), DB));
                  Statement s = c.createStatement()) {
                 s.execute(fenceSql());
-                s.execute("CREATE TABLE IF NOT EXISTS fenced_rows (id bigserial PRIMARY KEY, key text NOT NULL, "
-                        + "token bigint NOT NULL, seq bigint)");
-                s.execute("CREATE TABLE IF NOT EXISTS fence_seq (key text PRIMARY KEY, n bigint NOT NULL)");
+                // Under a lock of its own: two runs creating a table at once collide in the catalog.
+                s.execute("BEGIN; SELECT pg_advisory_xact_lock(4243); "
+                        + "CREATE TABLE IF NOT EXISTS fenced_rows (id bigserial PRIMARY KEY, key text NOT NULL, "
+                        + "token bigint NOT NULL, seq bigint); "
+                        + "CREATE TABLE IF NOT EXISTS fence_seq (key text PRIMARY KEY, n bigint NOT NULL); COMMIT");
             }
             installed = true;
         }
