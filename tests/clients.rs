@@ -1,7 +1,7 @@
 //! The thin clients' own test suites (`go test` in clients/go, pytest in
-//! clients/python), run against a real agent on the local control plane: a
-//! controller and a `palisade agent` for a namespace of their own, whose socket
-//! the suites find in PALISADE_AGENT_SOCKET.
+//! clients/python, Maven's in clients/java), run against a real agent on the local
+//! control plane: a controller and a `palisade agent` for a namespace of their own,
+//! whose socket the suites find in PALISADE_AGENT_SOCKET.
 
 use std::path::Path;
 use std::process::Command;
@@ -65,4 +65,38 @@ async fn the_python_client_passes_its_tests_against_the_agent() {
         .current_dir(repo_root().join("clients/python"))
         .env("PALISADE_AGENT_SOCKET", &socket);
     run_suite("pytest (clients/python)", pytest);
+}
+
+/// The JDBC form of a `postgres://USER@HOST:PORT/DB` URL.
+fn jdbc_url(url: &str) -> String {
+    let rest = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+        .unwrap_or_else(|| panic!("not a postgres:// URL: {url}"));
+    let (user, address) = rest.split_once('@').unwrap_or(("postgres", rest));
+    format!("jdbc:postgresql://{address}?user={user}")
+}
+
+#[tokio::test]
+async fn the_java_client_passes_its_tests_against_the_agent() {
+    let jar = repo_root().join("target/clients/java/palisade-client.jar");
+    assert!(
+        jar.exists(),
+        "{} is missing: `make java-build` makes it (and resolves what Maven needs offline)",
+        jar.display()
+    );
+    let pg = jdbc_url(&support::databases::postgres_url());
+    let ns = setup("client-java").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_controller, _agent, socket) = agent_for(&ns.name, dir.path()).await;
+    // Every module's tests, all tags: the core's agent tests, the adapters' agent and
+    // postgres ones. The core's frozen-agent test starts an agent of its own (this binary).
+    let mut mvn = Command::new("mvn");
+    mvn.args(["-B", "-q", "-o", "test"])
+        .current_dir(repo_root().join("clients/java"))
+        .env("PALISADE_AGENT_SOCKET", &socket)
+        .env("PALISADE_TEST_PG_URL", pg)
+        .env("PALISADE_BIN", support::cli::binary())
+        .env("KUBECONFIG", kubeconfig_path());
+    run_suite("mvn test (clients/java)", mvn);
 }
