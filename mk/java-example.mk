@@ -1,7 +1,7 @@
 # examples/java-worker-postgres: its image, built from Debian's JRE packages, and its
 # check on the node. Included by the Makefile, after mk/python.mk (whose DEBIAN_SOURCES,
-# DEBIAN_SUITE, comma, space and mmdebstrap-package it uses) and mk/java.mk (JAVA_OUT,
-# java-build: the client's jars and the PostgreSQL driver).
+# DEBIAN_SUITE, comma, space and mmdebstrap-package it uses) and mk/java.mk (whose rule
+# makes the client's jars in JAVA_OUT and the PostgreSQL driver, JAVA_PG_JAR).
 #
 #   make example-java-image   the worker's image, $(IMAGE_DIR)/java-worker-postgres.tar,
 #                             pushed to the cluster's registry as REGISTRY_JAVA_WORKER_IMAGE
@@ -12,7 +12,7 @@
 JAVA_EXAMPLE_DIR := examples/java-worker-postgres
 JAVA_WORKER_IMAGE := palisade.local/java-worker-postgres:1
 REGISTRY_JAVA_WORKER_IMAGE := $(PALISADE_TEST_REGISTRY)/java-worker-postgres:1
-JAVA_EXAMPLE_JARS := $(JAVA_OUT)/palisade-client.jar $(JAVA_OUT)/palisade-jdbc.jar $(JAVA_OUT)/lib/postgresql.jar
+JAVA_EXAMPLE_JARS := $(JAVA_OUT)/palisade-client.jar $(JAVA_OUT)/palisade-jdbc.jar $(JAVA_PG_JAR)
 JAVAC ?= javac
 JAR ?= jar
 
@@ -43,7 +43,6 @@ $(JAVA_ROOTFS): | mmdebstrap-package
 		--extract-hook='$(JAVA_IMAGE_JRE_HOOK)' --skip=output/dev $(DEBIAN_SUITE) $@.tmp.tar $(DEBIAN_SOURCES)
 	mv $@.tmp.tar $@
 
-# The jars are java-build's (example-java-image runs it first).
 $(IMAGE_DIR)/java-worker-postgres.tar: $(JAVA_ROOTFS) $(JAVA_EXAMPLE_JARS) $(JAVA_EXAMPLE_DIR)/Worker.java \
 		tests/controlplane/images/docker-archive.sh mk/java-example.mk
 	@rm -rf $(JAVA_IMAGE_ROOT) $(JAVA_EXAMPLE_CLASSES) && mkdir -p $(JAVA_IMAGE_ROOT) $(JAVA_EXAMPLE_CLASSES)
@@ -70,10 +69,8 @@ $(IMAGE_DIR)/java-worker-postgres.tar: $(JAVA_ROOTFS) $(JAVA_EXAMPLE_JARS) $(JAV
 	@rm -rf $(JAVA_IMAGE_ROOT)
 	@echo "$@: $$(du -h $@ | cut -f1)"
 
-# Pushed by tag (PUSH_IMAGES, in the Makefile: fails when no registry runs). The image is
-# made in a make of its own, after java-build, so that it sees the jars java-build wrote.
-example-java-image: $(CRANE_BIN)/crane java-build
-	@$(MAKE) --no-print-directory $(IMAGE_DIR)/java-worker-postgres.tar
+# Pushed by tag (PUSH_IMAGES, in the Makefile: fails when no registry runs).
+example-java-image: $(CRANE_BIN)/crane $(IMAGE_DIR)/java-worker-postgres.tar
 	@$(PUSH_IMAGES) $(IMAGE_DIR)/java-worker-postgres.tar $(REGISTRY_JAVA_WORKER_IMAGE)
 
 example-java-check: cluster databases image-local example-java-image
