@@ -252,8 +252,13 @@ public final class Session implements AutoCloseable {
                 }
             }
         }
-        for (CountDownLatch done : pending) {
-            done.await(Api.ANSWER_MARGIN_NANOS, TimeUnit.NANOSECONDS);
+        try {
+            for (CountDownLatch done : pending) {
+                done.await(Api.ANSWER_MARGIN_NANOS, TimeUnit.NANOSECONDS);
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt(); // as every interrupted acquire leaves it
+            throw e;
         }
     }
 
