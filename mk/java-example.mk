@@ -57,7 +57,8 @@ $(IMAGE_DIR)/java-worker-postgres.tar: $(JAVA_ROOTFS) $(JAVA_EXAMPLE_JARS) $(JAV
 		usr/lib/jvm/java-17-openjdk-amd64/lib/server/classes_nocoops.jsa
 	$$(command -v ldconfig || echo /sbin/ldconfig) -r $(JAVA_IMAGE_ROOT)
 	install -d $(JAVA_IMAGE_ROOT)/app/lib
-	$(JAR) --create --file $(JAVA_IMAGE_ROOT)/app/worker.jar -C $(JAVA_EXAMPLE_CLASSES) .
+	@# A fixed date in the jar, as in the layer: the same sources make the same image.
+	$(JAR) --create --date=1980-01-02T00:00:00Z --file $(JAVA_IMAGE_ROOT)/app/worker.jar -C $(JAVA_EXAMPLE_CLASSES) .
 	install -m 0644 $(JAVA_EXAMPLE_JARS) $(JAVA_IMAGE_ROOT)/app/lib/
 	mkdir -p $(JAVA_IMAGE_ROOT)/tmp && chmod 1777 $(JAVA_IMAGE_ROOT)/tmp
 	printf 'root:x:0:0:root:/root:/usr/sbin/nologin\nnonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin\n' \
