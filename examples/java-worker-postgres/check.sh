@@ -107,7 +107,7 @@ say "4. Delete the holder pod $holder"
 # Its worker's log to the end: it must stop on SIGTERM, releasing the Lease itself.
 timeout 60 "$KUBECTL" -n "$NS" logs -f "$holder" -c worker >"$helm_home/holder.log" 2>&1 &
 holder_logs=$!
-sleep 0.5 # kubectl logs -f attached
+wait_for 20 "the holder's log" grep -q ' worker: granted ' "$helm_home/holder.log"
 k -n "$NS" delete pod "$holder" --wait=false >/dev/null
 taken_over() { (($(q "SELECT count(*) FROM java_worker_rows WHERE token > $token AND writer <> '$holder'") >= 10)); }
 wait_for 60 "rows under a higher token from another pod" taken_over
