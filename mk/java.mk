@@ -59,5 +59,29 @@ java-client-test: $(JAVA_RESOLVED)
 	@[ -n "$${PALISADE_TEST_PG_URL:-}" ] || { echo "java-client-test: set PALISADE_TEST_PG_URL to a JDBC URL of a PostgreSQL database, e.g. jdbc:postgresql://127.0.0.1:15432/postgres?user=postgres" >&2; exit 1; }
 	cd $(JAVA_CLIENT_DIR) && $(MVN) -o test
 
-conformance-java-driver:
-	@echo "$@: not written yet" >&2; exit 1
+# The conformance driver: tests/conformance/java/Driver.java compiled against the client's jar
+# into $(JAVA_OUT)/driver/, and its launcher $(JAVA_DRIVER_BIN), which finds both next to
+# itself (any cwd). The launcher execs the JVM, so that the suite's SIGKILL, SIGSTOP and SIGTERM
+# of its pid reach the JVM. JVM flags for a fast start and little background work: C1 only,
+# class-data sharing, the serial GC, no perf-data file. -XDstringConcat=inline: string
+# concatenation as plain StringBuilder code, not an invokedynamic bootstrapped on first use
+# (milliseconds each, on the grant's path). Not -Werror: javac always warns that
+# sun.misc.Signal (the driver's SIGTERM handler) is internal API, and no -Xlint key turns it off.
+JAVA_DRIVER_SRC := tests/conformance/java/Driver.java
+JAVA_DRIVER_CLASSES := $(JAVA_OUT)/driver
+JAVA_DRIVER_FLAGS := -XX:TieredStopAtLevel=1 -Xshare:auto -XX:+UseSerialGC -XX:-UsePerfData
+# The jar and the classes as the launcher finds them: relative to its own directory.
+JAVA_DRIVER_CP := $$here/$(patsubst $(dir $(JAVA_DRIVER_BIN))%,%,$(JAVA_CLIENT_JAR)):$$here/$(patsubst \
+	$(dir $(JAVA_DRIVER_BIN))%,%,$(JAVA_DRIVER_CLASSES))
+
+conformance-java-driver: java-build $(JAVA_DRIVER_BIN)
+
+$(JAVA_DRIVER_BIN): $(JAVA_CLIENT_JAR) $(JAVA_DRIVER_SRC)
+	@rm -rf $(JAVA_DRIVER_CLASSES) && mkdir -p $(JAVA_DRIVER_CLASSES) $(@D)
+	javac --release 17 -Xlint:all -XDstringConcat=inline -cp $(JAVA_CLIENT_JAR) \
+		-d $(JAVA_DRIVER_CLASSES) $(JAVA_DRIVER_SRC)
+	printf '%s\n' '#!/bin/sh' \
+		'# The Java client'"'"'s conformance driver (tests/conformance/java); written by make.' \
+		'here=$$(cd "$$(dirname "$$0")" && pwd)' \
+		'exec java $(JAVA_DRIVER_FLAGS) -cp "$(JAVA_DRIVER_CP)" Driver "$$@"' >$@.tmp
+	chmod +x $@.tmp && mv $@.tmp $@
