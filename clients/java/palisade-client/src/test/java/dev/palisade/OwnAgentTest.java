@@ -2,6 +2,7 @@ package dev.palisade;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.time.Duration;
@@ -33,6 +34,34 @@ class OwnAgentTest {
             assertTrue(agent.isAlive(), "the agent was frozen, not dead: the client's clock decided");
             assertFalse(s.isEnded(), "the session lives until its keepalive is missed");
             agent.thaw(); // so that closing the session is answered at once
+        }
+    }
+
+    /** No keepalive answered within the session's keepalive: the session ends, by this client's clock. */
+    @Test
+    void aStoppedAgentsSessionEndsWhenItsKeepaliveIsMissed() throws Exception {
+        try (OwnAgent agent = new OwnAgent();
+                Session s = Session.open(SessionOptions.defaults().socket(agent.socket).keepalive(Duration.ofSeconds(1)))) {
+            assertEquals(Duration.ofSeconds(1), s.keepalive());
+            Grant g = s.acquire(AgentFixture.lease("missed"), AcquireOptions.defaults().durationSeconds(6));
+            agent.freeze();
+            long stopAt = System.nanoTime();
+            // validForMs is bounded by the session's end too: the grant ends at about the
+            // same instant, by whichever of the two deadlines the clock reads first.
+            LostReason grantReason = g.lost().get(10, TimeUnit.SECONDS);
+            assertTrue(grantReason == LostReason.LOCAL_DEADLINE || grantReason == LostReason.KEEPALIVE_MISSED,
+                    grantReason.toString());
+            long until = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+            while (!s.isEnded() && System.nanoTime() < until) {
+                Thread.sleep(20);
+            }
+            long endedAfterMs = (System.nanoTime() - stopAt) / 1_000_000;
+            assertTrue(s.isEnded(), "the session ended");
+            assertTrue(endedAfterMs <= 1500, "within the keepalive of the last answer: " + endedAfterMs + " ms");
+            LeaseLostException e = assertThrows(LeaseLostException.class,
+                    () -> s.acquire(AgentFixture.lease("after"), AgentFixture.shortLease()));
+            assertEquals(LostReason.KEEPALIVE_MISSED, e.reason());
+            agent.thaw();
         }
     }
 
