@@ -86,9 +86,20 @@ public final class Session implements AutoCloseable {
         return open(SessionOptions.defaults());
     }
 
-    /** Opens a session; AgentException when the agent refuses, AgentUnreachableException when there is none. */
+    /**
+     * Opens a session; AgentException when the agent refuses, AgentUnreachableException when
+     * there is none. Not interruptible (its requests are short): an interrupt status is kept.
+     */
     public static Session open(SessionOptions options) {
-        return new Session(options);
+        // The event stream's connection outlives this call: it must not hold the status aside.
+        boolean interrupted = Thread.interrupted();
+        try {
+            return new Session(options);
+        } finally {
+            if (interrupted) {
+                Thread.currentThread().interrupt();
+            }
+        }
     }
 
     /**

@@ -163,6 +163,17 @@ class AgentTest {
     }
 
     @Test
+    void openingASessionKeepsTheInterruptStatus() {
+        Thread.currentThread().interrupt();
+        try (Session s = AgentFixture.open()) {
+            assertTrue(Thread.currentThread().isInterrupted(), "still set after open");
+            assertFalse(s.isEnded());
+        } finally {
+            assertTrue(Thread.interrupted(), "still set after close");
+        }
+    }
+
+    @Test
     void anAcquireStartedInterruptedThrowsAtOnce() {
         try (Session s = AgentFixture.open()) {
             Thread.currentThread().interrupt();
