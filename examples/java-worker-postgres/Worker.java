@@ -37,6 +37,7 @@ public final class Worker {
     private final String writer = env("POD_NAME", "pid-" + ProcessHandle.current().pid());
     private final Thread mainThread = Thread.currentThread();
     private volatile boolean stopping;
+    private boolean refused; // the last leadership ended with a write refused as stale
 
     private Worker(Connection db) {
         this.db = db;
@@ -65,8 +66,14 @@ public final class Worker {
         while (!stopping) {
             try (Session session = Session.open(SessionOptions.defaults().name("java-worker"))) {
                 while (!stopping && !session.isEnded()) {
+                    refused = false;
                     Optional<LostReason> lost = LeaderElection.run(session, lease, AcquireOptions.defaults(), this::lead);
                     lost.ifPresent(reason -> log("lost %s: %s", lease, reason.wireName()));
+                    if (refused) {
+                        // Not at once: a mark above the tokens this Lease hands out (fenced
+                        // by hand, or from another cluster) would refuse each new grant.
+                        sleepUnlessStopping(Duration.ofSeconds(1));
+                    }
                 }
             } catch (InterruptedException e) {
                 if (!stopping) {
@@ -74,7 +81,7 @@ public final class Worker {
                 }
             } catch (AgentException | LeaseLostException e) {
                 // The agent is not up yet, restarted, or ended the session: start over.
-                log("%s; retrying in 1 s", e);
+                log("%s; retrying in 1 s", e.getMessage());
                 sleepUnlessStopping(Duration.ofSeconds(1));
             }
         }
@@ -90,6 +97,7 @@ public final class Worker {
         try {
             for (long batch = 0; grant.isValid() && !stopping; batch++) {
                 if (!writeBatch(grant, batch)) {
+                    refused = true;
                     return; // the Lease moved on; wait for it again
                 }
                 Thread.sleep(writeIntervalMs);
