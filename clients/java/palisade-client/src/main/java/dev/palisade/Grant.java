@@ -89,9 +89,13 @@ public final class Grant implements AutoCloseable {
         return d == null ? Duration.ZERO : Duration.ofSeconds(d);
     }
 
-    /** Completes with the reason when the grant ends: a loss, or {@link LostReason#RELEASED} after release. */
+    /**
+     * Completes with the reason when the grant ends: a loss, or {@link LostReason#RELEASED}
+     * after release. A copy each call (completing it does nothing to the grant); its
+     * callbacks run on the client's thread that saw the end: keep them short.
+     */
     public CompletableFuture<LostReason> lost() {
-        return lost;
+        return lost.copy();
     }
 
     /** Held: not lost, not released (nor being released), before its local deadline. Reads the clock, no request. */

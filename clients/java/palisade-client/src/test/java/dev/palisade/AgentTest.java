@@ -49,6 +49,9 @@ class AgentTest {
             Duration left = g.validFor();
             assertTrue(left.compareTo(Duration.ZERO) > 0 && left.compareTo(Duration.ofSeconds(3)) <= 0, left.toString());
             assertFalse(g.lost().isDone());
+            g.lost().complete(LostReason.EXPIRED); // a copy: the grant is not fooled
+            assertTrue(g.isValid());
+            assertFalse(g.lost().isDone());
             Duration checked = g.check();
             assertTrue(checked.compareTo(Duration.ZERO) > 0, checked.toString());
             AgentException twice = assertThrows(AgentException.class, () -> s.acquire(lease, AgentFixture.shortLease()));
