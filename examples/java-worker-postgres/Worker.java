@@ -13,7 +13,7 @@ import java.sql.DriverManager;
 import java.sql.PreparedStatement;
 import java.sql.SQLException;
 import java.time.Duration;
-import java.time.Instant;
+import java.time.ZonedDateTime;
 import java.util.Optional;
 import java.util.UUID;
 
@@ -30,6 +30,8 @@ import java.util.UUID;
  * /run/palisade/agent.sock), POD_NAME (recorded with every row).
  */
 public final class Worker {
+    private static final String TIME = "%1$tFT%1$tT.%1$tN%1$tz"; // of a ZonedDateTime, in log lines
+
     private final Connection db;
     private final String lease = env("LEASE", "java-worker");
     private final int batchRows = Integer.parseInt(env("BATCH_ROWS", "3"));
@@ -45,7 +47,7 @@ public final class Worker {
 
     public static void main(String[] args) throws Exception {
         // The client's log records (java.util.logging) on one line each, like the worker's own.
-        System.setProperty("java.util.logging.SimpleFormatter.format", "%1$tFT%1$tT.%1$tNZ %3$s %4$s: %5$s%6$s%n");
+        System.setProperty("java.util.logging.SimpleFormatter.format", TIME + " %3$s %4$s: %5$s%6$s%n");
         String url = System.getenv("JDBC_URL");
         if (url == null || url.isEmpty()) {
             log("set JDBC_URL, e.g. jdbc:postgresql://127.0.0.1:5432/db?user=u");
@@ -167,6 +169,6 @@ public final class Worker {
     }
 
     private static void log(String format, Object... args) {
-        System.err.println(Instant.now() + " worker: " + String.format(format, args));
+        System.err.println(String.format(TIME, ZonedDateTime.now()) + " worker: " + String.format(format, args));
     }
 }
