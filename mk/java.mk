@@ -60,26 +60,41 @@ java-client-test: $(JAVA_RESOLVED)
 	cd $(JAVA_CLIENT_DIR) && $(MVN) -o test
 
 # The conformance driver: tests/conformance/java/Driver.java compiled against the client's jar
-# into $(JAVA_OUT)/driver/, and its launcher $(JAVA_DRIVER_BIN), which finds both next to
-# itself (any cwd). The launcher execs the JVM, so that the suite's SIGKILL, SIGSTOP and SIGTERM
-# of its pid reach the JVM. JVM flags for a fast start and little background work: C1 only,
-# class-data sharing, the serial GC, no perf-data file. -XDstringConcat=inline: string
-# concatenation as plain StringBuilder code, not an invokedynamic bootstrapped on first use
-# (milliseconds each, on the grant's path). Not -Werror: javac always warns that
-# sun.misc.Signal (the driver's SIGTERM handler) is internal API, and no -Xlint key turns it off.
+# into $(JAVA_DRIVER_DIR) (its classes, as a jar too), and its launcher $(JAVA_DRIVER_BIN), which
+# finds them next to itself (any cwd). The launcher execs the JVM, so that the suite's SIGKILL,
+# SIGSTOP and SIGTERM of its pid reach the JVM. JVM flags for a fast start and little background
+# work: C1 only, the serial GC, no perf-data file, and class-data sharing from an archive made
+# here of the JDK's default class list and every class of the client's and the driver's jars
+# (parsed and verified once, not on the grant's path; a stale or unusable archive is ignored:
+# -Xshare:auto). The JVM's own warnings go to stderr, never into the protocol on stdout.
+# -XDstringConcat=inline: string concatenation as plain StringBuilder code, not an
+# invokedynamic bootstrapped on first use (milliseconds each, on the grant's path). Not
+# -Werror: javac always warns that sun.misc.Signal (the driver's SIGTERM handler) is internal
+# API, and no -Xlint key turns that off.
 JAVA_DRIVER_SRC := tests/conformance/java/Driver.java
-JAVA_DRIVER_CLASSES := $(JAVA_OUT)/driver
-JAVA_DRIVER_FLAGS := -XX:TieredStopAtLevel=1 -Xshare:auto -XX:+UseSerialGC -XX:-UsePerfData
-# The jar and the classes as the launcher finds them: relative to its own directory.
-JAVA_DRIVER_CP := $$here/$(patsubst $(dir $(JAVA_DRIVER_BIN))%,%,$(JAVA_CLIENT_JAR)):$$here/$(patsubst \
-	$(dir $(JAVA_DRIVER_BIN))%,%,$(JAVA_DRIVER_CLASSES))
+JAVA_DRIVER_DIR := $(JAVA_OUT)/driver
+JAVA_DRIVER_JAR := $(JAVA_DRIVER_DIR)/driver.jar
+JAVA_DRIVER_CDS := $(JAVA_DRIVER_DIR)/driver.jsa
+# The launcher's paths: relative to its own directory.
+java_driver_rel = $$here/$(patsubst $(dir $(JAVA_DRIVER_BIN))%,%,$(1))
+JAVA_DRIVER_FLAGS := -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData \
+	-Xshare:auto -XX:SharedArchiveFile="$(call java_driver_rel,$(JAVA_DRIVER_CDS))" \
+	-Xlog:disable -Xlog:all=warning:stderr
+JAVA_DRIVER_CP := $(call java_driver_rel,$(JAVA_CLIENT_JAR)):$(call java_driver_rel,$(JAVA_DRIVER_JAR))
 
 conformance-java-driver: java-build $(JAVA_DRIVER_BIN)
 
-$(JAVA_DRIVER_BIN): $(JAVA_CLIENT_JAR) $(JAVA_DRIVER_SRC)
-	@rm -rf $(JAVA_DRIVER_CLASSES) && mkdir -p $(JAVA_DRIVER_CLASSES) $(@D)
+$(JAVA_DRIVER_BIN): $(JAVA_CLIENT_JAR) $(JAVA_DRIVER_SRC) mk/java.mk
+	@rm -rf $(JAVA_DRIVER_DIR) && mkdir -p $(JAVA_DRIVER_DIR)/classes $(@D)
 	javac --release 17 -Xlint:all -XDstringConcat=inline -cp $(JAVA_CLIENT_JAR) \
-		-d $(JAVA_DRIVER_CLASSES) $(JAVA_DRIVER_SRC)
+		-d $(JAVA_DRIVER_DIR)/classes $(JAVA_DRIVER_SRC)
+	jar cf $(JAVA_DRIVER_JAR) -C $(JAVA_DRIVER_DIR)/classes .
+	{ cat "$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.home = //p')/lib/classlist" \
+		2>/dev/null; for j in $(JAVA_CLIENT_JAR) $(JAVA_DRIVER_JAR); do unzip -Z1 $$j; done \
+		| sed -n 's/\.class$$//p'; } >$(JAVA_DRIVER_DIR)/classlist
+	java -Xshare:dump -XX:SharedClassListFile=$(JAVA_DRIVER_DIR)/classlist \
+		-XX:SharedArchiveFile=$(JAVA_DRIVER_CDS) -cp $(CURDIR)/$(JAVA_CLIENT_JAR):$(CURDIR)/$(JAVA_DRIVER_JAR) \
+		>$(JAVA_DRIVER_DIR)/cds.log 2>&1 || { cat $(JAVA_DRIVER_DIR)/cds.log >&2; exit 1; }
 	printf '%s\n' '#!/bin/sh' \
 		'# The Java client'"'"'s conformance driver (tests/conformance/java); written by make.' \
 		'here=$$(cd "$$(dirname "$$0")" && pwd)' \
