@@ -90,7 +90,7 @@ $(JAVA_DRIVER_BIN): $(JAVA_CLIENT_JAR) $(JAVA_DRIVER_SRC) mk/java.mk
 		-d $(JAVA_DRIVER_DIR)/classes $(JAVA_DRIVER_SRC)
 	jar cf $(JAVA_DRIVER_JAR) -C $(JAVA_DRIVER_DIR)/classes .
 	{ cat "$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.home = //p')/lib/classlist" \
-		2>/dev/null; for j in $(JAVA_CLIENT_JAR) $(JAVA_DRIVER_JAR); do unzip -Z1 $$j; done \
+		2>/dev/null; for j in $(JAVA_CLIENT_JAR) $(JAVA_DRIVER_JAR); do jar tf $$j; done \
 		| sed -n 's/\.class$$//p'; } >$(JAVA_DRIVER_DIR)/classlist
 	java -Xshare:dump -XX:SharedClassListFile=$(JAVA_DRIVER_DIR)/classlist \
 		-XX:SharedArchiveFile=$(JAVA_DRIVER_CDS) -cp $(CURDIR)/$(JAVA_CLIENT_JAR):$(CURDIR)/$(JAVA_DRIVER_JAR) \
