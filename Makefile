@@ -29,8 +29,8 @@
 #   make image          build the container image (needs a Docker engine)
 #   make conformance    every way to hold a Lease through one black-box suite (tests/conformance/)
 #   make test-one TEST=name ARGS=...   one integration test target, after make test (or make cluster) started its parts
-#   make go-client-check, python-client-check   the thin clients' tests that need no agent
-#   make example-go-check, example-python-check the examples/ that use them, as pods on the node
+#   make go-client-check, python-client-check, java-client-check   the thin clients' tests that need no agent
+#   make example-go-check, example-python-check, example-java-check   the examples/ that use them, on the node
 #   make chaospod-check a real operator (controller-runtime's example, ChaosPods) frozen past its
 #                       Lease, fenced by palisade and not: its stale writes from the audit log (tests/operators/)
 #
