@@ -26,10 +26,9 @@ import java.nio.file.Path;
 import java.time.Duration;
 import java.util.Optional;
 import java.util.concurrent.BlockingQueue;
-import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ExecutionException;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 
 public final class Driver {
     private static final long WRITE_EVERY_NANOS = TimeUnit.MILLISECONDS.toNanos(100);
@@ -39,6 +38,9 @@ public final class Driver {
     private record Event(String quit, LostReason lost) {}
 
     private final BlockingQueue<Event> events = new LinkedBlockingQueue<>();
+    /** True while the main thread waits in acquire: a quit then interrupts it. */
+    private final AtomicBoolean waiting = new AtomicBoolean(true);
+    private final Thread main = Thread.currentThread();
 
     public static void main(String[] args) {
         Options options;
@@ -142,41 +144,19 @@ public final class Driver {
     }
 
     /**
-     * Acquires on a thread of its own, waiting as long as it takes, while the main thread
-     * waits for the grant or a request to quit; the grant, or null once the wait was given up.
+     * Acquires on the main thread, waiting as long as it takes (on this thread, so that the
+     * grant reaches the `granted` line without a hand-off between threads); a request to quit
+     * meanwhile interrupts the wait. The grant, or null once the wait was given up.
      */
     private Grant acquire(Session session, String lease, AcquireOptions options) {
-        CompletableFuture<Grant> acquired = new CompletableFuture<>();
-        Thread acquirer = new Thread(() -> {
-            try {
-                acquired.complete(session.acquire(lease, options));
-            } catch (Throwable e) {
-                acquired.completeExceptionally(e);
-            }
-        }, "acquire");
-        acquirer.setDaemon(true);
-        acquirer.start();
-        acquired.whenComplete((g, e) -> events.add(new Event(null, null)));
-        Event event = take();
-        if (event.quit != null) {
-            System.err.println("driver: " + event.quit + " before the grant: the wait is given up");
-            acquirer.interrupt();
-        }
         Grant grant;
         try {
-            grant = acquired.get();
-        } catch (ExecutionException e) {
-            if (event.quit != null && e.getCause() instanceof InterruptedException) {
-                return null;
-            }
-            if (e.getCause() instanceof RuntimeException r) {
-                throw r;
-            }
-            throw new IllegalStateException("acquire", e.getCause());
+            grant = session.acquire(lease, options);
         } catch (InterruptedException e) {
-            throw new IllegalStateException("the main thread is never interrupted", e);
+            return null; // only quit() interrupts this thread
         }
-        if (event.quit != null) { // granted as the quit came: let it go
+        if (!waiting.compareAndSet(true, false)) { // a quit came as it was granted: let it go
+            Thread.interrupted(); // its interrupt, if it came after the acquire returned
             grant.release();
             return null;
         }
@@ -220,16 +200,12 @@ public final class Driver {
         return EXIT_LOST;
     }
 
-    private Event take() {
-        try {
-            return events.take();
-        } catch (InterruptedException e) {
-            throw new IllegalStateException("the main thread is never interrupted", e);
-        }
-    }
-
     private void quit(String why) {
         events.add(new Event(why, null));
+        if (waiting.compareAndSet(true, false)) {
+            System.err.println("driver: " + why + " before the grant: the wait is given up");
+            main.interrupt();
+        }
     }
 
     /** A `release` line, or stdin's end, is a request to quit. */
