@@ -186,7 +186,11 @@ struct LeaseSpec {
 }
 
 /// One client's release handover path: two agents (as two pods), one Lease handed back
-/// and forth between a new driver process on one agent and the holder on the other.
+/// and forth between a new driver process on one agent and the holder on the other. The
+/// agents are the agent path's own two, shared by the Go and the Java path: then the
+/// agent's HTTP row and the clients' rows differ in the client alone, not in the agents
+/// (their build, their connections to the API server, their warm-up). The rounds run one
+/// at a time, so a path never waits on another's traffic.
 pub struct DriverPath {
     client: Client,
     program: PathBuf,
