@@ -366,7 +366,7 @@ test-build:
 	cargo test --locked --no-run
 	cargo test --locked --no-run --benches
 
-test-bench-smoke:
+test-bench-smoke: conformance-go-driver conformance-java-driver
 	@echo "bench smoke run (figures from a debug build mean nothing; see make bench):"
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \

@@ -305,12 +305,13 @@ public final class Grant implements AutoCloseable {
                 lostMessage = message;
             }
         }
+        session.forget(this);
+        lost.complete(to == State.LOST ? reason : LostReason.RELEASED);
+        // The application first, the log after: a logger's first use can take milliseconds.
         if (to == State.LOST) {
             LOG.log(Level.WARNING, "lease {0}/{1} (token {2}) lost: {3}{4}", new Object[] {namespace, name,
                     String.valueOf(token), reason.wireName(), message == null ? "" : ": " + message});
         }
-        session.forget(this);
-        lost.complete(to == State.LOST ? reason : LostReason.RELEASED);
         return true;
     }
 

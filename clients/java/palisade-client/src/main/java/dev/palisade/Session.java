@@ -192,6 +192,7 @@ public final class Session implements AutoCloseable {
         Api.GrantInfo info = null;
         try {
             int waitMs = Api.waitMsFor(remaining(start, timeoutNanos));
+            long sent = System.nanoTime();
             Transport.Response r = call(Endpoint.ACQUIRE, Json.write(Api.acquireBody(name, opts, waitMs)),
                     waitMs * 1_000_000L + Api.ANSWER_MARGIN_NANOS);
             answered = true;
@@ -206,6 +207,7 @@ public final class Session implements AutoCloseable {
                     throw new TimedOut();
                 }
                 waitMs = Api.waitMsFor(left);
+                sent = System.nanoTime();
                 r = call(Endpoint.GET_GRANT, "?waitMs=" + waitMs, null, waitMs * 1_000_000L + Api.ANSWER_MARGIN_NANOS,
                         true, info.namespace(), info.name());
                 if (r.status() != 200) {
@@ -213,10 +215,12 @@ public final class Session implements AutoCloseable {
                 }
                 info = Api.grantFromAnswer(r.status(), r.body());
             }
-            long sent = 0;
-            if (info.state().equals(Api.HELD)) {
-                // A long poll may be answered long after it was sent: validForMs is counted
-                // from the send instant of a GET, which is answered at once.
+            // validForMs is counted from the send of the request that carried it. A long poll
+            // may be answered long after its send, leaving little of it: then a GET, answered
+            // at once, gives the count a fresh start. (As the Go client; an extra request on
+            // every grant costs the handover a round trip.)
+            if (info.state().equals(Api.HELD)
+                    && System.nanoTime() - sent > info.validForMs() * 1_000_000L / 2) {
                 sent = System.nanoTime();
                 r = call(Endpoint.GET_GRANT, null, Api.ANSWER_MARGIN_NANOS, info.namespace(), info.name());
                 if (r.status() != 200) {
@@ -595,12 +599,13 @@ public final class Session implements AutoCloseable {
             all = new ArrayList<>(grants.values());
             lock.notifyAll();
         }
+        // The application first, the log after: a logger's first use can take milliseconds.
+        for (Grant g : all) {
+            g.endWithSession(reason, message);
+        }
         if (reason != null) {
             LOG.log(Level.WARNING, "palisade session " + id + " ended: " + reason.wireName()
                     + (message != null ? ": " + message : ""));
-        }
-        for (Grant g : all) {
-            g.endWithSession(reason, message);
         }
         return true;
     }
