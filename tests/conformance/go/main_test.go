@@ -24,6 +24,7 @@ type fakeAgent struct {
 	validForMs int64
 	frozen     chan struct{}
 	releaseErr bool // DELETE answers 409 grant_lost, the grant lost as Revoked
+	acquires   int  // POSTs of the Lease's claim
 }
 
 func startFakeAgent(t *testing.T, validForMs int64) *fakeAgent {
@@ -69,6 +70,7 @@ func startFakeAgent(t *testing.T, validForMs int64) *fakeAgent {
 	})
 	mux.HandleFunc("POST /v1/sessions/s/leases", func(w http.ResponseWriter, r *http.Request) {
 		f.state = "held"
+		f.acquires++
 		answer(w, 200, grant())
 	})
 	mux.HandleFunc("GET /v1/sessions/s/leases/ns/l", func(w http.ResponseWriter, r *http.Request) { answer(w, 200, grant()) })
@@ -201,5 +203,40 @@ func TestDriverReleaseOfALostGrantSaysWhy(t *testing.T) {
 	}
 	if code := <-status; code != 3 {
 		t.Fatalf("exit %d, want 3", code)
+	}
+}
+
+// --grants 3: a `release` line releases and acquires again in the same session; stdin's
+// end then releases and exits 0 at once, with no third acquire.
+func TestDriverGrantsAgainAfterARelease(t *testing.T) {
+	f := startFakeAgent(t, 4000)
+	lines, status, stdin := driver("--lease", "l", "--grants", "3")
+	if l := next(t, lines, 5*time.Second); l != "granted 7 u" {
+		t.Fatalf("first line %q", l)
+	}
+	io.WriteString(stdin, "release\n")
+	for _, want := range []string{"released", "granted 7 u"} {
+		if l := next(t, lines, 5*time.Second); l != want {
+			t.Fatalf("after the release line: %q, want %q", l, want)
+		}
+	}
+	stdin.Close()
+	if l := next(t, lines, 5*time.Second); l != "released" {
+		t.Fatalf("after stdin's end: %q, want released", l)
+	}
+	if code := <-status; code != 0 {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.acquires != 2 || f.state != "released" {
+		t.Fatalf("%d acquires, the grant %q; want 2 and released", f.acquires, f.state)
+	}
+}
+
+// --grants must be at least 1.
+func TestDriverRefusesZeroGrants(t *testing.T) {
+	if code := run([]string{"--lease", "l", "--grants", "0"}, strings.NewReader(""), io.Discard, io.Discard); code != 2 {
+		t.Fatalf("exit %d, want 2", code)
 	}
 }
