@@ -2,13 +2,17 @@
 // the protocol of tests/conformance/README.md through the client's public API only.
 //
 //   palisade-conformance-java --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]
+//       [--grants N]
 //
 // The agent is at $PALISADE_AGENT_SOCKET. stdout: `granted <token> <claim UID>`, then `write
 // <token>` every 100 ms without looking at the grant; when the client reports the grant lost,
 // `lost <reason>`, one more `write <token>` (the write in flight, which the fence must refuse)
 // and exit 3; on a `release` line, stdin's end or SIGTERM, release, `released`, exit 0 (also
-// while still waiting in acquire: the wait is given up). Diagnostics on stderr; exit 1 when no
-// grant could be had, 2 on bad arguments.
+// while still waiting in acquire: the wait is given up). With --grants N (default 1), a `release`
+// line before the N-th grant releases, says `released` and acquires the same Lease again in the
+// same session (a long-running service's next acquire, in a warm JVM); stdin's end and SIGTERM
+// still release and exit 0 at once. Diagnostics on stderr; exit 1 when no grant could be had, 2
+// on bad arguments.
 
 import dev.palisade.AcquireOptions;
 import dev.palisade.AgentException;
@@ -34,12 +38,12 @@ public final class Driver {
     private static final long WRITE_EVERY_NANOS = TimeUnit.MILLISECONDS.toNanos(100);
     private static final int EXIT_LOST = 3;
 
-    /** What wakes the main thread: a request to quit, or the grant's loss. */
-    private record Event(String quit, LostReason lost) {}
+    /** What wakes the main thread: a request to quit, or a grant's loss (or release). */
+    private record Event(String quit, Grant grant, LostReason lost) {}
 
     private final BlockingQueue<Event> events = new LinkedBlockingQueue<>();
     /** True while the main thread waits in acquire: a quit then interrupts it. */
-    private final AtomicBoolean waiting = new AtomicBoolean(true);
+    private final AtomicBoolean waiting = new AtomicBoolean();
     private final Thread main = Thread.currentThread();
 
     public static void main(String[] args) {
@@ -49,7 +53,7 @@ public final class Driver {
         } catch (IllegalArgumentException e) {
             System.err.println("driver: " + e.getMessage());
             System.err.println("usage: palisade-conformance-java --lease NAME [--namespace NS]"
-                    + " [--duration-seconds N] [--keepalive-ms N]");
+                    + " [--duration-seconds N] [--keepalive-ms N] [--grants N]");
             System.exit(2);
             return;
         }
@@ -100,9 +104,23 @@ public final class Driver {
         if (options.durationSeconds > 0) {
             acquireOptions = acquireOptions.durationSeconds(options.durationSeconds);
         }
+        for (int n = 1; ; n++) {
+            int code = grant(session, options.lease, acquireOptions, n < options.grants);
+            if (code >= 0) {
+                return code;
+            }
+        }
+    }
+
+    /**
+     * Acquires the Lease, holds it until asked to quit or told it is lost, and releases it: -1
+     * when the Lease is to be acquired again (a `release` line while {@code more} may follow),
+     * otherwise the driver's exit status.
+     */
+    private int grant(Session session, String lease, AcquireOptions acquireOptions, boolean more) {
         Grant grant;
         try {
-            grant = acquire(session, options.lease, acquireOptions);
+            grant = acquire(session, lease, acquireOptions);
         } catch (LeaseLostException e) {
             System.err.println("driver: acquire: " + e);
             say("lost " + e.reason().wireName());
@@ -119,7 +137,7 @@ public final class Driver {
 
         long token = grant.token();
         say("granted " + token + " " + grant.claimUid());
-        grant.lost().thenAccept(reason -> events.add(new Event(null, reason)));
+        grant.lost().thenAccept(reason -> events.add(new Event(null, grant, reason)));
         String why = writeUntilEvent(grant, token);
         if (why == null) {
             return EXIT_LOST;
@@ -138,9 +156,12 @@ public final class Driver {
         if (reason.isPresent() && reason.get() != LostReason.RELEASED) {
             return lost(reason.get(), token);
         }
-        session.close();
+        boolean again = more && why.equals("release");
+        if (!again) {
+            session.close();
+        }
         say("released");
-        return 0;
+        return again ? -1 : 0;
     }
 
     /**
@@ -149,6 +170,12 @@ public final class Driver {
      * meanwhile interrupts the wait. The grant, or null once the wait was given up.
      */
     private Grant acquire(Session session, String lease, AcquireOptions options) {
+        // A quit that came while no wait was under way (during a release) is in the queue:
+        // quit() adds its event before it looks at this flag.
+        waiting.set(true);
+        if (quitPending() && waiting.compareAndSet(true, false)) {
+            return null;
+        }
         Grant grant;
         try {
             grant = session.acquire(lease, options);
@@ -161,6 +188,15 @@ public final class Driver {
             return null;
         }
         return grant;
+    }
+
+    private boolean quitPending() {
+        for (Event event : events) {
+            if (event.quit != null) {
+                return true;
+            }
+        }
+        return false;
     }
 
     /** Writes every 100 ms until an event: the quit's reason, or null once the loss is said. */
@@ -184,7 +220,7 @@ public final class Driver {
                 }
                 continue;
             }
-            if (event.lost != null) {
+            if (event.lost != null && event.grant == grant) {
                 lost(event.lost, token);
                 return null;
             }
@@ -201,14 +237,14 @@ public final class Driver {
     }
 
     private void quit(String why) {
-        events.add(new Event(why, null));
+        events.add(new Event(why, null, null));
         if (waiting.compareAndSet(true, false)) {
             System.err.println("driver: " + why + " before the grant: the wait is given up");
             main.interrupt();
         }
     }
 
-    /** A `release` line, or stdin's end, is a request to quit. */
+    /** A `release` line, or stdin's end, is a request to quit (a `release` line, to let go). */
     private void watchStdin() {
         try (BufferedReader in = new BufferedReader(
                 new InputStreamReader(System.in, StandardCharsets.UTF_8))) {
@@ -216,7 +252,6 @@ public final class Driver {
             while ((line = in.readLine()) != null) {
                 if (line.trim().equals("release")) {
                     quit("release");
-                    return;
                 }
             }
         } catch (IOException e) {
@@ -231,6 +266,7 @@ public final class Driver {
         String namespace;
         int durationSeconds;
         long keepaliveMs;
+        int grants = 1;
 
         static Options parse(String[] args) {
             Options o = new Options();
@@ -246,6 +282,7 @@ public final class Driver {
                         case "--namespace" -> o.namespace = value;
                         case "--duration-seconds" -> o.durationSeconds = Integer.parseInt(value);
                         case "--keepalive-ms" -> o.keepaliveMs = Long.parseLong(value);
+                        case "--grants" -> o.grants = Integer.parseInt(value);
                         default -> throw new IllegalArgumentException("unknown flag " + flag);
                     }
                 } catch (NumberFormatException e) {
@@ -254,6 +291,9 @@ public final class Driver {
             }
             if (o.lease == null || o.lease.isEmpty()) {
                 throw new IllegalArgumentException("--lease is required");
+            }
+            if (o.grants < 1) {
+                throw new IllegalArgumentException("--grants must be at least 1");
             }
             return o;
         }
