@@ -572,7 +572,44 @@ fn agent_targets(latency: &[Latency], figures: &[Figure]) -> Vec<Target> {
         rss,
         requests,
         readme_client_target(latency, figures),
+        java_client_target(latency, figures),
     ]
+}
+
+/// The Java client's release handover against the Go client's, warm (a later acquire
+/// in a long-lived process, as a service's), interleaved in the same run: the bench's
+/// figure of the p99s' difference.
+fn java_client_target(latency: &[Latency], figures: &[Figure]) -> Target {
+    let t = "Java client release p99 within 2 ms of the Go client's (warm)";
+    let release = |config: &str| {
+        latency.iter().find(|l| {
+            l.system == "palisade-agent" && l.config == config && l.scenario == "release" && l.n > 0
+        })
+    };
+    let over = figure(
+        figures,
+        "palisade-agent",
+        "java-client-warm",
+        "release_p99_warm_java_over_go",
+    );
+    match (over, release("java-client-warm"), release("go-client-warm")) {
+        (Some(f), Some(j), Some(g)) => Target {
+            target: t,
+            measured: format!(
+                "p99 {} ms against {} ms ({:+.2} ms, n={})",
+                ms(j.p99),
+                ms(g.p99),
+                f.value,
+                j.n
+            ),
+            status: Status::of(f.value <= 2.0),
+        },
+        _ => Target {
+            target: t,
+            measured: "-".into(),
+            status: Status::NotMeasured,
+        },
+    }
 }
 
 /// The README's client against the library on a caller's client, in the same
@@ -841,7 +878,10 @@ fn markdown(
            send of the silent holder's last renewal, as its own client saw it, plus the lease duration, to the \
            next holder observing its grant, signed. The palisade-agent rows are an A/B in one process, \
            interleaved round by round: the README's client (readme-client), the library on a caller's \
-           kube::Client (library) and the agent; their spread over blocks is in Other figures. Milliseconds, \
+           kube::Client (library), the agent, and the Go and Java clients' conformance drivers on the \
+           agent: go-client and java-client a fresh process's first acquire (a cron job's), go-client-warm \
+           and java-client-warm a later acquire in a long-lived process (a service's); their spread over \
+           blocks is in Other figures. Milliseconds, \
            p50 / p95 / p99 (n), nearest rank.\n\n";
     md += "| system (config) | voluntary release | holder's Pod deleted | expiry, past the duration |\n|---|---|---|---|\n";
     let all_latency = latency;

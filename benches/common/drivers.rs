@@ -3,7 +3,12 @@
 //! one process per holder, each through an agent. A round: the holder's driver reads
 //! `release` on its stdin; measured from the write of that line to the waiting driver's
 //! `granted` line. The waiter is started, and its claim queued, before the round, so
-//! that a process's start (a JVM's especially) is outside the measure.
+//! that a process's start (a JVM's especially) is outside the measure; still, a new
+//! process's first acquire is measured (a JVM's class loading and interpretation on the
+//! grant path), as a cron job sees it. The warm paths measure what a long-running
+//! service sees, a later acquire in the same process: two long-lived drivers
+//! (`--grants`), one on each agent, hand the Lease back and forth, the released one
+//! queueing again for its next grant.
 //!
 //! The drivers come from PALISADE_CONFORMANCE_GO and PALISADE_CONFORMANCE_JAVA (the
 //! Makefile's CONFORMANCE_ENV sets them, as for the conformance suite).
@@ -66,16 +71,29 @@ impl Client {
     }
 }
 
-/// One driver process: its stdin, and its stdout's lines with the instant each arrived.
+/// Handovers of each warm path's pair of drivers before its measured rounds, discarded:
+/// each process's first grant and first wait (its first-use costs) are outside the measure.
+pub const WARM_UP: usize = 2;
+
+/// One driver process: its stdin (None once hung up), and its stdout's lines with the
+/// instant each arrived.
 struct Driver {
     child: Child,
-    stdin: ChildStdin,
+    stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<(Instant, String)>,
     log: PathBuf,
 }
 
 impl Driver {
-    fn spawn(program: &Path, socket: &Path, lease: &LeaseSpec, log: PathBuf) -> Driver {
+    /// The driver, with `--grants` when given.
+    fn spawn(
+        program: &Path,
+        socket: &Path,
+        lease: &LeaseSpec,
+        grants: Option<usize>,
+        log: PathBuf,
+    ) -> Driver {
+        let grants = grants.map(|n| ["--grants".to_string(), n.to_string()]);
         let mut child = Command::new(program)
             .args([
                 "--lease",
@@ -85,6 +103,7 @@ impl Driver {
                 "--duration-seconds",
             ])
             .arg(lease.duration_secs.to_string())
+            .args(grants.iter().flatten())
             .env("PALISADE_AGENT_SOCKET", socket)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -92,7 +111,7 @@ impl Driver {
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
-        let stdin = child.stdin.take().unwrap();
+        let stdin = child.stdin.take();
         let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
         let (tx, lines) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -148,9 +167,16 @@ impl Driver {
     /// Writes the `release` line; the instant just before the write.
     async fn release(&mut self) -> Instant {
         let at = Instant::now();
-        self.stdin.write_all(b"release\n").await.unwrap();
-        self.stdin.flush().await.unwrap();
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(b"release\n").await.unwrap();
+        stdin.flush().await.unwrap();
         at
+    }
+
+    /// Closes its stdin: it releases, or gives up its wait, and exits 0 at once.
+    async fn hang_up(mut self) {
+        self.stdin = None;
+        self.released().await;
     }
 
     /// Waits for `released` and the driver's exit 0.
@@ -235,7 +261,7 @@ impl DriverPath {
 
     fn spawn(&self, n: usize) -> Driver {
         let log = self.dir.join(format!("{}-{n}.log", self.client.config()));
-        Driver::spawn(&self.program, &self.sockets[n % 2], &self.lease, log)
+        Driver::spawn(&self.program, &self.sockets[n % 2], &self.lease, None, log)
     }
 
     /// One release handover, ms: the next waiter started on the other agent and queued,
@@ -244,7 +270,7 @@ impl DriverPath {
         self.round += 1;
         let (mut holder, token) = self.holder.take().unwrap();
         let mut waiter = self.spawn(self.round);
-        self.queued_behind(token).await;
+        queued_behind(&self.leases, &self.lease.name, token).await;
         tokio::time::sleep(SETTLE).await;
         let let_go = holder.release().await;
         let (at, granted) = waiter.said("granted").await;
@@ -256,32 +282,105 @@ impl DriverPath {
         took
     }
 
-    /// Waits until the Lease shows the grant of `token` with one claim waiting: the new
-    /// waiter's (an older status, from before that grant, cannot match).
-    async fn queued_behind(&self, token: i64) {
-        let mut stream =
-            watcher::watch_object(self.leases.leases().clone(), &self.lease.name).boxed();
-        let seen = tokio::time::timeout(SAY_LIMIT, async {
-            while let Some(Ok(Some(l))) = stream.next().await {
-                let status = l.status.unwrap_or_default();
-                if status.fencing_token == Some(token) && status.waiting_count == Some(1) {
-                    return true;
-                }
-            }
-            false
-        })
-        .await;
-        assert!(
-            seen == Ok(true),
-            "{}: no waiter queued behind token {token} within {SAY_LIMIT:?}",
-            self.lease.name
-        );
-    }
-
     /// Releases the last holder.
     pub async fn finish(mut self) {
         let (mut holder, _) = self.holder.take().unwrap();
         holder.release().await;
         holder.released().await;
+    }
+}
+
+/// Waits until the Lease shows the grant of `token` with one claim waiting: the
+/// waiter's (an older status, from before that grant, cannot match).
+async fn queued_behind(leases: &LeaseClient, lease: &str, token: i64) {
+    let mut stream = watcher::watch_object(leases.leases().clone(), lease).boxed();
+    let seen = tokio::time::timeout(SAY_LIMIT, async {
+        while let Some(Ok(Some(l))) = stream.next().await {
+            let status = l.status.unwrap_or_default();
+            if status.fencing_token == Some(token) && status.waiting_count == Some(1) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        seen == Ok(true),
+        "{lease}: no waiter queued behind token {token} within {SAY_LIMIT:?}"
+    );
+}
+
+/// One client's warm release handover path: two long-lived drivers, one on each agent,
+/// handing one Lease back and forth; each acquires again after its release, in the same
+/// process and session. A round goes from the holder's `release` line to the other's
+/// `granted` line, the waiter queued and settled before it, as on [`DriverPath`].
+pub struct WarmPath {
+    drivers: [Driver; 2],
+    leases: LeaseClient,
+    lease: String,
+    /// The holding driver's index and its token.
+    holder: (usize, i64),
+}
+
+impl WarmPath {
+    /// The path, after its [`WARM_UP`] handovers: its drivers make up to `rounds` more.
+    pub async fn start(
+        client: Client,
+        program: PathBuf,
+        sockets: [PathBuf; 2],
+        leases: LeaseClient,
+        (ns, duration_secs): (&str, i64),
+        dir: &Path,
+        rounds: usize,
+    ) -> WarmPath {
+        let lease = LeaseSpec {
+            name: format!("{}-warm-release", client.config()),
+            ns: ns.to_string(),
+            duration_secs,
+        };
+        // Enough grants for every round falling to either driver.
+        let grants = Some(WARM_UP + rounds + 1);
+        let spawn = |n: usize| {
+            let log = dir.join(format!("{}-warm-{n}.log", client.config()));
+            Driver::spawn(&program, &sockets[n], &lease, grants, log)
+        };
+        let mut first = spawn(0);
+        let (_, granted) = first.said("granted").await;
+        let mut path = WarmPath {
+            drivers: [first, spawn(1)],
+            leases,
+            lease: lease.name,
+            holder: (0, Driver::token(&granted)),
+        };
+        for _ in 0..WARM_UP {
+            path.handover().await;
+        }
+        path
+    }
+
+    /// One release handover, ms: the other driver's claim queued (its next acquire),
+    /// then from the holder's `release` line to the other's `granted` line.
+    pub async fn handover(&mut self) -> f64 {
+        let (holder, token) = self.holder;
+        let waiter = 1 - holder;
+        queued_behind(&self.leases, &self.lease, token).await;
+        tokio::time::sleep(SETTLE).await;
+        let let_go = self.drivers[holder].release().await;
+        let (at, granted) = self.drivers[waiter].said("granted").await;
+        let took = (at - let_go).as_secs_f64() * 1e3;
+        let next = Driver::token(&granted);
+        assert!(next > token, "token {next} after {token}");
+        // Released, it acquires again: the next round's waiter.
+        self.drivers[holder].said("released").await;
+        self.holder = (waiter, next);
+        took
+    }
+
+    /// Ends both drivers: the waiter gives up its wait, the holder releases.
+    pub async fn finish(self) {
+        let [a, b] = self.drivers;
+        let (holder, waiter) = if self.holder.0 == 0 { (a, b) } else { (b, a) };
+        waiter.hang_up().await;
+        holder.hang_up().await;
     }
 }
