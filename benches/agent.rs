@@ -580,6 +580,129 @@ fn figure(name: &str, value: f64, unit: &str, note: String) -> Figure {
     }
 }
 
+/// The A/B's latency entries, and its figures: block spreads, Java over Go, serial writes.
+fn ab_output(ab: &AbResult) -> (Vec<Latency>, Vec<Figure>) {
+    let mut latency = Vec::new();
+    let mut ab_figures = Vec::new();
+    for ((config, note), blocks) in PATHS.iter().zip(PATH_NOTES).zip(&ab.release) {
+        let (l, f) = ab_entries(config, note, blocks);
+        latency.push(l);
+        ab_figures.extend(f);
+    }
+    for (go, java, config, name) in [
+        (3, 4, "java-client", "release_p99_over_go_client"),
+        (5, 6, "java-client-warm", "release_p99_warm_java_over_go"),
+    ] {
+        ab_figures.push(java_over_go(
+            &ab.release[go],
+            &ab.release[java],
+            config,
+            name,
+        ));
+    }
+    for (config, writes) in PATHS.iter().zip(&ab.writes) {
+        let (p50, p99) = p50_p99(writes);
+        let note = format!(
+            "one serial API write, a merge patch of a LeaseClaim's spec.renewTime naming a token \
+             (what a renewal sends), on the {config} path's connections, one per round of the \
+             release A/B, interleaved with it; n = {}",
+            writes.len()
+        );
+        for (name, value) in [("serial_write_p50", p50), ("serial_write_p99", p99)] {
+            ab_figures.push(Figure {
+                system: "palisade-agent".into(),
+                config: (*config).into(),
+                name: name.into(),
+                value,
+                unit: "ms".into(),
+                note: note.clone(),
+            });
+        }
+    }
+    (latency, ab_figures)
+}
+
+/// `n` Leases held `secs` through the agent, then through the library: the agent's RSS
+/// and CPU share, and requests/s per held grant through the agent and the library.
+async fn steady(
+    agent: &Agent,
+    leases: &LeaseClient,
+    client: &kube::Client,
+    n: usize,
+    secs: f64,
+) -> Vec<Figure> {
+    eprintln!(
+        "palisade-agent: {n} Leases held {secs} s through the agent, then through the library"
+    );
+    let session = agent.session().await;
+    let names: Vec<String> = (0..n).map(|i| format!("steady-{i}")).collect();
+    for name in &names {
+        assert_eq!(agent.acquire(&session, name, 10_000).await["state"], "held");
+    }
+    let keepalive = {
+        let (socket, path) = (
+            agent.socket.clone(),
+            format!("/v1/sessions/{session}/keepalive"),
+        );
+        tokio::spawn(async move {
+            loop {
+                agent_http::call(&socket, "POST", &path, None).await;
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (cpu_before, _) = agent.usage();
+    let t0 = Instant::now();
+    let agent_rate = request_rate(client, secs).await / n as f64;
+    let (cpu_after, rss) = agent.usage();
+    let cpu_share = (cpu_after - cpu_before) / t0.elapsed().as_secs_f64();
+    keepalive.abort();
+    let path = format!("/v1/sessions/{session}");
+    agent_http::call(&agent.socket, "DELETE", &path, None).await;
+
+    let mut held = Vec::new();
+    for name in &names {
+        let identity = format!("lib-{name}");
+        held.push(leases.acquire(name, options(&identity)).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let library_rate = request_rate(client, secs).await / n as f64;
+    for grant in held {
+        grant.release().await.unwrap();
+    }
+    vec![
+        figure(
+            "rss_bytes_holding_leases",
+            rss,
+            "bytes",
+            format!("VmRSS of the agent holding {n} Leases in one session"),
+        ),
+        figure(
+            "cpu_share_holding_leases",
+            cpu_share * 100.0,
+            "%",
+            format!(
+                "user+system CPU time of the agent over {secs} s holding {n} Leases, as a share of one core"
+            ),
+        ),
+        figure(
+            "requests_per_s_per_grant_agent",
+            agent_rate,
+            "req/s",
+            format!(
+                "apiserver_request_total (palisade.dev leases+leaseclaims) over {secs} s, per held grant, {STEADY_LEASE_SECS} s lease, through the agent"
+            ),
+        ),
+        figure(
+            "requests_per_s_per_grant_library",
+            library_rate,
+            "req/s",
+            format!("the same, {n} Leases held by the library in-process"),
+        ),
+    ]
+}
+
 #[tokio::main]
 async fn main() {
     let args = <Args as clap::Parser>::parse();
@@ -637,138 +760,11 @@ async fn main() {
     )
     .await;
 
-    eprintln!(
-        "palisade-agent: {} Leases held {} s through the agent, then through the library",
-        args.leases, args.steady
-    );
-    let session = agents[0].session().await;
-    let names: Vec<String> = (0..args.leases).map(|i| format!("steady-{i}")).collect();
-    for name in &names {
-        assert_eq!(
-            agents[0].acquire(&session, name, 10_000).await["state"],
-            "held"
-        );
-    }
-    let keepalive = {
-        let (socket, path) = (
-            agents[0].socket.clone(),
-            format!("/v1/sessions/{session}/keepalive"),
-        );
-        tokio::spawn(async move {
-            loop {
-                agent_http::call(&socket, "POST", &path, None).await;
-                tokio::time::sleep(Duration::from_secs(10)).await;
-            }
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (cpu_before, _) = agents[0].usage();
-    let t0 = Instant::now();
-    let agent_rate = request_rate(&client, args.steady).await / args.leases as f64;
-    let (cpu_after, rss) = agents[0].usage();
-    let cpu_share = (cpu_after - cpu_before) / t0.elapsed().as_secs_f64();
-    keepalive.abort();
-    agent_http::call(
-        &agents[0].socket,
-        "DELETE",
-        &format!("/v1/sessions/{session}"),
-        None,
-    )
-    .await;
-
-    let mut held = Vec::new();
-    for name in &names {
-        held.push(
-            leases
-                .acquire(name, options(&format!("lib-{name}")))
-                .await
-                .unwrap(),
-        );
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let library_rate = request_rate(&client, args.steady).await / args.leases as f64;
-    for grant in held {
-        grant.release().await.unwrap();
-    }
+    let mut figures = steady(&agents[0], &leases, &client, args.leases, args.steady).await;
     let _ = controller.start_kill();
     cluster::delete_namespace(&client, &ns).await;
 
-    let mut latency = Vec::new();
-    let mut ab_figures = Vec::new();
-    for ((config, note), blocks) in PATHS.iter().zip(PATH_NOTES).zip(&ab.release) {
-        let (l, f) = ab_entries(config, note, blocks);
-        latency.push(l);
-        ab_figures.extend(f);
-    }
-    ab_figures.push(java_over_go(
-        &ab.release[3],
-        &ab.release[4],
-        "java-client",
-        "release_p99_over_go_client",
-    ));
-    ab_figures.push(java_over_go(
-        &ab.release[5],
-        &ab.release[6],
-        "java-client-warm",
-        "release_p99_warm_java_over_go",
-    ));
-    for (config, writes) in PATHS.iter().zip(&ab.writes) {
-        let (p50, p99) = p50_p99(writes);
-        let note = format!(
-            "one serial API write, a merge patch of a LeaseClaim's spec.renewTime naming a token \
-             (what a renewal sends), on the {config} path's connections, one per round of the \
-             release A/B, interleaved with it; n = {}",
-            writes.len()
-        );
-        for (name, value) in [("serial_write_p50", p50), ("serial_write_p99", p99)] {
-            ab_figures.push(Figure {
-                system: "palisade-agent".into(),
-                config: (*config).into(),
-                name: name.into(),
-                value,
-                unit: "ms".into(),
-                note: note.clone(),
-            });
-        }
-    }
-    let mut figures = vec![
-        figure(
-            "rss_bytes_holding_leases",
-            rss,
-            "bytes",
-            format!(
-                "VmRSS of the agent holding {} Leases in one session",
-                args.leases
-            ),
-        ),
-        figure(
-            "cpu_share_holding_leases",
-            cpu_share * 100.0,
-            "%",
-            format!(
-                "user+system CPU time of the agent over {} s holding {} Leases, as a share of one core",
-                args.steady, args.leases
-            ),
-        ),
-        figure(
-            "requests_per_s_per_grant_agent",
-            agent_rate,
-            "req/s",
-            format!(
-                "apiserver_request_total (palisade.dev leases+leaseclaims) over {} s, per held grant, {STEADY_LEASE_SECS} s lease, through the agent",
-                args.steady
-            ),
-        ),
-        figure(
-            "requests_per_s_per_grant_library",
-            library_rate,
-            "req/s",
-            format!(
-                "the same, {} Leases held by the library in-process",
-                args.leases
-            ),
-        ),
-    ];
+    let (latency, ab_figures) = ab_output(&ab);
     figures.extend(ab_figures);
     let source = Source {
         source: "palisade-agent".into(),
