@@ -119,33 +119,51 @@ fn main() -> ExitCode {
 /// The Go driver, the Python interpreter with the Python driver, and the Java driver's launcher.
 type Drivers = (Option<PathBuf>, Option<(PathBuf, PathBuf)>, Option<PathBuf>);
 
+/// `var`'s value; an error naming it (and `what` it holds) when unset and `client` is asked for.
+fn driver_var(
+    var: &str,
+    what: &str,
+    client: Client,
+    clients: &[Client],
+) -> Result<Option<String>, String> {
+    match std::env::var(var) {
+        Ok(v) => Ok(Some(v)),
+        Err(_) if clients.contains(&client) => Err(format!(
+            "{var} ({what}) is not set: run it through `make test` or `make conformance`"
+        )),
+        Err(_) => Ok(None),
+    }
+}
+
 fn drivers_of(clients: &[Client]) -> Result<Drivers, String> {
-    let go = match std::env::var("PALISADE_CONFORMANCE_GO") {
-        Ok(path) => Some(PathBuf::from(path)),
-        Err(_) if clients.contains(&Client::Go) => {
-            return Err("PALISADE_CONFORMANCE_GO (the Go driver's path) is not set: run it through `make test` or `make conformance`".into());
-        }
-        Err(_) => None,
-    };
-    let python = match std::env::var("PALISADE_CONFORMANCE_PYTHON") {
-        Ok(v) => {
+    let go = driver_var(
+        "PALISADE_CONFORMANCE_GO",
+        "the Go driver's path",
+        Client::Go,
+        clients,
+    )?
+    .map(PathBuf::from);
+    let python = match driver_var(
+        "PALISADE_CONFORMANCE_PYTHON",
+        "\"PYTHON SCRIPT\" of the Python driver",
+        Client::Python,
+        clients,
+    )? {
+        Some(v) => {
             let (python, script) = v
                 .split_once(' ')
                 .ok_or("PALISADE_CONFORMANCE_PYTHON must be \"PYTHON SCRIPT\"")?;
             Some((PathBuf::from(python), PathBuf::from(script)))
         }
-        Err(_) if clients.contains(&Client::Python) => {
-            return Err("PALISADE_CONFORMANCE_PYTHON (\"PYTHON SCRIPT\" of the Python driver) is not set: run it through `make test` or `make conformance`".into());
-        }
-        Err(_) => None,
+        None => None,
     };
-    let java = match std::env::var("PALISADE_CONFORMANCE_JAVA") {
-        Ok(path) => Some(PathBuf::from(path)),
-        Err(_) if clients.contains(&Client::Java) => {
-            return Err("PALISADE_CONFORMANCE_JAVA (the Java driver's launcher) is not set: run it through `make test` or `make conformance`".into());
-        }
-        Err(_) => None,
-    };
+    let java = driver_var(
+        "PALISADE_CONFORMANCE_JAVA",
+        "the Java driver's launcher",
+        Client::Java,
+        clients,
+    )?
+    .map(PathBuf::from);
     for path in go
         .iter()
         .chain(python.iter().flat_map(|(p, s)| [p, s]))
