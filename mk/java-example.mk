@@ -1,7 +1,7 @@
 # examples/java-worker-postgres: its image, built from Debian's JRE packages, and its
 # check on the node. Included by the Makefile, after mk/python.mk (whose DEBIAN_SOURCES,
-# DEBIAN_SUITE, comma, space and mmdebstrap-package it uses) and mk/java.mk (whose rule
-# makes the client's jars in JAVA_OUT and the PostgreSQL driver, JAVA_PG_JAR).
+# DEBIAN_SUITE, comma, space, image_nonroot_user and mmdebstrap-package it uses) and
+# mk/java.mk (whose rule makes the client's jars in JAVA_OUT and the PostgreSQL driver, JAVA_PG_JAR).
 #
 #   make example-java-image   the worker's image, $(IMAGE_DIR)/java-worker-postgres.tar,
 #                             pushed to the cluster's registry as REGISTRY_JAVA_WORKER_IMAGE
@@ -60,10 +60,7 @@ $(IMAGE_DIR)/java-worker-postgres.tar: $(JAVA_ROOTFS) $(JAVA_EXAMPLE_JARS) $(JAV
 	@# A fixed date in the jar, as in the layer: the same sources make the same image.
 	$(JAR) --create --date=1980-01-02T00:00:00Z --file $(JAVA_IMAGE_ROOT)/app/worker.jar -C $(JAVA_EXAMPLE_CLASSES) .
 	install -m 0644 $(JAVA_EXAMPLE_JARS) $(JAVA_IMAGE_ROOT)/app/lib/
-	mkdir -p $(JAVA_IMAGE_ROOT)/tmp && chmod 1777 $(JAVA_IMAGE_ROOT)/tmp
-	printf 'root:x:0:0:root:/root:/usr/sbin/nologin\nnonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin\n' \
-		> $(JAVA_IMAGE_ROOT)/etc/passwd
-	printf 'root:x:0:\nnonroot:x:65532:\n' > $(JAVA_IMAGE_ROOT)/etc/group
+	$(call image_nonroot_user,$(JAVA_IMAGE_ROOT))
 	@# -XX:-UsePerfData: no hsperfdata file in /tmp, which the pod mounts read-only.
 	tests/controlplane/images/docker-archive.sh $@ $(JAVA_WORKER_IMAGE) $(JAVA_IMAGE_ROOT) \
 		'{"User":"65532:65532","Entrypoint":["$(JAVA_IMAGE_JAVA)","-XX:-UsePerfData","-cp","/app/worker.jar:/app/lib/*","Worker"],"WorkingDir":"/app","Env":["PATH=/usr/bin:/bin","HOME=/tmp"]}'

@@ -49,6 +49,12 @@ DEBIAN_SUITE ?= $(shell . /etc/os-release && echo $$VERSION_CODENAME)
 comma := ,
 empty :=
 space := $(empty) $(empty)
+# An example image's user 65532 (nonroot, home /tmp) and its writable /tmp; used by the
+# Python and Java examples' image rules.
+image_nonroot_user = mkdir -p $(1)/tmp && chmod 1777 $(1)/tmp && \
+	printf 'root:x:0:0:root:/root:/usr/sbin/nologin\nnonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin\n' \
+		>$(1)/etc/passwd && \
+	printf 'root:x:0:\nnonroot:x:65532:\n' >$(1)/etc/group
 # Cached outside target/, keyed by the suite, the package list and the sources, so a
 # second run (or a cargo clean) does not download again.
 PYTHON_ROOTFS := $(CACHE_DIR)/debian-rootfs-$(DEBIAN_SUITE)-$(shell { echo '$(PYTHON_IMAGE_PACKAGES)'; \
@@ -79,10 +85,7 @@ $(IMAGE_DIR)/python-worker-postgres.tar: $(PYTHON_ROOTFS) $(wildcard clients/pyt
 	install -m 0644 clients/python/src/palisade/*.py clients/python/src/palisade/py.typed \
 		$(PYTHON_IMAGE_ROOT)/usr/lib/python3/dist-packages/palisade/
 	install -m 0644 examples/python-worker-postgres/worker.py $(PYTHON_IMAGE_ROOT)/app/
-	mkdir -p $(PYTHON_IMAGE_ROOT)/tmp && chmod 1777 $(PYTHON_IMAGE_ROOT)/tmp
-	printf 'root:x:0:0:root:/root:/usr/sbin/nologin\nnonroot:x:65532:65532:nonroot:/tmp:/usr/sbin/nologin\n' \
-		> $(PYTHON_IMAGE_ROOT)/etc/passwd
-	printf 'root:x:0:\nnonroot:x:65532:\n' > $(PYTHON_IMAGE_ROOT)/etc/group
+	$(call image_nonroot_user,$(PYTHON_IMAGE_ROOT))
 	tests/controlplane/images/docker-archive.sh $@ $(PYTHON_WORKER_IMAGE) $(PYTHON_IMAGE_ROOT) \
 		'{"User":"65532:65532","Entrypoint":["/usr/bin/python3","-u","/app/worker.py"],"WorkingDir":"/app","Env":["PATH=/usr/bin:/bin","HOME=/tmp","PYTHONDONTWRITEBYTECODE=1"]}'
 	@rm -rf $(PYTHON_IMAGE_ROOT)
