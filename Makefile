@@ -307,7 +307,7 @@ $(IMAGE_DIR)/palisade-example.tar: $(STATIC_BIN) $(KUBE_BIN)/kubectl tests/contr
 # src/ passes 80: the lint in src/lib.rs, the threshold in clippy.toml); tests/ keeps
 # its own limits, files at most 800 lines and functions at most 120
 # (tests/support/bin/test_sizes.rs).
-FEATURE_SETS := client fence client,fence postgres redis controller agent cli operator
+FEATURE_SETS := client fence client,fence postgres redis mysql s3 outbox controller agent cli operator
 check:
 	cargo fmt --all --check
 	cargo clippy --locked --all-targets -- -D warnings

@@ -32,8 +32,12 @@ mod file;
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "s3")]
+pub mod s3;
 
 pub use file::{DEFAULT_LOCK_TIMEOUT, FileStore};
 pub use memory::MemoryStore;

@@ -12,12 +12,15 @@
 //! | `fence` | [`fence`]: the fencing rule, [`fence::FileStore`] and [`fence::MemoryStore`] | none |
 //! | `postgres` | [`fence::postgres`] (implies `fence`) | tokio-postgres |
 //! | `redis` | [`fence::redis`] (implies `fence`) | redis |
+//! | `mysql` | [`fence::mysql`] (implies `fence`) | mysql_async |
+//! | `s3` | [`fence::s3`]: object stores with conditional writes (implies `fence`) | hyper, rusty-s3 |
+//! | `outbox` | [`outbox`]: the fenced outbox and its relay (implies `postgres`, `client`) | none beyond those |
 //! | `controller` | [`controller`] (with its [`controller::metrics`]) and [`admin`]: the lease controller (implies `client`) | axum, prometheus-client |
 //! | `agent` | [`agent`] and [`admin`]: `palisade agent`, the per-pod sidecar's local HTTP API (implies `client`) | axum, prometheus-client |
 //! | `cli` | the `palisade` binary (implies `client`, `fence`, `controller`, `agent`) | clap, tracing-subscriber |
 //! | `operator` | [`operator`]: a fenced operator's client and leadership (implies `client`) | none beyond `client` |
 //!
-//! `default` is the full build: `cli`, `postgres`, `redis` and `operator`. A program that takes
+//! `default` is the full build: `cli`, `postgres`, `redis`, `mysql`, `s3`, `outbox` and `operator`. A program that takes
 //! a Lease and fences its writes needs only
 //! `palisade = { version = "0.3", default-features = false, features = ["client", "fence"] }`.
 //!
@@ -89,6 +92,8 @@ pub mod kube_client;
 pub mod kube_error;
 #[cfg(feature = "operator")]
 pub mod operator;
+#[cfg(feature = "outbox")]
+pub mod outbox;
 pub mod token;
 #[cfg(feature = "client")]
 mod watch_backoff;
