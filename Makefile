@@ -20,7 +20,7 @@
 #   make chart-release  record Chart.yaml's version as released: charts/released/palisade-<version>.tgz
 #   make demo-cluster   the fencing story with real pods on the node
 #   make cluster-down   stop it and remove its state (and the databases')
-#   make databases      start (or reuse) PostgreSQL and Redis on 127.0.0.1 (PG_PORT, REDIS_PORT)
+#   make databases      start (or reuse) PostgreSQL, Redis and MariaDB on 127.0.0.1 (PG_PORT, REDIS_PORT, MYSQL_PORT)
 #   make check          cargo fmt --check, clippy -D warnings, each feature set builds, cargo doc -D warnings
 #                       (public, and with private items), the size limits of src/ and tests/
 #   make crds           regenerate crds/, the chart's copy and docs/crd-reference.md from the Rust types
@@ -208,10 +208,12 @@ cluster-status:
 # DATABASES_DIR; tests find them through the two URLs below.
 PG_PORT ?= 15432
 REDIS_PORT ?= 16379
+MYSQL_PORT ?= 13306
 DATABASES_DIR := $(CURDIR)/target/databases
 export PALISADE_TEST_POSTGRES := postgres://postgres@127.0.0.1:$(PG_PORT)/postgres
 export PALISADE_TEST_REDIS := redis://127.0.0.1:$(REDIS_PORT)/
-DATABASES_ENV = STATE_DIR=$(DATABASES_DIR) PG_PORT=$(PG_PORT) REDIS_PORT=$(REDIS_PORT)
+export PALISADE_TEST_MYSQL := mysql://root@127.0.0.1:$(MYSQL_PORT)/
+DATABASES_ENV = STATE_DIR=$(DATABASES_DIR) PG_PORT=$(PG_PORT) REDIS_PORT=$(REDIS_PORT) MYSQL_PORT=$(MYSQL_PORT)
 
 databases:
 	@$(DATABASES_ENV) tests/databases/databases.sh up

@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
-# The test databases: PostgreSQL and Redis on 127.0.0.1, data under STATE_DIR
+# The test databases: PostgreSQL, Redis and MariaDB on 127.0.0.1, data under STATE_DIR
 # (target/databases by default), for the fencing checks in the databases
-# (palisade::fence::postgres and ::redis, tests/postgres/, tests/redis/, the chaos suite).
+# (palisade::fence::postgres, ::redis and ::mysql, tests/postgres/, tests/redis/,
+# tests/mysql/, the chaos suite).
 #
-#   databases.sh up        start both, or reuse healthy running ones; installs the
-#                          Debian packages postgresql and redis-server when missing
-#   databases.sh down      stop both and remove their state
-#   databases.sh status    exit 0 when both are running and answer
-#   databases.sh restart postgres|redis
+#   databases.sh up        start all three, or reuse healthy running ones; installs the
+#                          Debian packages postgresql, redis-server and mariadb-server
+#                          when missing
+#   databases.sh down      stop them and remove their state
+#   databases.sh status    exit 0 when all three are running and answer
+#   databases.sh restart postgres|redis|mysql
 #                          PostgreSQL: immediate shutdown (no checkpoint, crash
-#                          recovery on start); Redis: SIGKILL. Then start again on
-#                          the same data (the chaos suite's database crash).
+#                          recovery on start); Redis and MariaDB: SIGKILL. Then start
+#                          again on the same data (the chaos suite's database crash).
 #
 # PostgreSQL: superuser `postgres`, trust authentication, TCP on 127.0.0.1:PG_PORT
 # only (the socket lives in the state directory), fsync on. It refuses to run as
 # root, so as root it runs as the `postgres` user the package creates.
 # Redis: 127.0.0.1:REDIS_PORT, append-only file with `appendfsync always`.
+# MariaDB: 127.0.0.1:MYSQL_PORT only (its socket in the state directory), no option
+# files read, `root` without a password from 127.0.0.1 and the socket (the test
+# rig's trust authentication), InnoDB flushed at every commit, and the binary log on
+# with sync_binlog=1, as on a server with replicas (installing stored functions
+# behaves differently then). As root it runs as the `mysql` user the package creates.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 STATE_DIR=${STATE_DIR:-$root/target/databases}
+# Absolute: mariadbd changes into its data directory.
+[[ $STATE_DIR == /* ]] || STATE_DIR=$PWD/$STATE_DIR
 PG_PORT=${PG_PORT:-15432}
 REDIS_PORT=${REDIS_PORT:-16379}
+MYSQL_PORT=${MYSQL_PORT:-13306}
 START_TIMEOUT=${START_TIMEOUT:-60}
 PG_VERSION=${PG_VERSION:-15}
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/$PG_VERSION/bin}
@@ -31,6 +41,7 @@ die() { log "$*"; exit 1; }
 
 pg_dir=$STATE_DIR/postgres
 redis_dir=$STATE_DIR/redis
+mysql_dir=$STATE_DIR/mariadb
 
 # As root, PostgreSQL runs as the postgres user; otherwise as whoever runs this.
 if [[ $(id -u) == 0 ]]; then
@@ -45,6 +56,7 @@ install_packages() {
   local missing=()
   [[ -x $PG_BIN/postgres ]] || missing+=(postgresql)
   command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v mariadbd >/dev/null || missing+=(mariadb-server)
   ((${#missing[@]})) || return 0
   [[ $(id -u) == 0 ]] || die "missing ${missing[*]} ($PG_BIN/postgres, redis-server) and not root: install them with apt-get"
   command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
@@ -56,6 +68,7 @@ install_packages() {
     "${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
   [[ -x $PG_BIN/postgres ]] || die "installed postgresql, but $PG_BIN/postgres is missing (set PG_BIN or PG_VERSION)"
   command -v redis-server >/dev/null || die "installed redis-server, but redis-server is not on PATH"
+  command -v mariadbd >/dev/null || die "installed mariadb-server, but mariadbd is not on PATH"
 }
 
 pg_ready() {
@@ -79,7 +92,18 @@ redis_ready() {
   redis_pid_alive && [[ $(redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]]
 }
 
-healthy() { pg_ours && pg_ready && redis_ready; }
+mysql_pid_alive() {
+  [[ -f $mysql_dir/mariadb.pid ]] && kill -0 "$(cat "$mysql_dir/mariadb.pid")" 2>/dev/null
+}
+
+# Ours, and root logs in over TCP (what the tests do).
+mysql_ready() {
+  mysql_pid_alive &&
+    mariadb-admin --no-defaults --protocol=tcp -h 127.0.0.1 -P "$MYSQL_PORT" -u root \
+      --connect-timeout=2 ping >/dev/null 2>&1
+}
+
+healthy() { pg_ours && pg_ready && redis_ready && mysql_ready; }
 
 port_taken() { # port
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
@@ -142,9 +166,50 @@ stop_redis() { # signal: TERM|KILL
   rm -f "$redis_dir/redis.pid"
 }
 
+# MariaDB as root switches to this user; otherwise it runs as whoever runs this.
+mysql_user() { if [[ $(id -u) == 0 ]]; then echo "${MYSQL_USER:-mysql}"; else id -un; fi; }
+
+start_mysql() {
+  local user
+  user=$(mysql_user)
+  if [[ ! -d $mysql_dir/data/mysql ]]; then
+    rm -rf "$mysql_dir"
+    mkdir -p "$mysql_dir"
+    chown "$user" "$mysql_dir"
+    chmod 700 "$mysql_dir"
+    # root with an empty password at localhost, 127.0.0.1 and ::1: trust, for tests.
+    mariadb-install-db --no-defaults --user="$user" --datadir="$mysql_dir/data" \
+      --auth-root-authentication-method=normal --skip-test-db >"$mysql_dir/install-db.log" 2>&1 ||
+      { tail -n 20 "$mysql_dir/install-db.log" >&2; die "mariadb-install-db failed (log above)"; }
+  fi
+  # 9>&-: the server must not inherit (and hold) the lock of this script.
+  setsid mariadbd --no-defaults --user="$user" --datadir="$mysql_dir/data" \
+    --bind-address=127.0.0.1 --port="$MYSQL_PORT" --socket="$mysql_dir/mariadb.sock" \
+    --pid-file="$mysql_dir/mariadbd.pid" --log-error="$mysql_dir/mariadb.log" \
+    --skip-name-resolve --max-connections=200 --innodb-buffer-pool-size=64M \
+    --innodb-flush-log-at-trx-commit=1 --server-id=1 --log-bin="$mysql_dir/data/binlog" \
+    --binlog-format=ROW --sync-binlog=1 </dev/null >/dev/null 2>&1 9>&- &
+  echo $! >"$mysql_dir/mariadb.pid"
+  wait_until "MariaDB" mysql_ready || {
+    tail -n 20 "$mysql_dir/mariadb.log" >&2 2>/dev/null || true
+    die "MariaDB did not start on 127.0.0.1:$MYSQL_PORT (log above: $mysql_dir/mariadb.log)"
+  }
+}
+
+stop_mysql() { # signal: TERM|KILL
+  mysql_pid_alive || { rm -f "$mysql_dir/mariadb.pid"; return 0; }
+  local pid
+  pid=$(cat "$mysql_dir/mariadb.pid")
+  kill "-$1" "$pid" 2>/dev/null || true
+  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$mysql_dir/mariadb.pid"
+}
+
 up() {
   if healthy; then
-    log "reusing the running PostgreSQL (127.0.0.1:$PG_PORT) and Redis (127.0.0.1:$REDIS_PORT)"
+    log "reusing the running PostgreSQL (127.0.0.1:$PG_PORT), Redis (127.0.0.1:$REDIS_PORT) and MariaDB (127.0.0.1:$MYSQL_PORT)"
     return 0
   fi
   install_packages
@@ -164,10 +229,15 @@ up() {
     ! port_taken "$REDIS_PORT" || die "127.0.0.1:$REDIS_PORT is taken by a server that is not ours (set REDIS_PORT)"
     start_redis
   fi
-  log "PostgreSQL on 127.0.0.1:$PG_PORT, Redis on 127.0.0.1:$REDIS_PORT, started in $((SECONDS - t0))s"
+  if ! mysql_ready; then
+    stop_mysql KILL
+    ! port_taken "$MYSQL_PORT" || die "127.0.0.1:$MYSQL_PORT is taken by a server that is not ours (set MYSQL_PORT)"
+    start_mysql
+  fi
+  log "PostgreSQL on 127.0.0.1:$PG_PORT, Redis on 127.0.0.1:$REDIS_PORT, MariaDB on 127.0.0.1:$MYSQL_PORT, started in $((SECONDS - t0))s"
 }
 
-restart() { # postgres|redis
+restart() { # postgres|redis|mysql
   case $1 in
     postgres)
       pg_ours || die "PostgreSQL is not running"
@@ -179,6 +249,11 @@ restart() { # postgres|redis
       stop_redis KILL
       start_redis
       ;;
+    mysql)
+      mysql_pid_alive || die "MariaDB is not running"
+      stop_mysql KILL
+      start_mysql
+      ;;
   esac
   log "restarted $1"
 }
@@ -186,6 +261,7 @@ restart() { # postgres|redis
 down() {
   stop_postgres fast
   stop_redis TERM
+  stop_mysql TERM
   rm -rf "$STATE_DIR"
   log "stopped"
 }
@@ -201,15 +277,15 @@ case ${1:-} in
   status) healthy ;;
   restart)
     case ${2:-} in
-      postgres | redis) restart "$2" ;;
+      postgres | redis | mysql) restart "$2" ;;
       *)
-        echo "usage: $0 restart postgres|redis" >&2
+        echo "usage: $0 restart postgres|redis|mysql" >&2
         exit 2
         ;;
     esac
     ;;
   *)
-    echo "usage: $0 up|down|status|restart postgres|redis" >&2
+    echo "usage: $0 up|down|status|restart postgres|redis|mysql" >&2
     exit 2
     ;;
 esac
