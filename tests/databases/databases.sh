@@ -21,8 +21,9 @@
 # MariaDB: 127.0.0.1:MYSQL_PORT only (its socket in the state directory), no option
 # files read, `root` without a password from 127.0.0.1 and the socket (the test
 # rig's trust authentication), InnoDB flushed at every commit, and the binary log on
-# with sync_binlog=1, as on a server with replicas (installing stored functions
-# behaves differently then). As root it runs as the `mysql` user the package creates.
+# with sync_binlog=1, as on a server with replicas, and so
+# log_bin_trust_function_creators=1, which creating palisade.fence then needs (see
+# sql/palisade-fence-mysql.sql). As root it runs as the `mysql` user the package creates.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -188,7 +189,7 @@ start_mysql() {
     --pid-file="$mysql_dir/mariadbd.pid" --log-error="$mysql_dir/mariadb.log" \
     --skip-name-resolve --max-connections=200 --innodb-buffer-pool-size=64M \
     --innodb-flush-log-at-trx-commit=1 --server-id=1 --log-bin="$mysql_dir/data/binlog" \
-    --binlog-format=ROW --sync-binlog=1 </dev/null >/dev/null 2>&1 9>&- &
+    --binlog-format=ROW --sync-binlog=1 --log-bin-trust-function-creators=1 </dev/null >/dev/null 2>&1 9>&- &
   echo $! >"$mysql_dir/mariadb.pid"
   wait_until "MariaDB" mysql_ready || {
     tail -n 20 "$mysql_dir/mariadb.log" >&2 2>/dev/null || true
