@@ -24,6 +24,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod mysql;
+
 use super::{Threads, block_on, parse_duration};
 use crate::fence::{Admitted, Fence, FenceError, FileStore, Stale, parse_token};
 
@@ -45,8 +47,9 @@ pub const EXIT_USAGE: u8 = 2;
     after_help = "Exit codes: 0 admitted, 1 store error, 2 bad arguments, 3 stale token rejected."
 )]
 pub struct FenceArgs {
-    /// Where the marks live: a directory, `postgres://...` (palisade.fence) or
-    /// `redis://...`. A fence call creates no store: set one up with --create.
+    /// Where the marks live: a directory, `postgres://...` or `mysql://...`
+    /// (palisade.fence), or `redis://...`. A fence call creates no store: set one up
+    /// with --create.
     #[arg(long, value_name = "DIR|URL")]
     pub store: PathBuf,
 
@@ -160,6 +163,9 @@ pub fn run(mut args: FenceArgs) -> ExitCode {
         Some(url) if url.starts_with("redis") => block_on("fence", Threads::One, async {
             done(redis(&args, url).await)
         }),
+        Some(url) if url.starts_with("mysql") => block_on("fence", Threads::One, async {
+            done(mysql::fence(&args, url).await)
+        }),
         Some(url) => block_on("fence", Threads::One, async {
             done(postgres(&args, url, lease_key).await)
         }),
@@ -210,6 +216,7 @@ fn is_database_url(store: &str) -> bool {
     ["postgres://", "postgresql://", "redis://", "rediss://"]
         .iter()
         .any(|scheme| store.starts_with(scheme))
+        || store.starts_with("mysql://")
 }
 
 /// `palisade fence --store DIR`.

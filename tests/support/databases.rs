@@ -40,7 +40,19 @@ pub fn redis_url() -> String {
     std::env::var("PALISADE_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:16379/".into())
 }
 
-/// `databases.sh restart postgres|redis` on the rig's state directory (what
+/// The MariaDB URL, from `PALISADE_TEST_MYSQL` (`make test` exports it, e.g.
+/// `mysql://root@127.0.0.1:13306/`); a run without it fails naming it.
+pub fn mysql_url() -> String {
+    ensure_started();
+    std::env::var("PALISADE_TEST_MYSQL").unwrap_or_else(|_| {
+        panic!(
+            "PALISADE_TEST_MYSQL is not set: the MariaDB tests need the URL of the server \
+             `make databases` starts, e.g. PALISADE_TEST_MYSQL=mysql://root@127.0.0.1:13306/"
+        )
+    })
+}
+
+/// `databases.sh restart postgres|redis|mysql` on the rig's state directory (what
 /// `make databases` started), for the crash tests.
 pub fn restart(which: &str) {
     ensure_started();
@@ -59,6 +71,10 @@ pub fn restart(which: &str) {
         .env("STATE_DIR", root.join("target/databases"))
         .env("PG_PORT", port(postgres_url()))
         .env("REDIS_PORT", port(redis_url()))
+        .env(
+            "MYSQL_PORT",
+            port(std::env::var("PALISADE_TEST_MYSQL").unwrap_or_else(|_| ":13306".into())),
+        )
         .output()
         .expect("running databases.sh");
     assert!(
