@@ -1,7 +1,7 @@
 //! Fencing inside MySQL and MariaDB (InnoDB): the function `palisade.fence(key,
 //! token)` that a transaction calls in (or before) its protected write, and its Rust
-//! caller. The same contract as [`super::postgres`]: a token at least the key's mark
-//! is admitted and raises it, a lower one is refused with SQLSTATE `PF001`.
+//! caller. The contract of `palisade::fence::postgres`: a token at least the key's
+//! mark is admitted and raises it, a lower one is refused with SQLSTATE `PF001`.
 //!
 //! The definition is `sql/palisade-fence-mysql.sql` (embedded here as [`SQL`]); its
 //! header says how the check behaves at each isolation level, which errors it raises,
