@@ -203,9 +203,9 @@ cluster-down: databases-down
 cluster-status:
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh status
 
-# --- test databases (fencing in PostgreSQL and Redis) ------------------------------
+# --- test databases (fencing in PostgreSQL, Redis and MariaDB) ---------------------
 # tests/databases/databases.sh: installs the Debian packages when missing, data in
-# DATABASES_DIR; tests find them through the two URLs below.
+# DATABASES_DIR; tests find them through the URLs below.
 PG_PORT ?= 15432
 REDIS_PORT ?= 16379
 MYSQL_PORT ?= 13306
