@@ -97,11 +97,12 @@ mysql_pid_alive() {
   [[ -f $mysql_dir/mariadb.pid ]] && kill -0 "$(cat "$mysql_dir/mariadb.pid")" 2>/dev/null
 }
 
-# Ours, and root logs in over TCP (what the tests do).
+# Ours, and root logs in over TCP, as the tests do (`mariadb-admin ping` would
+# succeed on "access denied" too).
 mysql_ready() {
   mysql_pid_alive &&
-    mariadb-admin --no-defaults --protocol=tcp -h 127.0.0.1 -P "$MYSQL_PORT" -u root \
-      --connect-timeout=2 ping >/dev/null 2>&1
+    mariadb --no-defaults --protocol=tcp -h 127.0.0.1 -P "$MYSQL_PORT" -u root \
+      --connect-timeout=2 -e 'SELECT 1' >/dev/null 2>&1
 }
 
 healthy() { pg_ours && pg_ready && redis_ready && mysql_ready; }
