@@ -270,7 +270,8 @@ struct RaceTally {
     most_winners: u32,
     /// Rounds whose object held bytes no winner wrote.
     lost_winner: u32,
-    other_statuses: u32,
+    /// Answers other than 2xx, 409 and 412, by status.
+    other_statuses: std::collections::BTreeMap<u16, u32>,
 }
 
 /// Rounds of `writers` conditional PUTs at once on one key each: `If-None-Match: *`
@@ -302,10 +303,11 @@ async fn race(
         let winners: Vec<usize> = (0..statuses.len())
             .filter(|&w| (200..300).contains(&statuses[w]))
             .collect();
-        tally.other_statuses += statuses
-            .iter()
-            .filter(|&&s| !(200..300).contains(&s) && s != 412 && s != 409)
-            .count() as u32;
+        for &status in &statuses {
+            if !(200..300).contains(&status) && status != 412 && status != 409 {
+                *tally.other_statuses.entry(status).or_default() += 1;
+            }
+        }
         tally.rounds += 1;
         let count = winners.len() as u32;
         tally.most_winners = tally.most_winners.max(count);
@@ -330,7 +332,7 @@ fn race_verdict(name: &'static str, tally: &RaceTally, options: &ProbeOptions) -
         detail: format!(
             "{} rounds of {} writers ({} KiB each): {} with exactly one winner, {} with \
              several (at most {} at once), {} with none; {} rounds stored bytes no winner \
-             wrote; {} answers other than 2xx/409/412",
+             wrote; answers other than 2xx/409/412: {}",
             tally.rounds,
             options.writers,
             options.body_bytes >> 10,
@@ -339,7 +341,13 @@ fn race_verdict(name: &'static str, tally: &RaceTally, options: &ProbeOptions) -
             tally.most_winners,
             tally.no_winner,
             tally.lost_winner,
-            tally.other_statuses,
+            if tally.other_statuses.is_empty() {
+                "none".to_owned()
+            } else {
+                let counts = tally.other_statuses.iter();
+                let counts: Vec<String> = counts.map(|(s, n)| format!("{n} x HTTP {s}")).collect();
+                counts.join(", ")
+            },
         ),
     }
 }
