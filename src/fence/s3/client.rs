@@ -4,10 +4,16 @@
 //! configured timeout. Answers are returned as they are ([`Reply`]); what a status means
 //! for the fence is decided by its callers.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -67,10 +73,46 @@ impl Reply {
     }
 }
 
+type RequestBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// A body sent in two parts, the second only once `release` is ready: the probe's
+/// racing writers send all but their last byte, then finish together.
+struct HeldBody {
+    first: Option<Bytes>,
+    release: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    last: Option<Bytes>,
+    len: u64,
+}
+
+impl Body for HeldBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        if let Some(release) = self.release.as_mut() {
+            if release.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.release = None;
+        }
+        Poll::Ready(self.last.take().map(|last| Ok(Frame::data(last))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len)
+    }
+}
+
 /// One bucket on one server, with the credentials that sign every request.
 #[derive(Clone)]
 pub struct S3Client {
-    http: HyperClient<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    http: HyperClient<hyper_rustls::HttpsConnector<HttpConnector>, RequestBody>,
     bucket: Bucket,
     credentials: Credentials,
     timeout: Duration,
@@ -138,22 +180,22 @@ impl S3Client {
 
     pub async fn head(&self, key: &str) -> Result<Reply, Error> {
         let action = self.bucket.head_object(Some(&self.credentials), key);
-        self.send(Method::HEAD, action, &[], Bytes::new()).await
+        self.send(Method::HEAD, action, &[], empty(), 0).await
     }
 
     pub async fn get(&self, key: &str) -> Result<Reply, Error> {
         let action = self.bucket.get_object(Some(&self.credentials), key);
-        self.send(Method::GET, action, &[], Bytes::new()).await
+        self.send(Method::GET, action, &[], empty(), 0).await
     }
 
     pub async fn delete(&self, key: &str) -> Result<Reply, Error> {
         let action = self.bucket.delete_object(Some(&self.credentials), key);
-        self.send(Method::DELETE, action, &[], Bytes::new()).await
+        self.send(Method::DELETE, action, &[], empty(), 0).await
     }
 
     pub async fn create_bucket(&self) -> Result<Reply, Error> {
         let action = self.bucket.create_bucket(&self.credentials);
-        self.send(Method::PUT, action, &[], Bytes::new()).await
+        self.send(Method::PUT, action, &[], empty(), 0).await
     }
 
     /// PUT `body` at `key` under `condition`, with `x-amz-meta-*` headers `metadata`
@@ -165,17 +207,38 @@ impl S3Client {
         condition: &Condition,
         metadata: &[(&str, &str)],
     ) -> Result<Reply, Error> {
-        let mut headers: Vec<(String, String)> = metadata
+        let headers: Vec<(String, String)> = metadata
             .iter()
             .map(|(name, value)| (format!("x-amz-meta-{name}"), (*value).to_owned()))
             .collect();
-        match condition {
-            Condition::None => {}
-            Condition::Absent => headers.push(("if-none-match".into(), "*".into())),
-            Condition::Matches(etag) => headers.push(("if-match".into(), etag.clone())),
-        }
+        let headers = condition_headers(condition, headers);
         let action = self.bucket.put_object(Some(&self.credentials), key);
-        self.send(Method::PUT, action, &headers, body).await
+        let len = body.len() as u64;
+        let body = Full::new(body).boxed_unsync();
+        self.send(Method::PUT, action, &headers, body, len).await
+    }
+
+    /// [`put`](Self::put) with `body` sent all but its last byte first, and the last
+    /// byte only once `release` is ready (the probe's racing writers).
+    pub async fn put_held(
+        &self,
+        key: &str,
+        mut body: Bytes,
+        condition: &Condition,
+        release: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Reply, Error> {
+        let headers = condition_headers(condition, Vec::new());
+        let action = self.bucket.put_object(Some(&self.credentials), key);
+        let len = body.len() as u64;
+        let last = body.split_off(body.len().saturating_sub(1));
+        let held = HeldBody {
+            first: Some(body),
+            release: Some(Box::pin(release)),
+            last: Some(last),
+            len,
+        };
+        self.send(Method::PUT, action, &headers, held.boxed_unsync(), len)
+            .await
     }
 
     /// Signs `action` with `headers` among its signed headers and sends it.
@@ -184,7 +247,8 @@ impl S3Client {
         method: Method,
         mut action: A,
         headers: &'a [(String, String)],
-        body: Bytes,
+        body: RequestBody,
+        len: u64,
     ) -> Result<Reply, Error> {
         for (name, value) in headers {
             action.headers_mut().insert(name.as_str(), value.as_str());
@@ -194,8 +258,12 @@ impl S3Client {
         for (name, value) in headers {
             request = request.header(name.as_str(), value.as_str());
         }
+        if method == Method::PUT {
+            // hyper leaves it out for an empty body, which S3 answers with 411.
+            request = request.header(http::header::CONTENT_LENGTH, len);
+        }
         let request = request
-            .body(Full::new(body))
+            .body(body)
             .map_err(|e| Error::Config(format!("cannot build the {method} request: {e}")))?;
         let exchange = async {
             let response = self.http.request(request).await.map_err(|e| Error::Http {
@@ -220,6 +288,23 @@ impl S3Client {
                 after: self.timeout,
             })?
     }
+}
+
+fn empty() -> RequestBody {
+    Full::new(Bytes::new()).boxed_unsync()
+}
+
+/// `headers` with those of `condition` added.
+fn condition_headers(
+    condition: &Condition,
+    mut headers: Vec<(String, String)>,
+) -> Vec<(String, String)> {
+    match condition {
+        Condition::None => {}
+        Condition::Absent => headers.push(("if-none-match".into(), "*".into())),
+        Condition::Matches(etag) => headers.push(("if-match".into(), etag.clone())),
+    }
+    headers
 }
 
 /// TLS with the system's roots for `https://` endpoints (ring, as everywhere in

@@ -12,9 +12,11 @@
 //!   `If-None-Match: *` on a new key, or `If-Match` with the same ETag, at once. At
 //!   most one may succeed, and the object must then hold the winner's bytes. A
 //!   server that checks the condition and writes in two steps lets several through
-//!   when their checks interleave; large bodies (9 MiB by default) widen the gap
-//!   between a server's check and its write, which is where such servers race
-//!   (moto's server mode spools a body over 5 MiB to disk in between).
+//!   when their checks interleave. Each writer holds its last byte until every writer
+//!   has sent the rest, so the requests complete at the server together; large bodies
+//!   (9 MiB by default) widen the gap between a server's check and its write, which
+//!   is where such servers race (moto's server mode spools a body over 5 MiB to disk
+//!   in between).
 //! - **ETag repeats** (information, not a verdict): whether writing the same bytes
 //!   again gives the same ETag (the MD5 of the bytes, as on AWS). The fence's
 //!   envelope makes every write's bytes unique, so it is safe either way.
@@ -361,12 +363,21 @@ async fn race_round(
     options: &ProbeOptions,
 ) -> Result<Vec<u16>, Error> {
     let mut writers = JoinSet::new();
+    // Every writer holds its last byte until all have sent the rest: the requests
+    // complete at the server together, whatever the client's scheduling.
+    let all_sent = std::sync::Arc::new(tokio::sync::Barrier::new(options.writers as usize));
     for writer in 0..options.writers as usize {
         let mut body = format!("palisade probe round={round} writer={writer}\n").into_bytes();
         body.resize(options.body_bytes.max(body.len()), b'.');
         let (client, key, condition) = (client.clone(), key.to_owned(), condition.clone());
+        let all_sent = all_sent.clone();
+        let release = async move {
+            all_sent.wait().await;
+        };
         writers.spawn(async move {
-            let reply = client.put(&key, Bytes::from(body), &condition, &[]).await;
+            let reply = client
+                .put_held(&key, Bytes::from(body), &condition, release)
+                .await;
             (writer, reply.map(|r| r.status.as_u16()))
         });
     }
