@@ -110,6 +110,8 @@ build:
 # Included here: after `all` (the default goal) and after IMAGE_DIR and CACHE_DIR, which
 # their targets' names use (make expands a target's name as it reads the line).
 include mk/go.mk mk/python.mk mk/java.mk mk/java-example.mk
+# The test object stores (SeaweedFS, moto) of the object-store fence.
+include mk/objectstores.mk
 
 # --- control-plane binaries (cached by version) -------------------------------
 
@@ -197,7 +199,7 @@ linkproxy:
 cluster: controlplane-bins $(NODE_DEPS) $(if $(filter 1,$(HA)),linkproxy)
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh up
 
-cluster-down: databases-down
+cluster-down: databases-down objectstores-down
 	@BIN_DIR=$(PALISADE_BIN_DIR) STATE_DIR=$(CLUSTER_DIR) tests/controlplane/cluster.sh down
 
 cluster-status:

@@ -19,6 +19,9 @@
 //! writer that passed `--create` on every call would recreate a deleted store and
 //! have its stale token admitted as the first.
 
+#[cfg(feature = "s3")]
+mod s3;
+
 use std::error::Error;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,13 +47,30 @@ pub const EXIT_USAGE: u8 = 2;
 /// - 3: rejected: the token is lower than the highest admitted for the key.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Exit codes: 0 admitted, 1 store error, 2 bad arguments, 3 stale token rejected."
+    after_help = "Exit codes: 0 admitted, 1 store error, 2 bad arguments, 3 stale token rejected.",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
 )]
 pub struct FenceArgs {
+    /// `palisade fence check URL`: probe a store instead of fencing.
+    #[command(subcommand)]
+    pub command: Option<FenceCommand>,
+
     /// Where the marks live: a directory, `postgres://...` or `mysql://...`
-    /// (palisade.fence), or `redis://...`. A fence call creates no store: set one up
-    /// with --create.
-    #[arg(long, value_name = "DIR|URL")]
+    /// (palisade.fence), `redis://...`, or `s3://BUCKET` (the object is its own mark).
+    /// A fence call creates no store: set one up with --create.
+    // The empty default only fills the field under `check`, which needs no store.
+    #[arg(
+        long,
+        value_name = "DIR|URL",
+        required = true,
+        default_value = "",
+        hide_default_value = true,
+        value_parser = clap::builder::TypedValueParser::map(
+            clap::builder::OsStringValueParser::new(),
+            PathBuf::from
+        )
+    )]
     pub store: PathBuf,
 
     /// Set the store up instead of fencing: make the directory if it does not exist
@@ -96,6 +116,19 @@ pub struct FenceArgs {
     /// Print the highest admitted token of every key, as JSON, instead of admitting.
     #[arg(long)]
     pub show: bool,
+
+    /// With an s3:// store: the object's content, from this file (- for stdin).
+    #[arg(long, value_name = "PATH|-", conflicts_with_all = ["show", "create", "payload"])]
+    pub body_file: Option<PathBuf>,
+}
+
+/// The subcommands of `palisade fence`.
+#[derive(clap::Subcommand, Debug)]
+pub enum FenceCommand {
+    /// Probe an object store: does it honour conditional writes atomically (a wrong
+    /// If-Match refused, racing conditional writers with one winner)? Exit 0 if so.
+    #[cfg(feature = "s3")]
+    Check(s3::CheckArgs),
 }
 
 /// Why `palisade fence` admitted nothing; each kind has its exit status.
@@ -139,6 +172,10 @@ impl From<FenceError> for Refusal {
 }
 
 pub fn run(mut args: FenceArgs) -> ExitCode {
+    #[cfg(feature = "s3")]
+    if let Some(FenceCommand::Check(check)) = args.command.take() {
+        return s3::check(check);
+    }
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let lease_key = match args.key_arg.take() {
         Some(key) => {
@@ -159,6 +196,15 @@ pub fn run(mut args: FenceArgs) -> ExitCode {
         }
         Err(refusal) => refusal.report(),
     };
+    let store = args.store.to_str().unwrap_or_default();
+    if store.starts_with("s3://") {
+        return object_store(&args, store.to_owned(), done);
+    }
+    if args.body_file.is_some() {
+        return done(Err(Refusal::Usage(
+            "--body-file is for s3:// stores; use --payload".into(),
+        )));
+    }
     match args.store.to_str().filter(|s| is_database_url(s)) {
         Some(url) if url.starts_with("redis") => block_on("fence", Threads::One, async {
             done(redis(&args, url).await)
@@ -170,6 +216,25 @@ pub fn run(mut args: FenceArgs) -> ExitCode {
             done(postgres(&args, url, lease_key).await)
         }),
         None => done(file(&args, lease_key)),
+    }
+}
+
+/// `palisade fence --store s3://BUCKET` (feature `s3`).
+fn object_store(
+    args: &FenceArgs,
+    url: String,
+    done: impl Fn(Result<String, Refusal>) -> ExitCode,
+) -> ExitCode {
+    #[cfg(feature = "s3")]
+    return block_on("fence", Threads::One, async {
+        done(s3::write(args, &url).await)
+    });
+    #[cfg(not(feature = "s3"))]
+    {
+        let _ = (args, url);
+        done(Err(Refusal::Usage(
+            "this build has no object-store fence (feature `s3`)".into(),
+        )))
     }
 }
 
