@@ -84,19 +84,22 @@ pub enum Error {
 
 /// Installs or upgrades the outbox (runs [`SQL`], its own transaction), as the role
 /// that installed `palisade.fence`. Refused (SQLSTATE 55000, [`Error::NotInstalled`])
-/// when the fence's schema version 2 is not installed.
+/// when the fence's schema version 2 is not installed; a failed install changes nothing.
 pub async fn install(client: &Client) -> Result<(), Error> {
-    client
-        .batch_execute(SQL)
-        .await
-        .map_err(|e| match e.as_db_error() {
-            Some(db) if *db.code() == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => {
-                Error::NotInstalled {
-                    reason: db.message().to_owned(),
-                }
+    let installed = client.batch_execute(SQL).await;
+    if installed.is_err() {
+        // The file's own transaction is left open and aborted: end it, so that the
+        // connection stays usable.
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    installed.map_err(|e| match e.as_db_error() {
+        Some(db) if *db.code() == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => {
+            Error::NotInstalled {
+                reason: db.message().to_owned(),
             }
-            _ => Error::Database(e),
-        })
+        }
+        _ => Error::Database(e),
+    })
 }
 
 /// Inserts an intent in the caller's transaction `tx`, after fencing `key` with
