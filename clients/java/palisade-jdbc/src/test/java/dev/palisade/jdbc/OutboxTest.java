@@ -1,5 +1,8 @@
 package dev.palisade.jdbc;
 
+import dev.palisade.AcquireOptions;
+import dev.palisade.Grant;
+import dev.palisade.Session;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Tag;
@@ -165,6 +168,31 @@ class OutboxTest {
                     && e.getMessage().contains("sql/palisade-outbox.sql"), e.getMessage());
             assertEquals("42883", e.getSQLState(), "the function palisade.enqueue is missing");
             c.rollback();
+        }
+    }
+
+    @Test
+    @Tag("agent")
+    void aGrantEnqueuesUnderNamespaceSlashLeaseAndItsSuccessorRefusesIt() throws Exception {
+        String lease = "outbox-" + UUID.randomUUID().toString().substring(0, 8);
+        try (Session session = JdbcFenceGrantTest.openSession(); Connection c = connect()) {
+            c.setAutoCommit(false);
+            Grant first = session.acquire(lease, AcquireOptions.defaults());
+            String key = JdbcFence.key(first);
+            Outbox.enqueue(c, first, "{\"holder\": 1}");
+            c.commit();
+            assertEquals(1, intents(c, key, first.token()), "the intent under <namespace>/<lease>");
+            first.release();
+            try (Grant second = session.acquire(lease, AcquireOptions.defaults())) {
+                Outbox.enqueue(c, second, "{\"holder\": 2}");
+                c.commit();
+                // The first holder, paused past its release, comes back with its grant.
+                StaleTokenException e = assertThrows(StaleTokenException.class, () -> Outbox.enqueue(c, first, "{}"));
+                assertEquals(key, e.key());
+                assertEquals(OptionalLong.of(second.token()), e.highest());
+                c.rollback();
+                assertEquals(1, intents(c, key, first.token()));
+            }
         }
     }
 
