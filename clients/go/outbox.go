@@ -17,8 +17,9 @@ import (
 //
 // Only database/sql: the library requires no driver. The stale error is recognised by
 // the SQLSTATE the driver's error reports through a SQLState() string method, which
-// pgx's *pgconn.PgError has; the same code in the error's text, "(SQLSTATE PF001)"
-// (pgx's format), is the fallback for a wrapper that keeps only the text.
+// pgx's *pgconn.PgError and lib/pq's *pq.Error both have; the same code in the error's
+// text, "(SQLSTATE PF001)" (pgx's format), is the fallback for a wrapper that keeps
+// only the text.
 
 // StaleTokenSQLState is the SQLSTATE palisade.fence (and so palisade.enqueue) raises
 // for a token lower than the key's highest admitted.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's "pgx"
+	_ "github.com/lib/pq"              // database/sql's "postgres"
 )
 
 // testDB is the run's own database, the fence and the outbox installed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -281,4 +282,46 @@ func enqueueNumbered(ctx context.Context, key string, token int64) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// The stale error through lib/pq as well: its *pq.Error has the SQLState method too.
+func TestEnqueueThroughLibPQ(t *testing.T) {
+	ctx := context.Background()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("sslmode", "disable") // lib/pq asks for TLS by default
+	u.RawQuery = q.Encode()
+	db, err := sql.Open("postgres", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	key := uniqueKey("libpq")
+	for _, token := range []int64{9, 8} {
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := palisade.Enqueue(ctx, tx, key, token, []byte(`{"driver": "lib/pq"}`))
+		if token == 9 {
+			if err != nil || !uuidText.MatchString(id) {
+				t.Fatalf("token 9: id %q, %v", id, err)
+			}
+			if err := tx.Commit(); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		var stale *palisade.StaleTokenError
+		if !errors.As(err, &stale) || stale.Token != 8 || stale.Highest != 9 {
+			t.Fatalf("token 8 after 9 through lib/pq: %v", err)
+		}
+		_ = tx.Rollback()
+	}
+	if n := intents(t, key, 8); n != 0 {
+		t.Fatalf("%d intents of the stale token", n)
+	}
 }
