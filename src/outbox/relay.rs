@@ -19,8 +19,9 @@
 //! - *Polling*, every [`RelayConfig::poll`] when nothing is due: one cheap
 //!   transaction, and a relay that needs no trigger or notification channel.
 
+use std::convert::Infallible;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use http::Uri;
@@ -170,23 +171,27 @@ async fn hold(grant: &Grant, deliverer: &Deliverer, config: &RelayConfig) -> Res
     let token = grant.token().max(0) as u64;
     let mut failures = 0;
     loop {
-        let result = match connect(&config.store).await {
+        let connected = Instant::now();
+        let error = match connect(&config.store).await {
             Ok(db) => deliver_until_error(grant, &db, deliverer, config, token).await,
-            Err(e) => Err(Error::Database(e)),
+            Err(e) => Error::Database(e),
         };
-        match result {
-            Err(Error::Stale(stale)) => {
+        match error {
+            Error::Stale(stale) => {
                 warn!(lease = config.lease, %stale, "relay refused as stale: a successor holds its lease");
                 return Ok(());
             }
-            Err(e @ (Error::NotInstalled { .. } | Error::BadInput(_))) => return Err(e),
-            Err(e) => {
+            e @ (Error::NotInstalled { .. } | Error::BadInput(_)) => return Err(e),
+            e => {
+                // A connection that served for a while starts the backoff over.
+                if connected.elapsed() > config.backoff.max {
+                    failures = 0;
+                }
                 failures += 1;
                 let wait = config.backoff.after(failures);
                 warn!(error = %error_chain(&e), ?wait, "relay's database call failed; retrying");
                 tokio::time::sleep(wait).await;
             }
-            Ok(()) => unreachable!("deliver_until_error returns only errors"),
         }
     }
 }
@@ -201,14 +206,25 @@ async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
     Ok(client)
 }
 
-/// Claims, delivers and records batch after batch; returns the first error.
+/// Claims, delivers and records batch after batch, until the first error.
 async fn deliver_until_error(
     grant: &Grant,
     db: &Client,
     deliverer: &Deliverer,
     config: &RelayConfig,
     token: u64,
-) -> Result<(), Error> {
+) -> Error {
+    let Err(error) = deliver_batches(grant, db, deliverer, config, token).await;
+    error
+}
+
+async fn deliver_batches(
+    grant: &Grant,
+    db: &Client,
+    deliverer: &Deliverer,
+    config: &RelayConfig,
+    token: u64,
+) -> Result<Infallible, Error> {
     let key = config.key.as_str();
     // Longer than one delivery, so an intent in flight is not claimed again by this
     // relay; a successor (higher token) claims it at once.
