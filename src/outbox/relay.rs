@@ -235,19 +235,20 @@ async fn deliver_batches(
             tokio::time::sleep(config.poll).await;
             continue;
         }
-        let mut records = futures::stream::iter(intents)
+        let mut answers = futures::stream::iter(intents)
             .map(|intent| async move {
+                // Lost on the clock: the select in `run` ends this at once.
                 if !grant.is_held() {
-                    // Lost on the clock: the select in `run` ends this at once.
-                    return Ok(());
+                    return None;
                 }
                 let answer = deliverer.deliver(&intent.id, intent.payload).await;
-                let retry_in = config.backoff.after(intent.attempts);
-                record(db, key, token, &intent.id, &answer, retry_in).await
+                Some((intent.id, intent.attempts, answer))
             })
-            .buffer_unordered(config.batch.max(1) as usize);
-        while let Some(result) = records.next().await {
-            result?;
+            .buffer_unordered(config.batch.max(1) as usize)
+            .filter_map(std::future::ready)
+            .ready_chunks(config.batch.max(1) as usize);
+        while let Some(answers) = answers.next().await {
+            record(db, key, token, &answers, config.backoff).await?;
         }
     }
 }
@@ -288,27 +289,48 @@ async fn claim(
         .collect()
 }
 
+/// Records the answers that arrived together in one transaction: one commit (and
+/// one fsync) for all. Nothing else uses `db` meanwhile (claims wait for the batch).
 async fn record(
     db: &Client,
     key: &str,
     token: u64,
-    id: &str,
-    answer: &Answer,
-    retry_in: Duration,
+    answers: &[(String, u32, Answer)],
+    backoff: Backoff,
 ) -> Result<(), Error> {
-    let status = answer.status.map(i32::from);
-    let retry_ms = retry_in.as_millis().min(i64::MAX as u128) as i64;
-    let row = db
-        .query_one(
-            "SELECT palisade.outbox_record($1, $2, $3::text::uuid, $4, $5, \
-             $6::bigint * interval '1 millisecond')",
-            &[&key, &(token as i64), &id, &status, &answer.text, &retry_ms],
-        )
-        .await
-        .map_err(|e| classify(e, key, token))?;
-    let state: String = row.try_get(0).map_err(Error::Database)?;
-    debug!(intent = id, status = ?answer.status, state, "recorded the provider's answer");
-    Ok(())
+    let recorded = async {
+        db.batch_execute("BEGIN").await?;
+        let statement = db
+            .prepare(
+                "SELECT palisade.outbox_record($1, $2, $3::text::uuid, $4, $5, \
+                 $6::bigint * interval '1 millisecond')",
+            )
+            .await?;
+        let token_sql = token as i64;
+        let calls = answers.iter().map(|(id, attempts, answer)| {
+            let status = answer.status.map(i32::from);
+            let retry_ms = backoff.after(*attempts).as_millis().min(i64::MAX as u128) as i64;
+            let statement = &statement;
+            async move {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                    [&key, &token_sql, id, &status, &answer.text, &retry_ms];
+                let row = db.query_one(statement, &params).await?;
+                let state: String = row.try_get(0)?;
+                debug!(intent = id, status = ?answer.status, state, "recorded the provider's answer");
+                Ok::<_, tokio_postgres::Error>(())
+            }
+        });
+        // Sent together on the one connection (pipelined), answered in order.
+        futures::future::try_join_all(calls).await?;
+        db.batch_execute("COMMIT").await
+    };
+    match recorded.await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = db.batch_execute("ROLLBACK").await;
+            Err(classify(e, key, token))
+        }
+    }
 }
 
 #[cfg(test)]
