@@ -2,8 +2,9 @@
 # own), its conformance driver (tests/conformance/go) and the Go example
 # (examples/go-leader-redis). Included by the Makefile.
 #
-#   make go-client-check        go vet of the four modules, and their tests that need no agent
-#                               (nor a cluster)
+#   make go-client-check        go vet of the five modules, and their tests that need no agent
+#                               (nor a cluster); clients/go/pgtest's need PostgreSQL (make
+#                               databases, a prerequisite: reused when running)
 #   make go-client-test         every test of the client, the TestAgent* ones against the agent
 #                               at PALISADE_AGENT_SOCKET (which they need)
 #   make conformance-go-driver  target/clients/palisade-conformance-go
@@ -28,9 +29,12 @@ GO_DRIVER_BIN := target/clients/palisade-conformance-go
 EXAMPLE_GO_IMAGE := palisade.local/go-leader-redis:1
 REGISTRY_GO_IMAGE := $(PALISADE_TEST_REGISTRY)/go-leader-redis:1
 
-# Tests that need no agent: the client's TestAgent* ones need a running agent.
-go-client-check:
+# Tests that need no agent: the client's TestAgent* ones need a running agent. pgtest (a
+# module of its own, so that the client requires no driver) runs palisade.Enqueue against
+# PALISADE_TEST_POSTGRES, in a database it creates and drops.
+go-client-check: databases
 	cd $(GO_CLIENT_DIR) && go vet ./... && go test -skip '^TestAgent' ./...
+	cd $(GO_CLIENT_DIR)/pgtest && go vet ./... && go test -count=1 ./...
 	cd $(GO_CLIENT_DIR)/kube && go vet ./... && go test -skip '^TestCluster' ./...
 	cd $(GO_DRIVER_DIR) && go vet ./... && go test ./...
 	cd $(GO_EXAMPLE_DIR) && go vet ./... && go test ./...

@@ -2,7 +2,9 @@
 # (tests/conformance/python) and examples/python-worker-postgres. Included by the Makefile.
 #
 #   make python-venv           target/venv: clients/python[test] (editable) and psycopg
-#   make python-client-check   the client's unit tests, which need no agent
+#   make python-client-check   the client's tests that need no agent: the unit tests, and the
+#                              outbox's against PostgreSQL (make databases, a prerequisite:
+#                              reused when running; the Makefile exports PALISADE_TEST_POSTGRES)
 #   make python-client-test    all of its tests; needs PALISADE_AGENT_SOCKET (a running agent)
 #   make example-python-image  the worker's image, $(IMAGE_DIR)/python-worker-postgres.tar,
 #                              pushed to the cluster's registry as REGISTRY_PYTHON_WORKER_IMAGE
@@ -27,10 +29,10 @@ $(PYTHON_VENV)/.installed: clients/python/pyproject.toml mk/python.mk
 	$(PYTHON_VENV_BIN)/pip install --quiet --disable-pip-version-check -e 'clients/python[test]' 'psycopg>=3.1'
 	touch $@
 
-python-client-check: python-venv
+python-client-check: python-venv databases
 	cd clients/python && $(PYTHON_VENV_BIN)/python -m pytest -q -m 'not agent'
 
-python-client-test: python-venv
+python-client-test: python-venv databases
 	@if [ -z "$${PALISADE_AGENT_SOCKET:-}" ]; then \
 		echo "python-client-test: set PALISADE_AGENT_SOCKET to a running agent's socket (or run make python-client-check)" >&2; \
 		exit 2; fi

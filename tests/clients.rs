@@ -63,7 +63,8 @@ async fn the_python_client_passes_its_tests_against_the_agent() {
     pytest
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .current_dir(repo_root().join("clients/python"))
-        .env("PALISADE_AGENT_SOCKET", &socket);
+        .env("PALISADE_AGENT_SOCKET", &socket)
+        .env("PALISADE_TEST_POSTGRES", support::databases::postgres_url());
     run_suite("pytest (clients/python)", pytest);
 }
 

@@ -26,6 +26,8 @@ pub mod controller;
 pub mod crds;
 pub mod fence;
 pub mod lock;
+#[cfg(feature = "outbox")]
+pub mod outbox;
 pub mod status;
 
 use std::future::Future;
@@ -62,6 +64,9 @@ pub enum Command {
     Fence(fence::FenceArgs),
     /// Run a command while holding a Lease, with its fencing token in the environment.
     Lock(lock::LockArgs),
+    /// The fenced outbox: install it in PostgreSQL, or run its relay.
+    #[cfg(feature = "outbox")]
+    Outbox(outbox::OutboxArgs),
     /// Show Leases: holder, fencing token, phase and waiting claims.
     Status(status::StatusArgs),
 }
@@ -75,6 +80,8 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Controller(args) => controller::run(args),
         Command::Fence(args) => fence::run(args),
         Command::Lock(args) => lock::run(args),
+        #[cfg(feature = "outbox")]
+        Command::Outbox(args) => outbox::run(args),
         Command::Status(args) => status::run(args),
     }
 }

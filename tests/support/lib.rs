@@ -10,6 +10,7 @@
 //! - `tools`: helm and kubectl from PATH, and how a failed process is shown
 //! - `cli`: the `palisade` binary as a process
 //! - `crd_reference`: the CRD reference page (docs/crd-reference.md)
+//! - `provider`: an HTTP payment provider that deduplicates by idempotency key (the outbox)
 //! - `proxy`: a TCP proxy to the API server that delays, cuts or black-holes connections
 //! - `linkproxy`: commands to the HA control plane's link proxy (`palisade-linkproxy`)
 //! - `databases`: PostgreSQL and Redis (`make databases`)
@@ -37,6 +38,7 @@ pub mod crd_reference;
 pub mod databases;
 pub mod helm;
 pub mod linkproxy;
+pub mod provider;
 pub mod proxy;
 pub mod requests;
 pub mod tools;

@@ -2,7 +2,7 @@
 
 import pickle
 
-from palisade import AgentError, AgentUnreachable, LeaseLost
+from palisade import AgentError, AgentUnreachable, LeaseLost, StaleTokenError
 from palisade.errors import error_from_response
 
 
@@ -50,3 +50,14 @@ def test_lease_lost_carries_its_reason_and_pickles():
     assert (agent.status, agent.code) == (409, "grant_lost")
     unreachable = pickle.loads(pickle.dumps(AgentUnreachable("gone")))
     assert unreachable.message == "gone" and unreachable.status is None
+
+
+def test_stale_token_error_says_what_was_refused_and_pickles():
+    err = StaleTokenError("payments/billing", 33, 34)
+    assert str(err) == (
+        'write rejected: stale fencing token 33 for key "payments/billing" is lower than the '
+        "highest admitted token 34; the transaction is aborted: roll it back and stop writing"
+    )
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.key, again.token, again.highest) == ("payments/billing", 33, 34)
+    assert "admitted token;" in str(StaleTokenError("k", 1))

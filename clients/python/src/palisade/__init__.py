@@ -6,11 +6,12 @@
         db.execute("SELECT palisade.fence(%s, %s)", (key, grant.token))
 
 ``palisade.Session`` / ``palisade.Grant``: the blocking client; ``palisade.aio``: the
-same on asyncio; ``palisade.leader``: leader election on a Lease.
+same on asyncio; ``palisade.leader``: leader election on a Lease; ``palisade.outbox``:
+an intent for an API that cannot check a token, inserted with the fenced write.
 """
 
-from . import aio, leader, lease
-from .errors import AgentError, AgentUnreachable, LeaseLost
+from . import aio, leader, lease, outbox
+from .errors import AgentError, AgentUnreachable, LeaseLost, StaleTokenError
 from .session import Grant, Session
 
 __version__ = "0.1.0"
@@ -21,7 +22,9 @@ __all__ = [
     "Grant",
     "LeaseLost",
     "Session",
+    "StaleTokenError",
     "aio",
     "leader",
     "lease",
+    "outbox",
 ]

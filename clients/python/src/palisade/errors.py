@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-__all__ = ["AgentError", "AgentUnreachable", "LeaseLost", "error_from_response"]
+__all__ = ["AgentError", "AgentUnreachable", "LeaseLost", "StaleTokenError", "error_from_response"]
 
 
 class AgentError(Exception):
@@ -58,6 +58,30 @@ class LeaseLost(Exception):
 
     def __str__(self) -> str:
         return f"lease lost: {self.reason}" + (f": {self.message}" if self.message else "")
+
+
+class StaleTokenError(Exception):
+    """The database refused a stale fencing token (SQLSTATE ``PF001``): a holder with a
+    higher token has written under ``key`` since ``token`` was granted. The transaction
+    is aborted: roll it back and stop writing; the same token is refused again.
+
+    ``highest`` is the key's highest admitted token as the database reported it (None
+    when it did not say); the driver's exception is ``__cause__``.
+    """
+
+    def __init__(self, key: str, token: int, highest: Optional[int] = None) -> None:
+        super().__init__(key, token, highest)
+        self.key = key
+        self.token = token
+        self.highest = highest
+
+    def __str__(self) -> str:
+        highest = f" {self.highest}" if self.highest is not None else ""
+        return (
+            f"write rejected: stale fencing token {self.token} for key {json.dumps(self.key)} is lower "
+            f"than the highest admitted token{highest}; the transaction is aborted: roll it back "
+            "and stop writing"
+        )
 
 
 def error_from_response(status: int, body: bytes) -> AgentError:
