@@ -353,7 +353,7 @@ conformance: cluster conformance-go-driver python-venv conformance-java-driver
 # target/test-parts.tsv, so any run (CI's included) gives the figures of docs/testing.md's
 # budget table. Integration tests (tests/*.rs) use the cluster `make cluster` starts; the
 # examples of the thin clients run last, as pods on the node.
-TEST_PARTS := controlplane-bins $(NODE_DEPS) cluster chart promtool databases conformance-go-driver python-venv \
+TEST_PARTS := controlplane-bins $(NODE_DEPS) cluster chart promtool databases objectstores conformance-go-driver python-venv \
 	go-client-check python-client-check java-client-check conformance-java-driver linkproxy \
 	$(if $(filter 1,$(NODE)),image-local example-go-image example-python-image example-java-image chaospod-image) \
 	test-build test-bench-smoke test-suites test-chaos-ha $(if $(filter 1,$(NODE)),test-examples test-operators)
@@ -508,7 +508,7 @@ bench-rust-peers: cluster
 DURATION ?= 10m
 SEED ?= $(shell date +%s)
 CHAOS_ARGS ?=
-chaos: controlplane-bins conformance-go-driver $(if $(filter 1,$(HA)),linkproxy)
+chaos: controlplane-bins conformance-go-driver objectstores $(if $(filter 1,$(HA)),linkproxy)
 	$(CONFORMANCE_ENV) cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED) \
 		$(if $(filter 1,$(HA)),--ha) $(CHAOS_ARGS)
 

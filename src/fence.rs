@@ -30,10 +30,10 @@
 
 mod file;
 mod memory;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "s3")]

@@ -1,5 +1,5 @@
-//! PostgreSQL and Redis as fenced stores in the chaos run, next to the file fence
-//! and the ConfigMap. The harness starts its own servers (databases.sh with
+//! PostgreSQL, Redis and MariaDB (mysql_store.rs) as fenced stores in the chaos run,
+//! next to the file fence and the ConfigMap. The harness starts its own servers (databases.sh with
 //! `target/chaos-databases` and the ports below), restarts them as faults, and
 //! kills workers in the middle of an open PostgreSQL transaction.
 //!
@@ -31,6 +31,7 @@ use palisade::fence::redis::{self as redis_fence, Error as RedisError, RedisFenc
 use crate::faults::Fault;
 use crate::history::{Event, JournalWrite, Outcome, Recorder};
 use crate::rng::now_ns;
+use crate::{mysql_store, s3_store};
 
 pub const PG_PORT: u16 = 25433;
 pub const REDIS_PORT: u16 = 26380;
@@ -150,11 +151,12 @@ fn ping(port: u16) -> bool {
 /// How workers learn the URLs (environment, so the worker's arguments stay as they are).
 pub const PG_ENV: &str = "PALISADE_CHAOS_POSTGRES";
 pub const REDIS_ENV: &str = "PALISADE_CHAOS_REDIS";
-pub const STORES: [&str; 2] = ["postgres", "redis"];
+pub const STORES: [&str; 4] = ["postgres", "redis", "mysql", s3_store::STORE];
 /// The faults this module adds to the schedule (injected by faults.rs's `inject_db`).
-pub const FAULTS: [Fault; 6] = [
+pub const FAULTS: [Fault; 7] = [
     Fault::RestartPostgres,
     Fault::RestartRedis,
+    Fault::RestartMysql,
     Fault::KillWorkerInTransaction,
     Fault::PauseInTransaction,
     Fault::LoseRedisMarks,
@@ -164,6 +166,13 @@ pub const FAULTS: [Fault; 6] = [
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The least-privilege role the workers write as.
 pub const APP_ROLE: &str = "palisade_chaos_app";
+
+/// The S3 store's `<endpoint> <bucket>` of this run ([`s3_store::S3_ENV`]), once set up.
+static S3_LOCATION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+pub fn s3_location() -> Option<&'static str> {
+    S3_LOCATION.get().map(String::as_str)
+}
 
 /// The workers' URL: the least-privilege role.
 pub fn postgres_url() -> String {
@@ -197,6 +206,7 @@ impl Servers {
             .env("STATE_DIR", self.root.join("target/chaos-databases"))
             .env("PG_PORT", PG_PORT.to_string())
             .env("REDIS_PORT", REDIS_PORT.to_string())
+            .env("MYSQL_PORT", mysql_store::MYSQL_PORT.to_string())
             .output()
             .map_err(|e| format!("databases.sh: {e}"))?;
         if out.status.success() {
@@ -246,7 +256,13 @@ impl Servers {
                  GRANT USAGE ON SEQUENCE chaos.writes_id_seq TO {APP_ROLE}"
             ))
             .await
-            .map_err(|e| format!("granting {APP_ROLE}: {e}"))
+            .map_err(|e| format!("granting {APP_ROLE}: {e}"))?;
+        mysql_store::set_up().await?;
+        let run = format!("{}-{}", std::process::id(), now_ns() / 1_000_000_000);
+        let location = s3_store::set_up(&run).await?;
+        S3_LOCATION
+            .set(location)
+            .map_err(|_| "the S3 store is set up once per run".to_string())
     }
 
     fn down_lossy(&self) {
@@ -375,6 +391,12 @@ impl Servers {
             "redis".to_string(),
             redis_journal(&redis_url(), leases).await?,
         );
+        journals.insert("mysql".to_string(), mysql_store::journal().await?);
+        let location = s3_location().ok_or("the S3 store was not set up")?;
+        journals.insert(
+            s3_store::STORE.to_string(),
+            s3_store::final_objects(location, leases).await?,
+        );
         // What the lossy ones hold now: after a loss, only writes admitted since.
         for lossy in LOSSY {
             journals.insert(
@@ -456,6 +478,8 @@ pub struct Stores {
     /// The lossy Redis stores, as in [`LOSSY`].
     lossy: Vec<Option<redis::aio::MultiplexedConnection>>,
     fence: RedisFence,
+    mysql: mysql_store::Writer,
+    s3: s3_store::Writer,
 }
 
 impl Stores {
@@ -469,6 +493,8 @@ impl Stores {
             redis: None,
             lossy: vec![None; LOSSY.len()],
             fence: RedisFence::new(),
+            mysql: mysql_store::Writer::from_env()?,
+            s3: s3_store::Writer::from_env()?,
         })
     }
 
@@ -515,6 +541,30 @@ impl Stores {
             self.lossy[i] = conn;
             history.record(&event);
         }
+        let start_ns = now_ns();
+        let (outcome, detail) = self
+            .mysql
+            .write(&self.identity, lease, token, seq, WRITE_TIMEOUT)
+            .await;
+        history.record(&self.event("mysql", lease, token, seq, start_ns, outcome, detail));
+        let start_ns = now_ns();
+        let write = JournalWrite {
+            lease: lease.to_string(),
+            token,
+            worker: self.identity.clone(),
+            seq,
+        };
+        let (outcome, detail) = self.s3.write(&write, WRITE_TIMEOUT).await;
+        let event = self.event(
+            s3_store::STORE,
+            lease,
+            token,
+            seq,
+            start_ns,
+            outcome,
+            detail,
+        );
+        history.record(&event);
     }
 
     /// One write to one Redis store, its outcome as an event; drops the

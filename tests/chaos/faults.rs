@@ -56,6 +56,7 @@ pub enum Fault {
     // The database faults, of dbstores.rs.
     RestartPostgres,
     RestartRedis,
+    RestartMysql,
     KillWorkerInTransaction,
     PauseInTransaction,
     LoseRedisMarks,
@@ -89,6 +90,7 @@ impl Fault {
             Fault::Ha(HaFault::CompactWhileBehind) => "compact_while_behind",
             Fault::RestartPostgres => "restart_postgres",
             Fault::RestartRedis => "restart_redis",
+            Fault::RestartMysql => "restart_mysql",
             Fault::KillWorkerInTransaction => "kill_worker_in_transaction",
             Fault::PauseInTransaction => "pause_in_transaction",
             Fault::LoseRedisMarks => "lose_redis_marks",
@@ -322,6 +324,7 @@ pub async fn inject(
         Fault::Ha(kind) => return ha::inject(kind, ctx, procs, rng).await,
         Fault::RestartPostgres
         | Fault::RestartRedis
+        | Fault::RestartMysql
         | Fault::KillWorkerInTransaction
         | Fault::PauseInTransaction
         | Fault::LoseRedisMarks
@@ -616,8 +619,8 @@ async fn blackhole_link(proxies: &[Proxy], rng: &mut Rng) -> String {
     format!("for {} ms", span.as_millis())
 }
 
-/// The database faults (dbstores.rs): restart PostgreSQL (immediate shutdown) or
-/// Redis (SIGKILL), SIGKILL a worker inside an open PostgreSQL transaction, or make
+/// The database faults (dbstores.rs): restart PostgreSQL (immediate shutdown),
+/// Redis or MariaDB (SIGKILL), SIGKILL a worker inside an open PostgreSQL transaction, or make
 /// a lossy Redis lose its marks.
 async fn inject_db(
     fault: Fault,
@@ -628,6 +631,7 @@ async fn inject_db(
     let target = match fault {
         Fault::RestartPostgres => restart_db_server(ctx, "postgres").await?,
         Fault::RestartRedis => restart_db_server(ctx, "redis").await?,
+        Fault::RestartMysql => restart_db_server(ctx, "mysql").await?,
         Fault::LoseRedisMarks => {
             let servers = dbstores::Servers::new(&ctx.plane.root);
             tokio::task::spawn_blocking(move || servers.lose_marks())

@@ -216,6 +216,11 @@ impl Processes {
             .process_group(0)
             .env(dbstores::PG_ENV, dbstores::postgres_url())
             .env(dbstores::REDIS_ENV, dbstores::redis_url())
+            .env(crate::mysql_store::MYSQL_ENV, crate::mysql_store::url())
+            .env(
+                crate::s3_store::S3_ENV,
+                dbstores::s3_location().expect("the stores are set up before any worker"),
+            )
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()

@@ -6,10 +6,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::cluster::LEASE_SECONDS;
-use crate::dbstores;
 use crate::history::{self, Expectations, JournalWrite, Verdict};
 use crate::operator_worker::{state_object, status_object};
 use crate::processes::{ELECTION_LEASE, ELECTION_RETRY};
+use crate::{dbstores, s3_store};
 
 /// After the faults stop, each Lease must be granted again within its duration plus
 /// this: the controller's and workers' watches that were cut reconnect with the backoff
@@ -55,7 +55,7 @@ pub async fn judge(
             return false;
         }
     };
-    let verdict = history::check_with_stores(
+    let mut verdict = history::check_with_stores(
         &events,
         &journal,
         &db_journals,
@@ -65,6 +65,12 @@ pub async fn judge(
             holder_deadline_ns: (Duration::from_secs(LEASE_SECONDS) * 2 / 3).as_nanos() as u64,
         },
     );
+    let s3_objects = db_journals
+        .get(s3_store::STORE)
+        .map_or(&[][..], Vec::as_slice);
+    verdict
+        .violations
+        .extend(s3_store::final_object_violations(&events, s3_objects));
     for v in &verdict.violations {
         println!("chaos: VIOLATION: {v}");
     }

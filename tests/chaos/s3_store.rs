@@ -1,0 +1,149 @@
+//! An S3 object per Lease as a fenced store in the chaos run: SeaweedFS, the server
+//! `make objectstores` starts (PALISADE_TEST_S3), in a bucket of the run's own.
+//!
+//! An object store keeps no commit order the checker could read, so this store is
+//! judged by the rules that need none: no write accepted after a higher token's was
+//! acknowledged (real time, history.rs), every stale refusal justified by a higher
+//! token on the object, and, after the run, the object holding the highest token any
+//! write was acknowledged with ([`final_object_violations`]): a stale write that
+//! overlapped the new holder's and landed after it would lower it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use palisade::fence::s3::{Error as S3Error, S3Config, S3Fence};
+
+use crate::history::{Event, JournalWrite, Outcome};
+
+/// How workers learn the endpoint and the bucket: `<endpoint> <bucket>`.
+pub const S3_ENV: &str = "PALISADE_CHAOS_S3";
+pub const STORE: &str = "s3";
+
+/// The object that Lease `lease` fences.
+fn key(lease: &str) -> String {
+    format!("chaos/{lease}")
+}
+
+fn fence(endpoint: &str, bucket: &str) -> Result<S3Fence, String> {
+    let mut config = S3Config::from_env(bucket).map_err(|e| e.to_string())?;
+    config.endpoint = endpoint.trim_end_matches('/').to_string();
+    config.path_style = true;
+    config.timeout = Duration::from_secs(5);
+    S3Fence::new(&config).map_err(|e| e.to_string())
+}
+
+/// The test server's endpoint, and the bucket of this run (`<endpoint> <bucket>`, for
+/// [`S3_ENV`]), the bucket made.
+pub async fn set_up(run: &str) -> Result<String, String> {
+    let endpoint = std::env::var("PALISADE_TEST_S3").map_err(|_| {
+        "PALISADE_TEST_S3 is not set: the chaos run writes to the S3 server `make \
+         objectstores` starts (make chaos sets it)"
+            .to_string()
+    })?;
+    let bucket = format!("chaos-{run}");
+    let created = fence(&endpoint, &bucket)?
+        .client()
+        .create_bucket()
+        .await
+        .map_err(|e| format!("creating bucket {bucket}: {e}"))?;
+    if !created.status.is_success() {
+        return Err(format!("creating bucket {bucket}: {}", created.describe()));
+    }
+    Ok(format!("{endpoint} {bucket}"))
+}
+
+/// What each Lease's object holds after the run, as a one-entry journal.
+pub async fn final_objects(location: &str, leases: &[String]) -> Result<Vec<JournalWrite>, String> {
+    let (endpoint, bucket) = location
+        .split_once(' ')
+        .ok_or_else(|| format!("{S3_ENV} {location:?} is not `<endpoint> <bucket>`"))?;
+    let fence = fence(endpoint, bucket)?;
+    let mut objects = Vec::new();
+    for lease in leases {
+        if let Some(object) = fence
+            .get(&key(lease))
+            .await
+            .map_err(|e| format!("reading the object of {lease}: {e}"))?
+        {
+            let write: JournalWrite = serde_json::from_slice(&object.payload)
+                .map_err(|e| format!("the object of {lease}: {e}"))?;
+            if write.token != object.token {
+                return Err(format!(
+                    "the object of {lease} holds write {} of {} with token {} under the \
+                     fence's token {}",
+                    write.seq, write.worker, write.token, object.token
+                ));
+            }
+            objects.push(write);
+        }
+    }
+    Ok(objects)
+}
+
+/// Each Lease's object holds the highest token any S3 write was acknowledged with.
+pub fn final_object_violations(events: &[Event], objects: &[JournalWrite]) -> Vec<String> {
+    let mut highest: BTreeMap<&str, (u64, &str, u64)> = BTreeMap::new();
+    for e in events {
+        if let Event::Write {
+            worker,
+            lease,
+            store,
+            token,
+            seq,
+            outcome: Outcome::Accepted,
+            ..
+        } = e
+            && store == STORE
+        {
+            let entry = highest.entry(lease).or_insert((*token, worker, *seq));
+            if *token > entry.0 {
+                *entry = (*token, worker, *seq);
+            }
+        }
+    }
+    let mut violations = Vec::new();
+    for (lease, (token, worker, seq)) in highest {
+        let held = objects.iter().find(|w| w.lease == lease);
+        if held.is_none_or(|w| w.token < token) {
+            violations.push(format!(
+                "s3 store, key {lease}: the object holds {}, below write {seq} of {worker} \
+                 with token {token}, which was acknowledged: a stale write overwrote it",
+                held.map_or("nothing".to_string(), |w| format!(
+                    "write {} of {} with token {}",
+                    w.seq, w.worker, w.token
+                ))
+            ));
+        }
+    }
+    violations
+}
+
+/// A worker's fence on the run's bucket.
+pub struct Writer {
+    fence: S3Fence,
+}
+
+impl Writer {
+    /// From the environment the harness sets; `None` when it set none.
+    pub fn from_env() -> Option<Self> {
+        let location = std::env::var(S3_ENV).ok()?;
+        let (endpoint, bucket) = location.split_once(' ')?;
+        Some(Writer {
+            fence: fence(endpoint, bucket).expect("the S3 fence of the chaos run"),
+        })
+    }
+
+    /// One fenced write of the object of `write.lease`: its outcome and, when not
+    /// accepted, why.
+    pub async fn write(&self, write: &JournalWrite, timeout: Duration) -> (Outcome, String) {
+        let body = serde_json::to_vec(write).expect("serializes");
+        let key = key(&write.lease);
+        let put = self.fence.put(&key, write.token, body);
+        match tokio::time::timeout(timeout, put).await {
+            Ok(Ok(_)) => (Outcome::Accepted, String::new()),
+            Ok(Err(e @ S3Error::Stale(_))) => (Outcome::Stale, e.to_string()),
+            Ok(Err(e)) => (Outcome::Error, e.to_string()),
+            Err(_) => (Outcome::Error, "timed out".into()),
+        }
+    }
+}
