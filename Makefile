@@ -508,7 +508,7 @@ bench-rust-peers: cluster
 DURATION ?= 10m
 SEED ?= $(shell date +%s)
 CHAOS_ARGS ?=
-chaos: controlplane-bins conformance-go-driver objectstores $(if $(filter 1,$(HA)),linkproxy)
+chaos: controlplane-bins conformance-go-driver objectstores-venv $(if $(filter 1,$(HA)),linkproxy)
 	$(CONFORMANCE_ENV) cargo test --locked --test chaos -- --duration $(DURATION) --seed $(SEED) \
 		$(if $(filter 1,$(HA)),--ha) $(CHAOS_ARGS)
 

@@ -13,6 +13,8 @@ S3_PORT ?= 18333
 BROKEN_S3_PORT ?= 18334
 OBJECTSTORES_DIR := $(CURDIR)/target/objectstores
 OBJECTSTORES_VENV := $(CACHE_DIR)/objectstores-venv-$(call content_key,tests/objectstores/requirements.txt)
+# The chaos suite starts servers of its own from the same venv.
+export PALISADE_OBJECTSTORES_VENV := $(OBJECTSTORES_VENV)
 # The tests' servers and credentials (tests/s3/, `palisade fence check`).
 export PALISADE_TEST_S3 := http://127.0.0.1:$(S3_PORT)
 export PALISADE_TEST_S3_BROKEN := http://127.0.0.1:$(BROKEN_S3_PORT)

@@ -31,7 +31,7 @@ use palisade::fence::redis::{self as redis_fence, Error as RedisError, RedisFenc
 use crate::faults::Fault;
 use crate::history::{Event, JournalWrite, Outcome, Recorder};
 use crate::rng::now_ns;
-use crate::{mysql_store, s3_store};
+use crate::{mysql_store, outbox_store, s3_store};
 
 pub const PG_PORT: u16 = 25433;
 pub const REDIS_PORT: u16 = 26380;
@@ -153,7 +153,9 @@ pub const PG_ENV: &str = "PALISADE_CHAOS_POSTGRES";
 pub const REDIS_ENV: &str = "PALISADE_CHAOS_REDIS";
 pub const STORES: [&str; 4] = ["postgres", "redis", "mysql", s3_store::STORE];
 /// The faults this module adds to the schedule (injected by faults.rs's `inject_db`).
-pub const FAULTS: [Fault; 7] = [
+pub const FAULTS: [Fault; 9] = [
+    Fault::KillRelay,
+    Fault::PauseRelay,
     Fault::RestartPostgres,
     Fault::RestartRedis,
     Fault::RestartMysql,
@@ -172,6 +174,15 @@ static S3_LOCATION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 pub fn s3_location() -> Option<&'static str> {
     S3_LOCATION.get().map(String::as_str)
+}
+
+/// The superuser's connection (the outbox's verdict reads the intents).
+pub async fn admin_client() -> Result<tokio_postgres::Client, String> {
+    let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("connecting to PostgreSQL: {e}"))?;
+    tokio::spawn(connection);
+    Ok(client)
 }
 
 /// The workers' URL: the least-privilege role.
@@ -257,9 +268,10 @@ impl Servers {
             ))
             .await
             .map_err(|e| format!("granting {APP_ROLE}: {e}"))?;
+        outbox_store::install(&client, APP_ROLE).await?;
         mysql_store::set_up().await?;
         let run = format!("{}-{}", std::process::id(), now_ns() / 1_000_000_000);
-        let location = s3_store::set_up(&run).await?;
+        let location = s3_store::set_up(&self.root, &run).await?;
         S3_LOCATION
             .set(location)
             .map_err(|_| "the S3 store is set up once per run".to_string())
@@ -355,6 +367,9 @@ impl Servers {
 
     pub fn down(&self) {
         self.down_lossy();
+        if let Err(e) = s3_store::script(&self.root, "down") {
+            eprintln!("chaos: {e}");
+        }
         if let Err(e) = self.script(&["down"]) {
             eprintln!("chaos: {e}");
         }
@@ -649,6 +664,21 @@ impl Stores {
         )
         .await
         .map_err(PgError::Database)?;
+        let write = JournalWrite {
+            lease: lease.to_string(),
+            token,
+            worker: self.identity.clone(),
+            seq,
+        };
+        outbox_store::enqueue(&tx, &write)
+            .await
+            .map_err(|e| match e {
+                palisade::outbox::Error::Stale(stale) => PgError::Stale(stale),
+                palisade::outbox::Error::Conflict(e) | palisade::outbox::Error::Database(e) => {
+                    PgError::Database(e)
+                }
+                other => PgError::BadInput(format!("the outbox refused the intent: {other}")),
+            })?;
         tokio::time::sleep(hold).await;
         tx.commit().await.map_err(PgError::Database)
     }

@@ -57,6 +57,8 @@ pub enum Fault {
     RestartPostgres,
     RestartRedis,
     RestartMysql,
+    KillRelay,
+    PauseRelay,
     KillWorkerInTransaction,
     PauseInTransaction,
     LoseRedisMarks,
@@ -91,6 +93,8 @@ impl Fault {
             Fault::RestartPostgres => "restart_postgres",
             Fault::RestartRedis => "restart_redis",
             Fault::RestartMysql => "restart_mysql",
+            Fault::KillRelay => "kill_relay",
+            Fault::PauseRelay => "pause_relay",
             Fault::KillWorkerInTransaction => "kill_worker_in_transaction",
             Fault::PauseInTransaction => "pause_in_transaction",
             Fault::LoseRedisMarks => "lose_redis_marks",
@@ -325,6 +329,8 @@ pub async fn inject(
         Fault::RestartPostgres
         | Fault::RestartRedis
         | Fault::RestartMysql
+        | Fault::KillRelay
+        | Fault::PauseRelay
         | Fault::KillWorkerInTransaction
         | Fault::PauseInTransaction
         | Fault::LoseRedisMarks
@@ -632,6 +638,8 @@ async fn inject_db(
         Fault::RestartPostgres => restart_db_server(ctx, "postgres").await?,
         Fault::RestartRedis => restart_db_server(ctx, "redis").await?,
         Fault::RestartMysql => restart_db_server(ctx, "mysql").await?,
+        Fault::KillRelay => procs.relays.as_mut().expect("started").kill_one(rng),
+        Fault::PauseRelay => procs.relays.as_ref().expect("started").pause_one(rng).await,
         Fault::LoseRedisMarks => {
             let servers = dbstores::Servers::new(&ctx.plane.root);
             tokio::task::spawn_blocking(move || servers.lose_marks())

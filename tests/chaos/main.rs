@@ -70,6 +70,7 @@ mod observer;
 mod operator_faults;
 mod operator_setup;
 mod operator_worker;
+mod outbox_store;
 mod processes;
 mod renewals;
 mod rng;
@@ -228,6 +229,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     palisade::fence::FileStore::create(&store).expect("creating the file store");
 
     let observers = start_observers(plane, &admin, &out).await;
+    procs.start_relays(dbstores::admin_url()).await;
     procs.start_missing_replicas();
     for _ in 0..args.workers {
         procs.spawn_worker();
@@ -266,6 +268,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     faults.record(&Event::Healed { t_ns: healed });
     // Workers keep cycling through the Leases; give each time to be granted again.
     tokio::time::sleep(Duration::from_secs(LEASE_SECONDS) + LIVENESS_BOUND).await;
+    let relays = procs.relays.take().expect("started above");
     drop(procs);
     for observer in observers {
         observer.abort();
@@ -273,7 +276,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
     }
 
     verdict::judge(
-        &out, &store, &servers, &leases, started, args.seed, plane.ha,
+        &out, &store, &servers, &relays, &leases, started, args.seed, plane.ha,
     )
     .await
 }

@@ -46,6 +46,9 @@ pub struct Processes {
     /// The API server each worker (operator workers too) is pinned to, by identity.
     pins: std::collections::HashMap<String, usize>,
     worker_template: WorkerTemplate,
+    /// The fenced outbox's relays (outbox_store.rs), once started; taken out before
+    /// the rest is killed, so that they deliver what is left while it is judged.
+    pub relays: Option<crate::outbox_store::Relays>,
 }
 
 pub struct WorkerTemplate {
@@ -89,7 +92,21 @@ impl Processes {
             spawned_operators: 0,
             pins: Default::default(),
             worker_template,
+            relays: None,
         }
+    }
+
+    /// The outbox's relays and their provider (outbox_store.rs), reaching the API
+    /// server as the workers do, and PostgreSQL at `store`.
+    pub async fn start_relays(&mut self, store: String) {
+        let relays = crate::outbox_store::Relays::start(
+            &self.palisade,
+            &self.worker_kubeconfigs[0],
+            store,
+            &self.out,
+        )
+        .await;
+        self.relays = Some(relays);
     }
 
     pub fn start_controller(
@@ -329,6 +346,9 @@ impl Processes {
 
 impl Drop for Processes {
     fn drop(&mut self) {
+        if let Some(relays) = &mut self.relays {
+            relays.stop();
+        }
         self.kill_controllers();
         for (_, child) in &mut self.workers {
             // A paused worker dies of SIGKILL too.

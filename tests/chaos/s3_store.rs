@@ -1,5 +1,6 @@
-//! An S3 object per Lease as a fenced store in the chaos run: SeaweedFS, the server
-//! `make objectstores` starts (PALISADE_TEST_S3), in a bucket of the run's own.
+//! An S3 object per Lease as a fenced store in the chaos run: SeaweedFS, started by
+//! tests/objectstores/objectstores.sh on ports and in a state directory of the run's
+//! own (`target/chaos-objectstores`), from the venv `make objectstores-venv` makes.
 //!
 //! An object store keeps no commit order the checker could read, so this store is
 //! judged by the rules that need none: no write accepted after a higher token's was
@@ -9,6 +10,8 @@
 //! overlapped the new holder's and landed after it would lower it.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use palisade::fence::s3::{Error as S3Error, S3Config, S3Fence};
@@ -32,14 +35,39 @@ fn fence(endpoint: &str, bucket: &str) -> Result<S3Fence, String> {
     S3Fence::new(&config).map_err(|e| e.to_string())
 }
 
-/// The test server's endpoint, and the bucket of this run (`<endpoint> <bucket>`, for
-/// [`S3_ENV`]), the bucket made.
-pub async fn set_up(run: &str) -> Result<String, String> {
-    let endpoint = std::env::var("PALISADE_TEST_S3").map_err(|_| {
-        "PALISADE_TEST_S3 is not set: the chaos run writes to the S3 server `make \
-         objectstores` starts (make chaos sets it)"
+const S3_PORT: u16 = 28333;
+
+/// objectstores.sh with the run's ports and state directory.
+pub fn script(root: &Path, action: &str) -> Result<(), String> {
+    let venv = std::env::var("PALISADE_OBJECTSTORES_VENV").map_err(|_| {
+        "PALISADE_OBJECTSTORES_VENV is not set: the venv with SeaweedFS, which `make \
+         objectstores-venv` makes (make chaos and make test set it)"
             .to_string()
     })?;
+    let out = Command::new(root.join("tests/objectstores/objectstores.sh"))
+        .arg(action)
+        .env("STATE_DIR", root.join("target/chaos-objectstores"))
+        .env("VENV", venv)
+        .env("S3_PORT", S3_PORT.to_string())
+        .env("BROKEN_S3_PORT", (S3_PORT + 1).to_string())
+        .env("WEED_BASE_PORT", (S3_PORT + 10).to_string())
+        .output()
+        .map_err(|e| format!("objectstores.sh: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "objectstores.sh {action} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// A fresh server, and the bucket of this run: `<endpoint> <bucket>`, for [`S3_ENV`].
+pub async fn set_up(root: &Path, run: &str) -> Result<String, String> {
+    script(root, "down")?;
+    script(root, "up")?;
+    let endpoint = format!("http://127.0.0.1:{S3_PORT}");
     let bucket = format!("chaos-{run}");
     let created = fence(&endpoint, &bucket)?
         .client()

@@ -9,7 +9,7 @@ use crate::cluster::LEASE_SECONDS;
 use crate::history::{self, Expectations, JournalWrite, Verdict};
 use crate::operator_worker::{state_object, status_object};
 use crate::processes::{ELECTION_LEASE, ELECTION_RETRY};
-use crate::{dbstores, s3_store};
+use crate::{dbstores, outbox_store, s3_store};
 
 /// After the faults stop, each Lease must be granted again within its duration plus
 /// this: the controller's and workers' watches that were cut reconnect with the backoff
@@ -29,6 +29,7 @@ pub async fn judge(
     out: &Path,
     store: &Path,
     servers: &dbstores::Servers,
+    relays: &outbox_store::Relays,
     leases: &[String],
     started: Instant,
     seed: u64,
@@ -71,6 +72,13 @@ pub async fn judge(
     verdict
         .violations
         .extend(s3_store::final_object_violations(&events, s3_objects));
+    let committed = db_journals.get("postgres").map_or(&[][..], Vec::as_slice);
+    match dbstores::admin_client().await {
+        Ok(admin) => verdict
+            .violations
+            .extend(relays.judge(&admin, committed).await),
+        Err(e) => verdict.violations.push(format!("outbox: {e}")),
+    }
     for v in &verdict.violations {
         println!("chaos: VIOLATION: {v}");
     }
