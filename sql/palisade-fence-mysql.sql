@@ -9,7 +9,10 @@
 -- call never installs anything. Running it again is harmless (grants on the function
 -- survive CREATE OR REPLACE); it records its version in palisade.version and refuses
 -- to replace a newer one. DDL commits as it goes: run it outside a transaction, and
--- again if it was interrupted.
+-- again if it was interrupted. Replacing the function waits for every open
+-- transaction that called it, and new calls queue behind the replacement: the file
+-- waits at most 10 s (lock_wait_timeout, error 1205), so install when setting up or
+-- upgrading, not while writers hold transactions open.
 --
 -- Binary log. With log_bin on, creating a function that is NOT DETERMINISTIC and
 -- MODIFIES SQL DATA fails with error 1418 for every account, SUPER included, unless
@@ -72,6 +75,10 @@
 -- Autocommit: the call is a transaction of its own and protects nothing after it.
 
 DELIMITER //
+
+-- Bounded waits for metadata locks (the caller's setting comes back at the end).
+SET @palisade_caller_lock_wait_timeout = @@SESSION.lock_wait_timeout //
+SET SESSION lock_wait_timeout = 10 //
 
 CREATE DATABASE IF NOT EXISTS palisade CHARACTER SET utf8mb4 COLLATE utf8mb4_bin //
 
@@ -173,6 +180,7 @@ BEGIN
 END //
 
 SET SESSION sql_mode = @palisade_caller_sql_mode //
+SET SESSION lock_wait_timeout = @palisade_caller_lock_wait_timeout //
 
 INSERT INTO palisade.version (only_row, version) VALUES (1, 1)
   ON DUPLICATE KEY UPDATE version = VALUES(version) //

@@ -45,7 +45,12 @@
 //!   128 characters SIGNAL allows, the highest mark before the key, and is parsed back
 //!   into [`Stale`].
 //! - *Lock waits*: InnoDB's `innodb_lock_wait_timeout` is whole seconds, so the CLI
-//!   rounds `--lock-timeout` up; 1205 is [`Error::LockTimeout`].
+//!   rounds `--lock-timeout` up; 1205 is [`Error::LockTimeout`]. Installing again
+//!   replaces the function, which needs its metadata lock: it waits for every open
+//!   transaction that called the function, and new calls queue behind it. A
+//!   transaction waiting on a fencer that waits on the install would hang for
+//!   `lock_wait_timeout` (a day by default; `tests/mysql` met it), so the file bounds
+//!   the install's wait to 10 s.
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Transaction};
@@ -134,8 +139,17 @@ impl Error {
 pub async fn install(conn: &mut Conn) -> Result<(), Error> {
     for statement in statements(SQL) {
         if let Err(e) = conn.query_drop(statement).await {
-            // The installers' lock is the session's: free it for the next installer.
+            // The installers' lock is the session's: free it for the next installer,
+            // and give the session its settings back (best effort: a broken
+            // connection has neither).
             let _ = conn.query_drop("DO RELEASE_LOCK('palisade.install')").await;
+            let _ = conn
+                .query_drop(
+                    "SET SESSION sql_mode = COALESCE(@palisade_caller_sql_mode, @@sql_mode), \
+                     lock_wait_timeout = COALESCE(@palisade_caller_lock_wait_timeout, \
+                     @@lock_wait_timeout)",
+                )
+                .await;
             return Err(Error::Mysql(e));
         }
     }

@@ -11,7 +11,8 @@ use crate::{APP_USER, SERVER, admin_url, connect, connect_app, setup};
 
 #[test]
 fn installing_again_changes_nothing_and_keeps_the_writers_grants() {
-    let _server = SERVER.read().unwrap();
+    // Writing: installing waits for other tests' open transactions that fenced.
+    let _server = SERVER.write().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("reinstall");
         let mut admin = setup().await;
@@ -126,5 +127,47 @@ fn an_older_file_never_replaces_a_newer_install() {
         mysql::install(&mut other)
             .await
             .expect("the same version installs again");
+    });
+}
+
+/// Installing again replaces the function, which waits for every open transaction
+/// that called it while new calls queue behind it: the install gives up after 10 s
+/// (1205) instead of stalling the key's fencers for `lock_wait_timeout` (a day), and
+/// gives the installer's session its settings back.
+#[test]
+fn installing_while_a_fenced_transaction_is_open_gives_up_after_10s() {
+    let _server = SERVER.write().unwrap_or_else(|e| e.into_inner());
+    runtime().block_on(async {
+        let key = databases::unique("install-wait");
+        let mut holder = setup().await;
+        let mut held = crate::begin(&mut holder, mysql_async::IsolationLevel::RepeatableRead).await;
+        mysql::admit(&mut held, &key, 1).await.unwrap();
+        let mut installer = connect().await;
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            mysql::install(&mut installer),
+        )
+        .await
+        .expect("the install's wait is bounded");
+        let waited = started.elapsed();
+        let err = result.unwrap_err();
+        assert_eq!(err.server_code(), Some(1205), "{err:?}");
+        assert!(waited >= std::time::Duration::from_secs(9), "{waited:?}");
+        let settings: Option<(u64, String)> = installer
+            .query_first("SELECT @@SESSION.lock_wait_timeout, @@SESSION.sql_mode")
+            .await
+            .unwrap();
+        let (timeout, sql_mode) = settings.unwrap();
+        assert_ne!(timeout, 10, "the session's lock_wait_timeout came back");
+        assert!(!sql_mode.contains("STRICT_ALL_TABLES"), "{sql_mode}");
+        // Fencers go on once the install gave up, and it installs after the holder ends.
+        mysql::admit_with(&mut connect_app().await, &databases::unique("after"), 1)
+            .await
+            .unwrap();
+        held.commit().await.unwrap();
+        mysql::install(&mut installer)
+            .await
+            .expect("install after the holder ended");
     });
 }

@@ -3,11 +3,11 @@
 //! install, stale and equal tokens, bad input, the least-privilege writer, the fence
 //! in the write's own statement against a separate statement whose error is ignored,
 //! racing writers at each isolation level (and the same race without the fence), a
-//! held row lock, and the CLI.
+//! held row lock, a server crash, and the CLI.
 //!
 //! The server is shared with other test runs; the database `palisade` is the fence's
-//! own name, so the tests that drop it or change its version take [`SERVER`] for
-//! writing, every other test for reading. The application's tables live in
+//! own name, so the tests that drop it, change its version or restart the server
+//! take [`SERVER`] for writing, every other test for reading. The application's tables live in
 //! [`TEST_DB`]; keys are unique per test and run.
 #![cfg(feature = "mysql")]
 
@@ -21,11 +21,13 @@ use support::databases;
 
 mod cli;
 mod concurrency;
+mod crash;
 mod install;
 mod refusals;
 mod statements;
 
-/// The tests that drop or downgrade the database `palisade` take this for writing.
+/// The tests that drop or downgrade the database `palisade`, or restart the server,
+/// take this for writing.
 static SERVER: RwLock<()> = RwLock::new(());
 
 /// The application's database: the journal the writers append to.
@@ -66,14 +68,18 @@ async fn connect_app() -> Conn {
     connect_to(&url_as(APP_USER, TEST_DB)).await
 }
 
-/// The fence installed, the accounts and grants docs/fences.md documents, and the
-/// journal table; idempotent. One test at a time: concurrent GRANTs on one account
-/// may deadlock on the privilege tables.
+/// The fence installed (once per run: installing replaces the function, which waits
+/// for the open transactions of other tests that called it), the accounts and grants
+/// docs/fences.md documents, and the journal table; idempotent. One test at a time:
+/// concurrent GRANTs on one account may deadlock on the privilege tables.
 async fn setup() -> Conn {
-    static SETUP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    static INSTALLED: tokio::sync::Mutex<bool> = tokio::sync::Mutex::const_new(false);
     let mut conn = connect().await;
-    let _one = SETUP.lock().await;
-    mysql::install(&mut conn).await.expect("install");
+    let mut installed = INSTALLED.lock().await;
+    if !*installed {
+        mysql::install(&mut conn).await.expect("install");
+        *installed = true;
+    }
     conn.query_drop(format!(
         "CREATE DATABASE IF NOT EXISTS {TEST_DB};
          CREATE TABLE IF NOT EXISTS {TEST_DB}.fenced_writes (

@@ -81,6 +81,9 @@ fn install_refusal(e: &crate::fence::mysql::Error) -> Refusal {
     let hint = if e.server_code() == Some(1418) {
         "this server has a binary log: set log_bin_trust_function_creators = 1 for the \
          install (see sql/palisade-fence-mysql.sql)"
+    } else if e.server_code() == Some(1205) {
+        "open transactions that called palisade.fence hold it: install again when they \
+         have ended"
     } else {
         "run --create as an account that may create the database palisade and routines in it"
     };
