@@ -134,7 +134,9 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    match history::self_check().and_then(|n| Ok(n + watch_caches::self_check()?)) {
+    match history::self_check().and_then(|n| {
+        Ok(n + watch_caches::self_check()? + s3_store::self_check()? + outbox_store::self_check()?)
+    }) {
         Ok(n) => println!("chaos: checker self-check: {n} planted violations all reported"),
         Err(e) => {
             eprintln!("chaos: checker self-check failed: {e}");

@@ -12,13 +12,13 @@
 //! refuses), every intent was delivered, and the provider executed each one exactly
 //! once and nothing else.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use support::provider::Provider;
+use support::provider::{KeyRecord, Provider};
 use tokio_postgres::{Client, Transaction};
 
 use crate::cluster::NAMESPACE;
@@ -148,7 +148,7 @@ impl Relays {
             match pending_and_intents(admin).await {
                 Ok((0, intents)) => break intents,
                 Ok((pending, intents)) if started.elapsed() > DRAIN_LIMIT => {
-                    let mut violations = judge_intents(&intents, writes, &self.provider);
+                    let mut violations = judge_intents(&intents, writes, &self.provider.keys());
                     violations.push(format!(
                         "outbox: {pending} intents still undelivered {} s after the run",
                         DRAIN_LIMIT.as_secs()
@@ -159,7 +159,7 @@ impl Relays {
                 Err(e) => return vec![format!("outbox: reading palisade.outbox: {e}")],
             }
         };
-        let violations = judge_intents(&intents, writes, &self.provider);
+        let violations = judge_intents(&intents, writes, &self.provider.keys());
         println!(
             "chaos: outbox: {} intents, each delivered; the provider saw {} requests for them",
             intents.len(),
@@ -190,7 +190,11 @@ async fn pending_and_intents(admin: &Client) -> Result<(usize, Vec<Intent>), Str
     Ok((pending, intents))
 }
 
-fn judge_intents(intents: &[Intent], writes: &[JournalWrite], provider: &Provider) -> Vec<String> {
+fn judge_intents(
+    intents: &[Intent],
+    writes: &[JournalWrite],
+    keys: &HashMap<String, KeyRecord>,
+) -> Vec<String> {
     let mut violations = Vec::new();
     let identify = |w: &JournalWrite| (w.worker.clone(), w.seq, w.lease.clone(), w.token);
     let committed: BTreeSet<_> = writes.iter().map(identify).collect();
@@ -218,7 +222,6 @@ fn judge_intents(intents: &[Intent], writes: &[JournalWrite], provider: &Provide
             missing.1, missing.0
         ));
     }
-    let keys = provider.keys();
     for (id, _, _) in intents {
         match keys.get(id).map(|k| k.executions) {
             Some(1) => {}
@@ -235,4 +238,83 @@ fn judge_intents(intents: &[Intent], writes: &[JournalWrite], provider: &Provide
         ));
     }
     violations
+}
+
+/// The outbox's rules must be able to fail: each violation, planted in an otherwise
+/// clean outcome, is reported. Returns how many were planted.
+pub fn self_check() -> Result<usize, String> {
+    let write = |seq| JournalWrite {
+        lease: "l".into(),
+        token: 10,
+        worker: "a".into(),
+        seq,
+    };
+    let intent = |id: &str, seq, state: &str| (id.to_string(), write(seq), state.to_string());
+    let executed = |ids: &[(&str, u32)]| -> HashMap<String, KeyRecord> {
+        ids.iter()
+            .map(|(id, executions)| {
+                let record = KeyRecord {
+                    executions: *executions,
+                    ..KeyRecord::default()
+                };
+                (id.to_string(), record)
+            })
+            .collect()
+    };
+    let writes = [write(1), write(2)];
+    let clean = [intent("i1", 1, "delivered"), intent("i2", 2, "delivered")];
+    let found = judge_intents(&clean, &writes, &executed(&[("i1", 1), ("i2", 1)]));
+    if !found.is_empty() {
+        return Err(format!("a clean outbox was flagged: {found:?}"));
+    }
+    let cases: [(&str, Vec<Intent>, &[JournalWrite], &[(&str, u32)], &str); 5] = [
+        (
+            "an intent without its write",
+            vec![
+                clean[0].clone(),
+                clean[1].clone(),
+                intent("i3", 3, "delivered"),
+            ],
+            &writes,
+            &[("i1", 1), ("i2", 1), ("i3", 1)],
+            "has no committed write",
+        ),
+        (
+            "a write without its intent",
+            vec![clean[0].clone()],
+            &writes,
+            &[("i1", 1)],
+            "has no intent",
+        ),
+        (
+            "an intent executed twice",
+            clean.to_vec(),
+            &writes,
+            &[("i1", 2), ("i2", 1)],
+            "2 times",
+        ),
+        (
+            "an intent never delivered",
+            vec![clean[0].clone(), intent("i2", 2, "pending")],
+            &writes,
+            &[("i1", 1)],
+            "ended pending",
+        ),
+        (
+            "an execution of no intent",
+            clean.to_vec(),
+            &writes,
+            &[("i1", 1), ("i2", 1), ("x", 1)],
+            "which is no intent",
+        ),
+    ];
+    for (name, intents, writes, ids, needle) in &cases {
+        let found = judge_intents(intents, writes, &executed(ids));
+        if !found.iter().any(|v| v.contains(needle)) {
+            return Err(format!(
+                "planted outbox violation \"{name}\" was not reported (got {found:?})"
+            ));
+        }
+    }
+    Ok(cases.len())
 }

@@ -175,3 +175,40 @@ impl Writer {
         }
     }
 }
+
+/// The final-object rule must be able to fail: an object below an acknowledged token
+/// is reported, and one at it is not. Returns how many violations were planted.
+pub fn self_check() -> Result<usize, String> {
+    let acknowledged = |token| Event::Write {
+        worker: "b".into(),
+        lease: "l".into(),
+        store: STORE.into(),
+        token,
+        seq: 1,
+        start_ns: 1,
+        end_ns: 2,
+        outcome: Outcome::Accepted,
+        rv: None,
+        detail: String::new(),
+    };
+    let held = |token| JournalWrite {
+        lease: "l".into(),
+        token,
+        worker: "a".into(),
+        seq: 7,
+    };
+    let events = [acknowledged(10), acknowledged(20)];
+    let clean = final_object_violations(&events, &[held(20)]);
+    if !clean.is_empty() {
+        return Err(format!("a clean S3 object was flagged: {clean:?}"));
+    }
+    for (name, objects) in [
+        ("an object below its highest write", vec![held(10)]),
+        ("no object", vec![]),
+    ] {
+        if final_object_violations(&events, &objects).is_empty() {
+            return Err(format!("planted S3 violation \"{name}\" was not reported"));
+        }
+    }
+    Ok(2)
+}
