@@ -162,8 +162,11 @@ async fn install(store: String) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(e @ Error::NotInstalled { .. }) => {
-            eprintln!("palisade outbox install: {e}");
+        Err(Error::NotInstalled { reason }) => {
+            eprintln!(
+                "palisade outbox install: refused: {reason}; `palisade fence --store URL \
+                 --create` installs it"
+            );
             ExitCode::FAILURE
         }
         Err(e) => {
