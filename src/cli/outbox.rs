@@ -65,7 +65,7 @@ pub struct RelayArgs {
     /// leaseDurationSeconds of the Lease, when this command creates it.
     #[arg(long, default_value = "15s", value_parser = parse_lease_duration)]
     pub duration: Duration,
-    /// The fence key of the relay's claims and records [default: <namespace>/<lease>].
+    /// The fence key of the relay's claims and records [default: NAMESPACE/LEASE].
     #[arg(long)]
     pub key: Option<String>,
     /// Holder identity [default: $POD_NAME, else the host name].
@@ -162,8 +162,11 @@ async fn install(store: String) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(e @ Error::NotInstalled { .. }) => {
-            eprintln!("palisade outbox install: {e}");
+        Err(Error::NotInstalled { reason }) => {
+            eprintln!(
+                "palisade outbox install: refused: {reason}; `palisade fence --store URL \
+                 --create` installs it"
+            );
             ExitCode::FAILURE
         }
         Err(e) => {

@@ -16,6 +16,9 @@
 //!   [`Backoff::after`] its attempts, capped, forever (the state machine is the SQL's).
 //!   The database being unreachable is retried with the same backoff while the grant
 //!   is held; a missing install or bad input ends the relay.
+//! - *Every claim and record is one statement* (the answers that arrived together
+//!   are recorded by one, in one commit): the relay never holds its key's mark locked
+//!   across round trips, so a relay stopped mid-batch cannot block its successor.
 //! - *Polling*, every [`RelayConfig::poll`] when nothing is due: one cheap
 //!   transaction, and a relay that needs no trigger or notification channel.
 
@@ -289,8 +292,10 @@ async fn claim(
         .collect()
 }
 
-/// Records the answers that arrived together in one transaction: one commit (and
-/// one fsync) for all. Nothing else uses `db` meanwhile (claims wait for the batch).
+/// Records the answers that arrived together with one statement: one commit (one
+/// fsync) for all, and no transaction held open across round trips, where a relay
+/// stopped between two of them would keep its key's mark locked and its successor
+/// waiting on it. PF001 on any fails them all: a stale relay records none.
 async fn record(
     db: &Client,
     key: &str,
@@ -298,39 +303,34 @@ async fn record(
     answers: &[(String, u32, Answer)],
     backoff: Backoff,
 ) -> Result<(), Error> {
-    let recorded = async {
-        db.batch_execute("BEGIN").await?;
-        let statement = db
-            .prepare(
-                "SELECT palisade.outbox_record($1, $2, $3::text::uuid, $4, $5, \
-                 $6::bigint * interval '1 millisecond')",
-            )
-            .await?;
-        let token_sql = token as i64;
-        let calls = answers.iter().map(|(id, attempts, answer)| {
-            let status = answer.status.map(i32::from);
-            let retry_ms = backoff.after(*attempts).as_millis().min(i64::MAX as u128) as i64;
-            let statement = &statement;
-            async move {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                    [&key, &token_sql, id, &status, &answer.text, &retry_ms];
-                let row = db.query_one(statement, &params).await?;
-                let state: String = row.try_get(0)?;
-                debug!(intent = id, status = ?answer.status, state, "recorded the provider's answer");
-                Ok::<_, tokio_postgres::Error>(())
-            }
-        });
-        // Sent together on the one connection (pipelined), answered in order.
-        futures::future::try_join_all(calls).await?;
-        db.batch_execute("COMMIT").await
-    };
-    match recorded.await {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = db.batch_execute("ROLLBACK").await;
-            Err(classify(e, key, token))
-        }
+    let ids: Vec<&str> = answers.iter().map(|(id, ..)| id.as_str()).collect();
+    let statuses: Vec<Option<i32>> = answers
+        .iter()
+        .map(|(_, _, answer)| answer.status.map(i32::from))
+        .collect();
+    let texts: Vec<&str> = answers.iter().map(|(.., a)| a.text.as_str()).collect();
+    let retry_ms: Vec<i64> = answers
+        .iter()
+        .map(|(_, attempts, _)| backoff.after(*attempts).as_millis().min(i64::MAX as u128) as i64)
+        .collect();
+    let rows = db
+        .query(
+            "SELECT r.id, palisade.outbox_record($1, $2, r.id::uuid, r.status, r.answer, \
+                                                 r.retry_ms * interval '1 millisecond') \
+             FROM unnest($3::text[], $4::int4[], $5::text[], $6::int8[]) \
+                  AS r(id, status, answer, retry_ms)",
+            &[&key, &(token as i64), &ids, &statuses, &texts, &retry_ms],
+        )
+        .await
+        .map_err(|e| classify(e, key, token))?;
+    for row in rows {
+        let (id, state): (String, String) = (
+            row.try_get(0).map_err(Error::Database)?,
+            row.try_get(1).map_err(Error::Database)?,
+        );
+        debug!(intent = id, state, "recorded the provider's answer");
     }
+    Ok(())
 }
 
 #[cfg(test)]

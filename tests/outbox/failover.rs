@@ -1,7 +1,7 @@
 //! Relay failover: a relay SIGKILLed with requests in flight, and a relay SIGSTOPped
 //! past its Lease and continued after its successor delivered. The successor sends
 //! the same keys again; the provider executes each intent once, and the stopped
-//! relay records nothing once continued.
+//! relay records nothing once continued. A relay stopped by SIGTERM hands over at once.
 
 use std::time::Duration;
 
@@ -137,4 +137,31 @@ async fn a_relay_paused_past_its_lease_records_nothing_once_continued() {
         "the paused relay recorded an answer:\n{log}"
     );
     drop(successor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_stopped_by_sigterm_releases_its_lease_and_exits_0() {
+    let (ns, _controller) = cluster("outbox-term").await;
+    let db = TestDb::new().await;
+    let mut client = db.connect().await;
+    let provider = Provider::start().await;
+    let mut first = Relay::start(&ns.name, "relay-a", &db, "relay", &provider.url(), &[]);
+    let first_token = holder_token(&ns, "relay", "relay-a holds the lease", |who, _| {
+        who == "relay-a"
+    })
+    .await;
+    let _second = Relay::start(&ns.name, "relay-b", &db, "relay", &provider.url(), &[]);
+    first.signal(libc::SIGTERM);
+    let status = tokio::time::timeout(LIMIT, first.child.wait())
+        .await
+        .expect("the relay exits after SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", first.log());
+    holder_token(&ns, "relay", "relay-b took over", |who, t| {
+        who == "relay-b" && t > first_token
+    })
+    .await;
+    let ids = enqueue_payments(&mut client, "shop/payments", 1, 3).await;
+    wait_state(&client, &ids, "delivered", LIMIT).await;
+    assert_executed_once(&provider, &ids);
 }

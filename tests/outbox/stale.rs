@@ -189,3 +189,33 @@ async fn a_writer_with_execute_only_enqueues_but_cannot_touch_the_outbox() {
     }
     assert_eq!(rows(&admin).await[&id].state, "pending");
 }
+
+#[tokio::test]
+async fn palisade_outbox_install_refuses_without_the_fence_then_installs() {
+    let db = TestDb::empty().await;
+    let install = || {
+        support::cli::palisade()
+            .args(["outbox", "install", "--store", &db.url])
+            .output()
+            .expect("run palisade outbox install")
+    };
+    let refused = install();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("palisade.fence(text, bigint) is not installed")
+            && stderr.contains("palisade fence --store URL --create"),
+        "{stderr}"
+    );
+    let fence = support::cli::fence(&db.url, &["--create"]);
+    assert!(fence.status.success(), "{fence:?}");
+    let installed = install();
+    assert!(installed.status.success(), "{installed:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&installed.stdout).trim(),
+        format!(
+            "palisade outbox schema version {} is installed",
+            outbox::SQL_VERSION
+        )
+    );
+}
