@@ -97,6 +97,7 @@ stop() { # pidfile
 }
 
 up() {
+  command -v curl >/dev/null || die "curl is needed to see the servers answer (apt-get install curl)"
   [[ -x $VENV/bin/weed && -x $VENV/bin/moto_server ]] ||
     die "$VENV has no weed or moto_server: make objectstores installs them"
   mkdir -p "$STATE_DIR"
