@@ -44,3 +44,8 @@ objectstores-down:
 
 objectstores-status:
 	@$(OBJECTSTORES_ENV) tests/objectstores/objectstores.sh status
+
+# The object-store fence's cost against a plain PUT (benches/fence_s3.rs), into BENCH_DIR.
+.PHONY: bench-fence-s3
+bench-fence-s3: objectstores
+	cargo bench --locked --bench fence_s3 -- --out $(or $(BENCH_DIR),target/bench)

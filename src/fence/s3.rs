@@ -282,17 +282,14 @@ impl S3Fence {
             }
             StatusCode::NOT_FOUND => Ok(None),
             status if status.is_success() => {
-                let unwrapped = envelope::unwrap(&reply.body).map_err(|reason| {
-                    if reason.starts_with("no ") || reason.contains("does not start") {
-                        Error::Unfenced {
-                            key: key.to_owned(),
-                        }
-                    } else {
-                        Error::Corrupt {
-                            key: key.to_owned(),
-                            reason,
-                        }
-                    }
+                let unwrapped = envelope::unwrap(&reply.body).map_err(|e| match e {
+                    envelope::NotFenced::Missing => Error::Unfenced {
+                        key: key.to_owned(),
+                    },
+                    envelope::NotFenced::Damaged(reason) => Error::Corrupt {
+                        key: key.to_owned(),
+                        reason,
+                    },
                 })?;
                 Ok(Some(FencedObject {
                     token: unwrapped.token,

@@ -62,14 +62,14 @@ start_weed() {
     "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY" >"$weed_dir/s3.json"
   port_taken "$S3_PORT" && die "127.0.0.1:$S3_PORT is taken by another process"
   # setsid and 9>&-: the server outlives this script and holds none of its locks.
-  # No bucket made by a PUT: a missing bucket is an error the tests show. Volumes of
-  # 256 MB, up to 16: the probe's racing writers send 9 MiB bodies.
+  # No bucket made by a PUT: a missing bucket is an error the tests show. Every bucket
+  # gets volumes of its own (not preallocated): up to 500 of at most 128 MB.
   setsid "$VENV/bin/weed" server -dir="$weed_dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
     -master.port="$WEED_BASE_PORT" -volume.port=$((WEED_BASE_PORT + 1)) \
     -filer.port=$((WEED_BASE_PORT + 2)) -s3 -s3.port="$S3_PORT" \
     -s3.port.grpc=$((WEED_BASE_PORT + 3)) -s3.port.iceberg=0 -s3.port.lance=0 \
     -s3.config="$weed_dir/s3.json" -s3.autoCreateBucket=false \
-    -master.volumeSizeLimitMB=256 -volume.max=16 \
+    -master.volumeSizeLimitMB=128 -volume.max=500 \
     >"$weed_dir/weed.log" 2>&1 </dev/null 9>&- &
   echo $! >"$weed_dir/weed.pid"
   wait_until weed_ready || fail_with_log "SeaweedFS did not answer on 127.0.0.1:$S3_PORT" "$weed_dir/weed.log"
@@ -97,6 +97,7 @@ stop() { # pidfile
 }
 
 up() {
+  command -v curl >/dev/null || die "curl is needed to see the servers answer (apt-get install curl)"
   [[ -x $VENV/bin/weed && -x $VENV/bin/moto_server ]] ||
     die "$VENV has no weed or moto_server: make objectstores installs them"
   mkdir -p "$STATE_DIR"

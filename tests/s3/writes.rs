@@ -88,3 +88,26 @@ fn an_object_written_unfenced_is_refused_not_overwritten() {
         );
     });
 }
+
+#[test]
+fn a_damaged_fenced_object_is_reported_not_overwritten() {
+    runtime().block_on(async {
+        let fence = fence().await;
+        let key = unique_key("damaged");
+        let body = Bytes::from_static(b"palisade-fence/1 token=abc write=x\npayload");
+        let meta = [(palisade::fence::s3::TOKEN_METADATA, "abc")];
+        let reply = fence.client().put(&key, body, &Condition::None, &meta);
+        assert!(reply.await.unwrap().status.is_success());
+        let refused = fence.put(&key, 1, b"x".to_vec()).await;
+        assert!(
+            matches!(&refused, Err(Error::Corrupt { .. })),
+            "{refused:?}"
+        );
+        assert!(refused.unwrap_err().to_string().contains("\"abc\""));
+        let read = fence.get(&key).await;
+        assert!(
+            matches!(&read, Err(Error::Corrupt { reason, .. }) if reason.contains("token")),
+            "{read:?}"
+        );
+    });
+}

@@ -35,31 +35,40 @@ pub struct Unwrapped<'a> {
     pub payload: &'a [u8],
 }
 
-/// Takes the header line off; `Err` says why the bytes are not a fenced object.
-pub fn unwrap(bytes: &[u8]) -> Result<Unwrapped<'_>, String> {
+/// Why bytes are not a fenced object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotFenced {
+    /// They do not start with [`MAGIC`]: written by something else.
+    Missing,
+    /// They start with [`MAGIC`], but the header line is damaged.
+    Damaged(String),
+}
+
+/// Takes the header line off.
+pub fn unwrap(bytes: &[u8]) -> Result<Unwrapped<'_>, NotFenced> {
+    if !bytes.starts_with(format!("{MAGIC} ").as_bytes()) {
+        return Err(NotFenced::Missing);
+    }
+    let damaged = |what: &str| NotFenced::Damaged(format!("the {MAGIC} header line {what}"));
     let end = bytes
         .iter()
         .take(MAX_HEADER)
         .position(|&b| b == b'\n')
-        .ok_or_else(|| format!("no {MAGIC} header line"))?;
-    let header = std::str::from_utf8(&bytes[..end])
-        .map_err(|_| format!("the {MAGIC} header line is not UTF-8"))?;
-    let mut fields = header.split(' ');
-    if fields.next() != Some(MAGIC) {
-        return Err(format!("the object does not start with {MAGIC}"));
-    }
+        .ok_or_else(|| damaged("has no end"))?;
+    let header = std::str::from_utf8(&bytes[..end]).map_err(|_| damaged("is not UTF-8"))?;
+    let mut fields = header.split(' ').skip(1);
     let token = fields
         .next()
         .and_then(|f| f.strip_prefix("token="))
         .and_then(|t| t.parse::<u64>().ok())
-        .ok_or_else(|| format!("the {MAGIC} header line has no valid token"))?;
+        .ok_or_else(|| damaged("has no valid token"))?;
     let write_id = fields
         .next()
         .and_then(|f| f.strip_prefix("write="))
         .filter(|id| !id.is_empty())
-        .ok_or_else(|| format!("the {MAGIC} header line has no write id"))?;
+        .ok_or_else(|| damaged("has no write id"))?;
     if fields.next().is_some() {
-        return Err(format!("the {MAGIC} header line has extra fields"));
+        return Err(damaged("has extra fields"));
     }
     Ok(Unwrapped {
         token,
@@ -112,16 +121,18 @@ mod tests {
         for bytes in [
             &b"plain object"[..],
             b"plain\nobject",
-            b"palisade-fence/1 token=abc write=x\n",
-            b"palisade-fence/1 token=5\n",
-            b"palisade-fence/1 token=5 write=x extra\n",
             b"palisade-fence/2 token=5 write=x\n",
         ] {
-            assert!(
-                unwrap(bytes).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bytes)
-            );
+            assert_eq!(unwrap(bytes), Err(NotFenced::Missing));
+        }
+        for bytes in [
+            &b"palisade-fence/1 token=abc write=x\n"[..],
+            b"palisade-fence/1 token=5 write=x",
+            b"palisade-fence/1 token=5\n",
+            b"palisade-fence/1 token=5 write=x extra\n",
+        ] {
+            let damaged = matches!(unwrap(bytes), Err(NotFenced::Damaged(_)));
+            assert!(damaged, "{:?}", String::from_utf8_lossy(bytes));
         }
     }
 

@@ -31,6 +31,9 @@ use tokio::task::JoinSet;
 
 use super::{Condition, Error, S3Client, envelope};
 
+/// The longest a racing writer holds its last byte for the others.
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
 /// How hard to probe.
 #[derive(Debug, Clone)]
 pub struct ProbeOptions {
@@ -371,8 +374,9 @@ async fn race_round(
         body.resize(options.body_bytes.max(body.len()), b'.');
         let (client, key, condition) = (client.clone(), key.to_owned(), condition.clone());
         let all_sent = all_sent.clone();
+        // Bounded: a writer the server answered early never reaches the barrier.
         let release = async move {
-            all_sent.wait().await;
+            let _ = tokio::time::timeout(RELEASE_WAIT, all_sent.wait()).await;
         };
         writers.spawn(async move {
             let reply = client
