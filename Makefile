@@ -377,6 +377,7 @@ test-bench-smoke: conformance-go-driver conformance-java-driver
 		--steady 1 --warmup 0 --baseline 1 --out target/bench-smoke
 	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
 	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
+	cargo test --locked --bench fence_s3 -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench outbox -- --intents 200 --rounds 1 --out target/bench-smoke
 	$(CONFORMANCE_ENV) cargo test --locked --bench agent -- --rounds 4 --leases 3 --steady 2 --out target/bench-smoke
 	cargo test --locked --bench ha -- --rounds 3 --failovers 1 --out target/bench-smoke
@@ -428,7 +429,7 @@ BENCH_DIR := target/bench
 # and at 1,000 a second one with library waiters.
 SCALE_ARGS ?=
 RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
-bench: cluster databases linkproxy conformance-go-driver conformance-java-driver
+bench: cluster databases objectstores linkproxy conformance-go-driver conformance-java-driver
 	@rm -f $(BENCH_DIR)/*.json $(BENCH_DIR)/results.md $(BENCH_DIR)/*.png
 	@mkdir -p $(BENCH_DIR)
 	cargo bench --locked --no-run --bench handover --bench agent --bench report --bench ha --bench operator
@@ -443,6 +444,8 @@ bench: cluster databases linkproxy conformance-go-driver conformance-java-driver
 	echo "make bench: scale done at $$SECONDS s"; \
 	cargo bench --locked --bench fence_db -- --out $(BENCH_DIR) $(FENCE_DB_ARGS) || failed="$$failed fence-db"; \
 	echo "make bench: fencing in PostgreSQL and Redis done at $$SECONDS s"; \
+	cargo bench --locked --bench fence_s3 -- --out $(BENCH_DIR) $(FENCE_S3_ARGS) || failed="$$failed fence-s3"; \
+	echo "make bench: the object-store fence done at $$SECONDS s"; \
 	cargo bench --locked --bench outbox -- --out $(BENCH_DIR) $(OUTBOX_BENCH_ARGS) || failed="$$failed outbox"; \
 	echo "make bench: the fenced outbox's relay done at $$SECONDS s"; \
 	$(CONFORMANCE_ENV) cargo bench --locked --bench agent -- --out $(BENCH_DIR) $(AGENT_BENCH_ARGS) || failed="$$failed agent"; \
