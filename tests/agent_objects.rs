@@ -3,7 +3,9 @@
 //! control plane and a real S3 server (SeaweedFS, `make objectstores`; its endpoint in
 //! `PALISADE_TEST_S3`, the credentials in `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`).
 //!
-//! The S3 server is shared with other runs: every test makes a bucket of its own.
+//! The S3 server is shared with other runs: every test writes keys of its own in one
+//! bucket ([`BUCKET`], tests/s3's): SeaweedFS gives every bucket volumes of its own, and
+//! the Makefile's server has room for a few buckets only.
 #![cfg(feature = "s3")]
 
 use std::path::PathBuf;
@@ -16,6 +18,8 @@ use support::{ControllerProcess, TestNamespace, free_port, kubeconfig_path, setu
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
+/// The bucket the tests share (made on first use).
+const BUCKET: &str = "palisade-tests";
 /// The credentials `make objectstores` configures (mk/objectstores.mk), unless the
 /// environment has others.
 const ACCESS_KEY_DEFAULT: &str = "palisade-test";
@@ -45,9 +49,10 @@ fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.into())
 }
 
-/// The library's fence on a bucket of this test's own, made here.
-async fn own_bucket(name: &str) -> (String, S3Fence) {
-    let bucket = support::databases::unique(name).replace('_', "-");
+/// The library's fence on [`BUCKET`] (made if missing), and a key prefix of the
+/// test's own.
+async fn shared_bucket(name: &str) -> (String, String, S3Fence) {
+    let bucket = BUCKET.to_string();
     let config = S3Config {
         endpoint: endpoint(),
         region: env_or("AWS_REGION", "us-east-1"),
@@ -61,12 +66,17 @@ async fn own_bucket(name: &str) -> (String, S3Fence) {
     };
     let fence = S3Fence::new(&config).expect("S3 configuration");
     let reply = fence.client().create_bucket().await.expect("create bucket");
+    // 409: the bucket exists already (BucketAlreadyOwnedByYou, BucketAlreadyExists).
     assert!(
-        reply.status.is_success(),
+        reply.status.is_success() || reply.status.as_u16() == 409,
         "creating bucket {bucket}: {}",
         reply.describe()
     );
-    (bucket, fence)
+    (
+        bucket,
+        format!("agent/{}", support::databases::unique(name)),
+        fence,
+    )
 }
 
 struct AgentProcess {
@@ -199,19 +209,20 @@ async fn stored(fence: &S3Fence, key: &str) -> (u64, String) {
 async fn a_holder_writes_with_its_grants_token_and_a_released_one_writes_nothing() {
     let ns = setup("agent-objects").await;
     let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
-    let (bucket, fence) = own_bucket("agent-holder").await;
+    let (bucket, prefix, fence) = shared_bucket("holder").await;
     let agent = AgentProcess::start(&ns, true).await;
     let (first, second) = (agent.session().await, agent.session().await);
     let n = &ns.name;
     // A key with slashes: the route takes the rest of the path.
-    let object = format!("{bucket}/reports/2026/q4.txt");
+    let key = format!("{prefix}/reports/2026/q4.txt");
+    let object = format!("{bucket}/{key}");
 
     let token = agent.hold(&first, "reports").await;
     let (status, written) = agent.put(&first, n, "reports", &object, "first").await;
     assert_eq!(status, 200, "{written}");
     assert_eq!(written["token"].as_u64(), Some(token), "{written}");
     assert_eq!(written["bucket"].as_str(), Some(bucket.as_str()));
-    assert_eq!(written["key"].as_str(), Some("reports/2026/q4.txt"));
+    assert_eq!(written["key"].as_str(), Some(key.as_str()));
     assert!(written.get("previousToken").is_none(), "{written}");
     assert!(written["etag"].as_str().is_some(), "{written}");
     let path = format!("/v1/sessions/{first}/leases/{n}/reports/objects/{object}");
@@ -252,10 +263,7 @@ async fn a_holder_writes_with_its_grants_token_and_a_released_one_writes_nothing
         (409, Some("grant_not_held")),
         "{refused}"
     );
-    assert_eq!(
-        stored(&fence, "reports/2026/q4.txt").await,
-        (newer, "second".into())
-    );
+    assert_eq!(stored(&fence, &key).await, (newer, "second".into()));
 }
 
 /// The grant the agent holds is stale at the store: a newer holder (here the library,
@@ -265,17 +273,18 @@ async fn a_holder_writes_with_its_grants_token_and_a_released_one_writes_nothing
 async fn the_store_refuses_a_grant_whose_token_a_newer_holder_passed() {
     let ns = setup("agent-objects-stale").await;
     let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
-    let (bucket, fence) = own_bucket("agent-stale").await;
+    let (bucket, prefix, fence) = shared_bucket("stale").await;
     let agent = AgentProcess::start(&ns, true).await;
     let session = agent.session().await;
     let n = &ns.name;
-    let object = format!("{bucket}/ledger");
+    let key = format!("{prefix}/ledger");
+    let object = format!("{bucket}/{key}");
 
     let token = agent.hold(&session, "ledger").await;
     let (status, written) = agent.put(&session, n, "ledger", &object, "mine").await;
     assert_eq!(status, 200, "{written}");
     fence
-        .put("ledger", token + 1, b"the newer holder's".to_vec())
+        .put(&key, token + 1, b"the newer holder's".to_vec())
         .await
         .unwrap();
 
@@ -292,7 +301,7 @@ async fn the_store_refuses_a_grant_whose_token_a_newer_holder_passed() {
     );
     assert!(refused["message"].as_str().is_some_and(|m| !m.is_empty()));
     assert_eq!(
-        stored(&fence, "ledger").await,
+        stored(&fence, &key).await,
         (token + 1, "the newer holder's".into())
     );
 }
