@@ -1,10 +1,16 @@
 //! The thin clients' own test suites (`go test` in clients/go, pytest in
 //! clients/python, Maven's in clients/java), run against a real agent on the local
 //! control plane: a controller and a `palisade agent` for a namespace of their own,
-//! whose socket the suites find in PALISADE_AGENT_SOCKET.
+//! whose socket the suites find in PALISADE_AGENT_SOCKET. The agent has the S3 server
+//! of `make objectstores` (PALISADE_TEST_S3) in its environment, and the suites a
+//! bucket of their own there (PALISADE_TEST_S3_BUCKET) holding one object a newer
+//! holder wrote (PALISADE_TEST_S3_STALE_KEY), for the clients' object writes.
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
+
+use palisade::fence::s3::{S3Config, S3Fence};
 
 use support::tools::run_suite;
 use support::{ControllerProcess, kubeconfig_path, repo_root, setup};
@@ -29,6 +35,16 @@ async fn agent_for(
         .arg("--token-dir")
         .arg(dir.join("leases"))
         .env("KUBECONFIG", kubeconfig_path())
+        .env("AWS_ENDPOINT_URL_S3", s3_endpoint())
+        .env(
+            "AWS_ACCESS_KEY_ID",
+            env_or("AWS_ACCESS_KEY_ID", "palisade-test"),
+        )
+        .env(
+            "AWS_SECRET_ACCESS_KEY",
+            env_or("AWS_SECRET_ACCESS_KEY", "palisade-test-secret"),
+        )
+        .env("AWS_REGION", env_or("AWS_REGION", "us-east-1"))
         .kill_on_drop(true)
         .spawn()
         .expect("spawning palisade agent");
@@ -36,15 +52,70 @@ async fn agent_for(
     (controller, agent, socket)
 }
 
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.into())
+}
+
+/// The S3 server of `make objectstores` (the Makefile's default otherwise).
+fn s3_endpoint() -> String {
+    env_or("PALISADE_TEST_S3", "http://127.0.0.1:18333")
+}
+
+/// The bucket the tests share (tests/s3's: SeaweedFS gives every bucket volumes of
+/// its own, and the Makefile's server has room for a few buckets only), and the key of
+/// an object in it written with a token no grant of the run reaches (as by a newer
+/// holder): the suites' object writes.
+async fn object_store(suite: &str) -> (String, String) {
+    let bucket = "palisade-tests".to_string();
+    let fence = S3Fence::new(&S3Config {
+        endpoint: s3_endpoint(),
+        region: env_or("AWS_REGION", "us-east-1"),
+        bucket: bucket.clone(),
+        access_key_id: env_or("AWS_ACCESS_KEY_ID", "palisade-test"),
+        secret_access_key: env_or("AWS_SECRET_ACCESS_KEY", "palisade-test-secret"),
+        session_token: None,
+        path_style: true,
+        timeout: Duration::from_secs(30),
+        max_attempts: 16,
+    })
+    .expect("S3 configuration");
+    let created = fence.client().create_bucket().await;
+    let created = created.unwrap_or_else(|e| {
+        panic!(
+            "creating bucket {bucket} at {} (`make objectstores` starts the server): {e}",
+            s3_endpoint()
+        )
+    });
+    // 409: the bucket exists already.
+    let status = created.status.as_u16();
+    assert!(status < 300 || status == 409, "{}", created.describe());
+    let stale_key = format!(
+        "clients/{}/written-by-a-newer-holder",
+        support::databases::unique(suite)
+    );
+    fence
+        .put(
+            &stale_key,
+            i64::MAX as u64 / 2,
+            b"the newer holder's".to_vec(),
+        )
+        .await
+        .expect("writing the newer holder's object");
+    (bucket, stale_key)
+}
+
 #[tokio::test]
 async fn the_go_client_passes_its_tests_against_the_agent() {
     let ns = setup("client-go").await;
     let dir = tempfile::tempdir().unwrap();
     let (_controller, _agent, socket) = agent_for(&ns.name, dir.path()).await;
+    let (bucket, stale_key) = object_store("client-go").await;
     let mut go = Command::new("go");
     go.args(["test", "-count=1", "./..."])
         .current_dir(repo_root().join("clients/go"))
-        .env("PALISADE_AGENT_SOCKET", &socket);
+        .env("PALISADE_AGENT_SOCKET", &socket)
+        .env("PALISADE_TEST_S3_BUCKET", bucket)
+        .env("PALISADE_TEST_S3_STALE_KEY", stale_key);
     run_suite("go test (clients/go)", go);
 }
 
@@ -59,12 +130,15 @@ async fn the_python_client_passes_its_tests_against_the_agent() {
     let ns = setup("client-python").await;
     let dir = tempfile::tempdir().unwrap();
     let (_controller, _agent, socket) = agent_for(&ns.name, dir.path()).await;
+    let (bucket, stale_key) = object_store("client-python").await;
     let mut pytest = Command::new(python);
     pytest
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .current_dir(repo_root().join("clients/python"))
         .env("PALISADE_AGENT_SOCKET", &socket)
-        .env("PALISADE_TEST_POSTGRES", support::databases::postgres_url());
+        .env("PALISADE_TEST_POSTGRES", support::databases::postgres_url())
+        .env("PALISADE_TEST_S3_BUCKET", bucket)
+        .env("PALISADE_TEST_S3_STALE_KEY", stale_key);
     run_suite("pytest (clients/python)", pytest);
 }
 

@@ -32,6 +32,7 @@ const (
 	pathEvents   = "/v1/sessions/{session}/events"
 	pathLeases   = "/v1/sessions/{session}/leases"
 	pathLease    = "/v1/sessions/{session}/leases/{namespace}/{name}"
+	pathObject   = "/v1/sessions/{session}/leases/{namespace}/{name}/objects/{bucket}/{key}"
 )
 
 // The query parameter of a long poll.
@@ -45,6 +46,7 @@ var apiCalls = []struct{ method, path string }{
 	{http.MethodPost, pathLeases},
 	{http.MethodGet, pathLease},
 	{http.MethodDelete, pathLease},
+	{http.MethodPut, pathObject},
 }
 
 // expand fills a path template's {params} in order, each escaped as one segment.
@@ -129,12 +131,18 @@ func newAgent(socket, rawURL string) (*agent, error) {
 // status is an *APIError. The caller bounds the time with ctx.
 func (a *agent) do(ctx context.Context, method, path string, query url.Values, body, out any) (int, error) {
 	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
+	kind := "application/json"
+	switch b := body.(type) {
+	case nil:
+	case rawBody:
+		// An object's bytes, as they are.
+		rd, kind = bytes.NewReader(b), "application/octet-stream"
+	default:
+		data, err := json.Marshal(b)
 		if err != nil {
 			return 0, err
 		}
-		rd = bytes.NewReader(b)
+		rd = bytes.NewReader(data)
 	}
 	u := a.base + path
 	if len(query) > 0 {
@@ -145,7 +153,7 @@ func (a *agent) do(ctx context.Context, method, path string, query url.Values, b
 		return 0, err
 	}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", kind)
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := a.hc.Do(req)

@@ -77,10 +77,11 @@ const (
 // APIError is an error answer of the agent: a 4xx (or 503) status with a JSON body
 // {error, field?, message}.
 type APIError struct {
-	Status  int    // the HTTP status
-	Code    string // the stable code (`error`), e.g. "invalid_field"; "" when the body was not JSON
-	Field   string // the JSON field or parameter at fault, when one is
-	Message string // what is wrong, in words
+	Status  int        // the HTTP status
+	Code    string     // the stable code (`error`), e.g. "invalid_field"; "" when the body was not JSON
+	Field   string     // the JSON field or parameter at fault, when one is
+	Message string     // what is wrong, in words
+	stale   *staleJSON // the fields of a stale_token refusal
 }
 
 func (e *APIError) Error() string {
@@ -107,7 +108,12 @@ func decodeAPIError(status int, body []byte) *APIError {
 		Message string `json:"message"`
 	}
 	if err := json.Unmarshal(body, &e); err == nil && e.Error != "" {
-		return &APIError{Status: status, Code: e.Error, Field: e.Field, Message: e.Message}
+		apiErr := &APIError{Status: status, Code: e.Error, Field: e.Field, Message: e.Message}
+		if e.Error == CodeStaleToken {
+			apiErr.stale = &staleJSON{Highest: -1}
+			_ = json.Unmarshal(body, apiErr.stale)
+		}
+		return apiErr
 	}
 	msg := strings.TrimSpace(string(body))
 	if msg == "" {

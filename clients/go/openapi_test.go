@@ -106,6 +106,8 @@ func TestUnitClientMatchesTheOpenAPIDocument(t *testing.T) {
 		"Session":        sessionJSON{},
 		"AcquireRequest": acquireRequest{},
 		"Grant":          grantJSON{},
+		"ObjectWritten":  ObjectWritten{},
+		"StaleToken":     staleJSON{},
 	}
 	for schema, v := range schemas {
 		typ := reflect.TypeOf(v)

@@ -6,6 +6,7 @@
 //! - [`session`]: sessions (one per application process) and their grants, each held
 //!   by a task that runs [`crate::client::LeaseClient::acquire`] and keeps the grant.
 //! - [`routes`]: the HTTP handlers.
+//! - `objects`: objects written through the object-store fence with a grant's token.
 //! - `token_files`: the token files for shell-level programs.
 //!
 //! Why a session ends, and so lets go of its Leases: it missed its keepalive (the
@@ -48,6 +49,8 @@
 //!   is the likely cause), and names are checked before any API call.
 
 mod metrics;
+#[cfg(feature = "s3")]
+mod objects;
 pub mod routes;
 pub mod session;
 mod token_files;
@@ -176,6 +179,9 @@ pub struct Agent {
     metrics: Arc<AgentMetrics>,
     /// The grant holders, so that shutdown can wait for their releases.
     holders: TaskTracker,
+    /// The object-store fences of `objects`, one per bucket.
+    #[cfg(feature = "s3")]
+    objects: objects::Fences,
 }
 
 impl Agent {
@@ -403,14 +409,7 @@ pub async fn run(
         .await
         .map_err(StartError::Admin)?;
     let unix = bind_socket(&config.socket).await?;
-    let tcp = match config.listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Listen { addr, source })?,
-        ),
-        None => None,
-    };
+    let tcp = bind_listen(config.listen).await?;
     let agent = Arc::new(Agent {
         kube,
         default_namespace: config.namespace.clone(),
@@ -418,6 +417,8 @@ pub async fn run(
         sessions: Mutex::default(),
         token_files: Arc::new(token_files),
         metrics: Arc::new(AgentMetrics::default()),
+        #[cfg(feature = "s3")]
+        objects: objects::Fences::default(),
         holders: TaskTracker::new(),
     });
     let ready = Readiness::default();
@@ -472,6 +473,17 @@ pub async fn run(
 
 /// Binds the Unix socket, replacing a stale one a killed agent left (no one answers
 /// on it) but never one another agent is listening on.
+/// The loopback TCP listener of `--listen`, when there is one.
+async fn bind_listen(
+    listen: Option<SocketAddr>,
+) -> Result<Option<tokio::net::TcpListener>, StartError> {
+    let Some(addr) = listen else { return Ok(None) };
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|source| StartError::Listen { addr, source })
+}
+
 async fn bind_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, StartError> {
     let failed = |source| StartError::Socket {
         path: path.to_path_buf(),

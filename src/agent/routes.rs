@@ -34,7 +34,7 @@ const STREAM_KEEPALIVE: Duration = Duration::from_secs(1);
 const RELEASE_LIMIT: Duration = Duration::from_secs(11);
 
 pub fn router(agent: Arc<Agent>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/v1/openapi.yaml", get(openapi))
         .route("/v1/sessions", post(create_session))
         .route(
@@ -47,7 +47,17 @@ pub fn router(agent: Arc<Agent>) -> Router {
         .route(
             "/v1/sessions/{session}/leases/{namespace}/{name}",
             get(get_grant).delete(release),
-        )
+        );
+    #[cfg(feature = "s3")]
+    let router = router.route(
+        "/v1/sessions/{session}/leases/{namespace}/{name}/objects/{bucket}/{*key}",
+        axum::routing::put(super::objects::put_object)
+            .get(super::objects::get_object)
+            .layer(axum::extract::DefaultBodyLimit::max(
+                super::objects::MAX_OBJECT_BYTES,
+            )),
+    );
+    router
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(agent.clone(), observe))
         .with_state(agent)
@@ -226,7 +236,7 @@ async fn wait_while_waiting(grant: &SessionGrant, wait: Duration) -> Phase {
     phase.borrow().clone()
 }
 
-fn grant_of(
+pub(super) fn grant_of(
     session: &Session,
     namespace: String,
     name: String,

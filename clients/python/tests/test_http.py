@@ -133,3 +133,10 @@ def test_post_without_body_says_length_zero_and_get_says_nothing():
     get = build_request("GET", "/v1/sessions/s1/events", accept="text/event-stream").decode()
     assert "Content-Length" not in get and "Accept: text/event-stream\r\n" in get
     assert get.endswith("\r\n\r\n")
+
+
+def test_bytes_are_sent_as_they_are():
+    request = build_request("PUT", "/x", b"\x00\xff{")
+    head, _, body = request.partition(b"\r\n\r\n")
+    assert body == b"\x00\xff{"
+    assert b"Content-Type: application/octet-stream" in head and b"Content-Length: 3" in head

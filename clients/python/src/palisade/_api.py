@@ -47,7 +47,8 @@ EVENTS = Endpoint("GET", "/v1/sessions/{session}/events")
 ACQUIRE = Endpoint("POST", "/v1/sessions/{session}/leases")
 GET_GRANT = Endpoint("GET", "/v1/sessions/{session}/leases/{namespace}/{name}")
 RELEASE = Endpoint("DELETE", "/v1/sessions/{session}/leases/{namespace}/{name}")
-ENDPOINTS = (CREATE_SESSION, GET_SESSION, END_SESSION, EVENTS, ACQUIRE, GET_GRANT, RELEASE)
+PUT_OBJECT = Endpoint("PUT", "/v1/sessions/{session}/leases/{namespace}/{name}/objects/{bucket}/{key}")
+ENDPOINTS = (CREATE_SESSION, GET_SESSION, END_SESSION, EVENTS, ACQUIRE, GET_GRANT, RELEASE, PUT_OBJECT)
 
 
 class Address(NamedTuple):
@@ -175,6 +176,30 @@ class GrantInfo(NamedTuple):
     @property
     def key(self) -> Tuple[str, str]:
         return (self.namespace, self.name)
+
+
+class ObjectWritten(NamedTuple):
+    """The agent's answer to an object write (the ``ObjectWritten`` schema):
+    ``previous_token`` is None when the write created the object."""
+
+    bucket: str
+    key: str
+    token: int
+    previous_token: Optional[int]
+    etag: Optional[str]
+
+
+def object_written(status: int, body: bytes) -> ObjectWritten:
+    doc = parse_json(status, body)
+    try:
+        if not isinstance(doc, dict) or not isinstance(doc.get("bucket"), str) or not isinstance(doc.get("key"), str):
+            raise ValueError(f"not an ObjectWritten: {doc!r}")
+        token = _opt(doc, "token", int)
+        if token is None:
+            raise ValueError(f"ObjectWritten.token is missing: {doc!r}")
+        return ObjectWritten(doc["bucket"], doc["key"], token, _opt(doc, "previousToken", int), _opt(doc, "etag", str))
+    except ValueError as e:
+        raise AgentError(status, "unexpected_response", None, str(e)) from None
 
 
 def parse_json(status: int, body: bytes) -> Any:

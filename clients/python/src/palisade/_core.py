@@ -26,7 +26,7 @@ from . import _api
 from ._api import Endpoint, GrantInfo
 from ._http import ProtocolError
 from ._sse import SseParser
-from .errors import AgentError, AgentUnreachable, LeaseLost, error_from_response
+from .errors import AgentError, AgentUnreachable, LeaseLost, StaleTokenError, error_from_response
 
 log = logging.getLogger("palisade")
 T = TypeVar("T")
@@ -159,6 +159,22 @@ class GrantBase:
         self._update(sent, _api.grant_from_answer(status, body))
         self._raise_if_ended()
         return max(0.0, self._deadline - time.monotonic())
+
+    def _put_object_flow(self, bucket: str, key: str, body: bytes) -> Flow[_api.ObjectWritten]:
+        """The agent writes with the grant's own token: the client never sends one."""
+        self._raise_if_ended()
+        status, answer = yield self._session._call(
+            _api.PUT_OBJECT, bytes(body), namespace=self.namespace, name=self.name, bucket=bucket, key=key
+        )
+        if status == 200:
+            return _api.object_written(status, answer)
+        err = self._session._error(status, answer)
+        if isinstance(err, AgentError) and err.code == "stale_token":
+            doc = _api.parse_json(status, answer)
+            highest = doc.get("highest") if isinstance(doc, dict) else None
+            stale = StaleTokenError(key, self.token, highest if isinstance(highest, int) else None)
+            raise stale from err
+        raise err
 
     def _release_flow(self) -> Flow[None]:
         if self._now() != HELD:

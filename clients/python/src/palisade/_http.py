@@ -28,7 +28,8 @@ def build_request(
     *,
     accept: str = "application/json",
 ) -> bytes:
-    """The request's bytes; ``body`` (when not None) is sent as JSON."""
+    """The request's bytes; ``body`` (when not None) is sent as JSON, or as it is
+    (``application/octet-stream``) when it is bytes: an object's contents."""
     lines = [
         f"{method} {target} HTTP/1.1",
         "Host: localhost",
@@ -37,7 +38,10 @@ def build_request(
         "Connection: close",
     ]
     payload = b""
-    if body is not None:
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        payload = bytes(body)
+        lines.append("Content-Type: application/octet-stream")
+    elif body is not None:
         payload = json.dumps(body, separators=(",", ":")).encode()
         lines.append("Content-Type: application/json")
     if body is not None or method in ("POST", "PUT", "PATCH"):

@@ -93,6 +93,16 @@ class Grant(_core.GrantBase):
         raises LeaseLost when it is lost or released."""
         return await self._session._run(self._check_flow())
 
+    async def put_object(self, bucket: str, key: str, body: bytes) -> _api.ObjectWritten:
+        """Write ``body`` at ``key`` in an S3 bucket through the object-store fence, by the
+        agent, with this grant's own token: the client never handles the token, so it
+        cannot send the wrong one. Raises StaleTokenError when a newer holder of the
+        Lease wrote the object (nothing written: stop writing), LeaseLost when the
+        grant has ended, AgentError otherwise (``grant_lost``, ``grant_not_held``,
+        ``no_such_bucket``, ``object_store_error``, ``object_store_not_configured``:
+        the agent needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)."""
+        return await self._session._run(self._put_object_flow(bucket, key, body))
+
     async def release(self) -> None:
         """Release the Lease; does nothing when it is already lost or released. Not
         held from the call on, even when the answer is an error (see
