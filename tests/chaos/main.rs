@@ -277,10 +277,12 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         let _ = observer.await;
     }
 
-    verdict::judge(
-        &out, &store, &servers, &relays, &leases, started, args.seed, plane.ha,
-    )
-    .await
+    let stores = verdict::Stores {
+        file: &store,
+        servers: &servers,
+        relays: &relays,
+    };
+    verdict::judge(&out, &stores, &leases, started, args.seed, plane.ha).await
 }
 
 /// The harness's watches: straight to the API server, or (HA) one through each.

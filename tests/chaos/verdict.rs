@@ -23,18 +23,32 @@ pub const LIVENESS_BOUND: Duration = Duration::from_secs(10)
     .saturating_add(ELECTION_LEASE)
     .saturating_add(ELECTION_RETRY);
 
-/// Judges the run whose history is in `out` (the file fence's store in `store`, the
-/// database stores' on `servers`). True: it passed.
+/// Where a run's stores keep what the checker reads.
+#[derive(Clone, Copy)]
+pub struct Stores<'a> {
+    /// The file fence's store.
+    pub file: &'a Path,
+    /// The database servers and the S3 object store (dbstores.rs).
+    pub servers: &'a dbstores::Servers,
+    /// The outbox's relays and their provider.
+    pub relays: &'a outbox_store::Relays,
+}
+
+/// Judges the run whose history is in `out`, with what its `stores` hold. True: it
+/// passed.
 pub async fn judge(
     out: &Path,
-    store: &Path,
-    servers: &dbstores::Servers,
-    relays: &outbox_store::Relays,
+    stores: &Stores<'_>,
     leases: &[String],
     started: Instant,
     seed: u64,
     ha: bool,
 ) -> bool {
+    let Stores {
+        file: store,
+        servers,
+        relays,
+    } = *stores;
     let events = match history::read_dir(out) {
         Ok(events) => events,
         Err(e) => {
