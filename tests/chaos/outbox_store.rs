@@ -267,7 +267,15 @@ pub fn self_check() -> Result<usize, String> {
     if !found.is_empty() {
         return Err(format!("a clean outbox was flagged: {found:?}"));
     }
-    let cases: [(&str, Vec<Intent>, &[JournalWrite], &[(&str, u32)], &str); 5] = [
+    // (name, intents, committed writes, executions per intent id, what must be said)
+    type Case<'a> = (
+        &'a str,
+        Vec<Intent>,
+        &'a [JournalWrite],
+        &'a [(&'a str, u32)],
+        &'a str,
+    );
+    let cases: [Case; 5] = [
         (
             "an intent without its write",
             vec![
