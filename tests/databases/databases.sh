@@ -189,7 +189,7 @@ start_mysql() {
     --bind-address=127.0.0.1 --port="$MYSQL_PORT" --socket="$mysql_dir/mariadb.sock" \
     --pid-file="$mysql_dir/mariadbd.pid" --log-error="$mysql_dir/mariadb.log" \
     --skip-name-resolve --max-connections=200 --innodb-buffer-pool-size=64M \
-    --innodb-flush-log-at-trx-commit=1 --server-id=1 --log-bin="$mysql_dir/data/binlog" \
+    --innodb-flush-log-at-trx-commit=1 --server-id=1 --log-bin=binlog \
     --binlog-format=ROW --sync-binlog=1 --log-bin-trust-function-creators=1 </dev/null >/dev/null 2>&1 9>&- &
   echo $! >"$mysql_dir/mariadb.pid"
   wait_until "MariaDB" mysql_ready || {
