@@ -29,11 +29,14 @@ OBJECTSTORES_ENV = STATE_DIR=$(OBJECTSTORES_DIR) VENV=$(OBJECTSTORES_VENV) S3_PO
 objectstores-venv: $(OBJECTSTORES_VENV)/.installed
 
 # .installed is written last, so an interrupted install is never taken for a complete
-# one (made in place: a venv's scripts name its path, so it cannot be moved).
-$(OBJECTSTORES_VENV)/.installed: tests/objectstores/requirements.txt
+# one (made in place: a venv's scripts name its path, so it cannot be moved). No
+# prerequisite: the directory's name holds the requirements' hash, and a fresh clone's
+# file, newer than any stamp, must not make it again.
+$(OBJECTSTORES_VENV)/.installed:
 	rm -rf $(OBJECTSTORES_VENV)
 	$(PYTHON) -m venv $(OBJECTSTORES_VENV)
-	$(OBJECTSTORES_VENV)/bin/pip install --quiet --disable-pip-version-check -r $<
+	$(OBJECTSTORES_VENV)/bin/pip install --quiet --disable-pip-version-check \
+		-r tests/objectstores/requirements.txt
 	touch $@
 
 objectstores: objectstores-venv

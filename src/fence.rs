@@ -230,6 +230,37 @@ pub enum ParseTokenError {
     Overflow(String),
 }
 
+/// Longest key the database and object-store fences accept, in bytes of UTF-8: well
+/// under the databases' index entry limits, and S3's own limit on an object key.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The key check of every store but the file and memory ones, made before any round
+/// trip: a non-empty key of at most [`MAX_KEY_BYTES`]. The refusal, for `BadInput`.
+pub fn check_key(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("the key is empty".into());
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(format!(
+            "the key is {} bytes long; the limit is {MAX_KEY_BYTES}",
+            key.len()
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_key`], and a token that fits the store's signed 64-bit integer (`integer`
+/// names it in the refusal, e.g. "PostgreSQL's bigint"): the token as that integer.
+pub fn check_key_and_token(key: &str, token: u64, integer: &str) -> Result<i64, String> {
+    check_key(key)?;
+    i64::try_from(token).map_err(|_| {
+        format!(
+            "fencing token {token} is beyond {integer} (at most {})",
+            i64::MAX
+        )
+    })
+}
+
 /// Parses a fencing token as it appears in an annotation or the environment:
 /// ASCII digits only. Nothing is trimmed: `" 5"`, `"+5"` and `"5\n"` are refused,
 /// so every accepted spelling is one the admission policy accepts too.

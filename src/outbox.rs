@@ -44,7 +44,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Transaction};
 
 use crate::fence::Stale;
-use crate::fence::postgres::{MAX_KEY_BYTES, STALE_SQLSTATE};
+use crate::fence::postgres::STALE_SQLSTATE;
 
 pub use delivery::Answer;
 
@@ -139,21 +139,7 @@ pub async fn enqueue(
 /// The checks `palisade.fence` makes, done first so that bad input never costs a
 /// round trip or aborts the caller's transaction.
 fn validate(key: &str, token: u64) -> Result<i64, Error> {
-    if key.is_empty() {
-        return Err(Error::BadInput("the key is empty".into()));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Error::BadInput(format!(
-            "the key is {} bytes long; the limit is {MAX_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    i64::try_from(token).map_err(|_| {
-        Error::BadInput(format!(
-            "fencing token {token} is beyond PostgreSQL's bigint (at most {})",
-            i64::MAX
-        ))
-    })
+    crate::fence::check_key_and_token(key, token, "PostgreSQL's bigint").map_err(Error::BadInput)
 }
 
 /// What an error of an outbox function means: stale (PF001, its DETAIL JSON),
@@ -215,6 +201,7 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fence::MAX_KEY_BYTES;
 
     #[test]
     fn bad_input_is_refused_before_any_round_trip() {

@@ -64,8 +64,8 @@ pub const SQL: &str = include_str!("../../sql/palisade-fence-mysql.sql");
 pub const SQL_VERSION: i32 = 1;
 /// SQLSTATE of a stale fencing token.
 pub const STALE_SQLSTATE: &str = "PF001";
-/// Longest key `palisade.fence` accepts, in bytes of UTF-8.
-pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest key, in bytes of UTF-8: the same for every fence.
+pub const MAX_KEY_BYTES: usize = super::MAX_KEY_BYTES;
 
 /// Server errors that mean the database, a table or the function is missing.
 const NOT_INSTALLED_CODES: [u16; 3] = [1049, 1146, 1305];
@@ -269,21 +269,7 @@ pub async fn marks<Q: Queryable>(conn: &mut Q) -> Result<super::Marks, Error> {
 /// The checks the function makes too, done first so that a bad key or token never
 /// costs a round trip or ends the caller's transaction.
 fn validate(key: &str, token: u64) -> Result<i64, Error> {
-    if key.is_empty() {
-        return Err(Error::BadInput("the key is empty".into()));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Error::BadInput(format!(
-            "the key is {} bytes long; the limit is {MAX_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    i64::try_from(token).map_err(|_| {
-        Error::BadInput(format!(
-            "fencing token {token} is beyond MySQL's BIGINT (at most {})",
-            i64::MAX
-        ))
-    })
+    super::check_key_and_token(key, token, "MySQL's BIGINT").map_err(Error::BadInput)
 }
 
 fn not_installed(err: mysql_async::Error) -> Result<Error, mysql_async::Error> {
@@ -369,7 +355,10 @@ mod tests {
                 .iter()
                 .all(|s| !s.ends_with("//") && !s.is_empty())
         );
-        assert!(statements[0].starts_with("CREATE DATABASE IF NOT EXISTS palisade"));
+        // The caller's lock wait is saved and bounded before anything waits on a lock.
+        assert!(statements[0].starts_with("SET @palisade_caller_lock_wait_timeout"));
+        assert_eq!(statements[1], "SET SESSION lock_wait_timeout = 10");
+        assert!(statements[2].starts_with("CREATE DATABASE IF NOT EXISTS palisade"));
         let function = statements
             .iter()
             .find(|s| s.starts_with("CREATE OR REPLACE FUNCTION"))

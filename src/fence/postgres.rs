@@ -62,8 +62,8 @@ pub const SQL: &str = include_str!("../../sql/palisade-fence.sql");
 pub const SQL_VERSION: i32 = 2;
 /// SQLSTATE of a stale fencing token.
 pub const STALE_SQLSTATE: &str = "PF001";
-/// Longest key `palisade.fence` accepts, in bytes of UTF-8.
-pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest key, in bytes of UTF-8: the same for every fence.
+pub const MAX_KEY_BYTES: usize = super::MAX_KEY_BYTES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -181,21 +181,7 @@ pub async fn marks<C: GenericClient + Sync>(client: &C) -> Result<super::Marks, 
 /// The checks the function makes too, done first so that a bad key or token never
 /// costs a round trip or aborts the caller's transaction.
 fn validate(key: &str, token: u64) -> Result<i64, Error> {
-    if key.is_empty() {
-        return Err(Error::BadInput("the key is empty".into()));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Error::BadInput(format!(
-            "the key is {} bytes long; the limit is {MAX_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    i64::try_from(token).map_err(|_| {
-        Error::BadInput(format!(
-            "fencing token {token} is beyond PostgreSQL's bigint (at most {})",
-            i64::MAX
-        ))
-    })
+    super::check_key_and_token(key, token, "PostgreSQL's bigint").map_err(Error::BadInput)
 }
 
 /// A missing schema, function or table, as [`Error::NotInstalled`].

@@ -45,8 +45,8 @@ use super::{Admitted, Stale};
 
 /// The fencing script.
 pub const SCRIPT: &str = include_str!("redis.lua");
-/// Longest key accepted, in bytes (the same limit as PostgreSQL's).
-pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest key, in bytes of UTF-8: the same for every fence.
+pub const MAX_KEY_BYTES: usize = super::MAX_KEY_BYTES;
 
 /// The protected write the script does after admitting the token.
 #[derive(Debug, Clone, Copy)]
@@ -375,16 +375,7 @@ pub async fn marks<C: ConnectionLike + Send>(conn: &mut C) -> Result<super::Mark
 }
 
 fn validate(key: &str) -> Result<(), Error> {
-    if key.is_empty() {
-        return Err(Error::BadInput("the key is empty".into()));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Error::BadInput(format!(
-            "the key is {} bytes long; the limit is {MAX_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    Ok(())
+    super::check_key(key).map_err(Error::BadInput)
 }
 
 #[cfg(test)]

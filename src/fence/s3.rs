@@ -58,8 +58,8 @@ pub use client::{Condition, Reply, S3Client};
 
 use super::Stale;
 
-/// Longest key, in bytes of UTF-8 (S3's own limit, and the contract of every fence).
-pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest key, in bytes of UTF-8: the same for every fence.
+pub const MAX_KEY_BYTES: usize = super::MAX_KEY_BYTES;
 /// The metadata field of the token (`x-amz-meta-palisade-token`).
 pub const TOKEN_METADATA: &str = "palisade-token";
 /// The metadata field of the write id (`x-amz-meta-palisade-write`).
@@ -356,26 +356,12 @@ impl S3Fence {
 }
 
 fn validate_key(key: &str) -> Result<(), Error> {
-    if key.is_empty() {
-        return Err(Error::BadInput("the key is empty".into()));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Error::BadInput(format!(
-            "the key is {} bytes long; the limit is {MAX_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    Ok(())
+    super::check_key(key).map_err(Error::BadInput)
 }
 
 /// The checks of every fence: a key S3 can store, a token that fits in i64.
 fn validate(key: &str, token: u64) -> Result<(), Error> {
-    validate_key(key)?;
-    if i64::try_from(token).is_err() {
-        return Err(Error::BadInput(format!(
-            "fencing token {token} is beyond a signed 64-bit integer (at most {})",
-            i64::MAX
-        )));
-    }
-    Ok(())
+    super::check_key_and_token(key, token, "a signed 64-bit integer")
+        .map(drop)
+        .map_err(Error::BadInput)
 }
