@@ -9,7 +9,7 @@ use crate::{APP_USER, SERVER, SHOW_USER, TEST_DB, setup, url_as};
 /// error; `--show` needs SELECT on the marks.
 #[test]
 fn cli_admits_refuses_with_exit_3_and_shows() {
-    let _server = SERVER.read().unwrap();
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     let _ = support::databases::runtime().block_on(setup());
     let url = url_as(APP_USER, TEST_DB);
     let key = databases::unique("cli");

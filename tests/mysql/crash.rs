@@ -9,7 +9,7 @@ use crate::{SERVER, connect_app, setup};
 
 #[test]
 fn acknowledged_marks_survive_a_server_crash() {
-    let _server = SERVER.write().unwrap_or_else(|e| e.into_inner());
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     let key = databases::unique("crash");
     runtime().block_on(async {
         let _ = setup().await;

@@ -12,7 +12,7 @@ use crate::{APP_USER, SERVER, admin_url, connect, connect_app, setup};
 #[test]
 fn installing_again_changes_nothing_and_keeps_the_writers_grants() {
     // Writing: installing waits for other tests' open transactions that fenced.
-    let _server = SERVER.write().unwrap_or_else(|e| e.into_inner());
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("reinstall");
         let mut admin = setup().await;
@@ -46,7 +46,7 @@ fn installing_again_changes_nothing_and_keeps_the_writers_grants() {
 /// even as an account that could; the CLI installs only with `--create`.
 #[test]
 fn a_fence_call_never_installs_anything() {
-    let _server = SERVER.write().unwrap_or_else(|e| e.into_inner());
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     let rt = runtime();
     rt.block_on(async {
         let mut admin = setup().await;
@@ -93,7 +93,7 @@ fn a_fence_call_never_installs_anything() {
 
 #[test]
 fn an_older_file_never_replaces_a_newer_install() {
-    let _server = SERVER.write().unwrap_or_else(|e| e.into_inner());
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("downgrade");
         let mut admin = setup().await;
@@ -136,7 +136,7 @@ fn an_older_file_never_replaces_a_newer_install() {
 /// gives the installer's session its settings back.
 #[test]
 fn installing_while_a_fenced_transaction_is_open_gives_up_after_10s() {
-    let _server = SERVER.write().unwrap_or_else(|e| e.into_inner());
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("install-wait");
         let mut holder = setup().await;

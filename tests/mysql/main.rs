@@ -6,12 +6,13 @@
 //! held row lock, a server crash, and the CLI.
 //!
 //! The server is shared with other test runs; the database `palisade` is the fence's
-//! own name, so the tests that drop it, change its version or restart the server
-//! take [`SERVER`] for writing, every other test for reading. The application's tables live in
+//! own name, and InnoDB's gap locks on the marks' index let one test's racing writers
+//! pick another test's transaction as a deadlock victim, so every test takes
+//! [`SERVER`]: one at a time. The application's tables live in
 //! [`TEST_DB`]; keys are unique per test and run.
 #![cfg(feature = "mysql")]
 
-use std::sync::RwLock;
+use std::sync::Mutex;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, IsolationLevel, Opts, Transaction, TxOpts};
@@ -26,9 +27,8 @@ mod install;
 mod refusals;
 mod statements;
 
-/// The tests that drop or downgrade the database `palisade`, or restart the server,
-/// take this for writing.
-static SERVER: RwLock<()> = RwLock::new(());
+/// Every test holds it: one at a time (see the module's docs).
+static SERVER: Mutex<()> = Mutex::new(());
 
 /// The application's database: the journal the writers append to.
 const TEST_DB: &str = "palisade_tests";

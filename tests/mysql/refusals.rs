@@ -14,7 +14,7 @@ use crate::{SERVER, TEST_DB, begin, connect, connect_app, mark, server_code, set
 /// ignored error fails instead of committing. An equal token is admitted.
 #[test]
 fn a_stale_token_commits_nothing_and_an_equal_one_is_admitted() {
-    let _server = SERVER.read().unwrap();
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("stale");
         let _ = setup().await;
@@ -62,7 +62,7 @@ fn a_stale_token_commits_nothing_and_an_equal_one_is_admitted() {
 /// byte for byte: case, trailing spaces and accents make different keys.
 #[test]
 fn bad_keys_and_tokens_are_refused_and_keys_are_exact() {
-    let _server = SERVER.read().unwrap();
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let _ = setup().await;
         let mut app = connect_app().await;
@@ -125,7 +125,7 @@ fn bad_keys_and_tokens_are_refused_and_keys_are_exact() {
 /// delete, forge or read a mark, or replace the function.
 #[test]
 fn the_writer_can_fence_but_cannot_touch_the_marks() {
-    let _server = SERVER.read().unwrap();
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("writer");
         let _ = setup().await;
@@ -151,7 +151,7 @@ fn the_writer_can_fence_but_cannot_touch_the_marks() {
 /// waits at most innodb_lock_wait_timeout, gets `LockTimeout`, and no decision.
 #[test]
 fn a_held_mark_times_out_the_next_fencer() {
-    let _server = SERVER.read().unwrap();
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("held");
         let mut holder = setup().await;

@@ -38,7 +38,7 @@ fn params(values: impl IntoIterator<Item = mysql_async::Value>) -> Vec<mysql_asy
 /// failing statement (PostgreSQL would abort the transaction).
 #[test]
 fn a_separate_fence_statement_whose_error_is_ignored_lets_the_write_commit() {
-    let _server = SERVER.read().unwrap();
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("separate");
         let _ = setup().await;
@@ -74,7 +74,7 @@ fn a_separate_fence_statement_whose_error_is_ignored_lets_the_write_commit() {
 /// ignored error commits nothing of it; a current token writes.
 #[test]
 fn the_fence_in_the_writes_own_statement_never_commits_a_stale_write() {
-    let _server = SERVER.read().unwrap();
+    let _server = SERVER.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         let key = databases::unique("in-statement");
         let _ = setup().await;
