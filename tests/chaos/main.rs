@@ -1,6 +1,7 @@
 //! The fault-injection suite: `make chaos DURATION=10m SEED=7` (and a short run in
 //! `make test`). Proves, the way Jepsen does, that no stale write is accepted:
-//! worker processes contend for Leases and write to four fenced stores, and fenced
+//! worker processes contend for Leases and write to every fenced store (the file
+//! fence, a ConfigMap, PostgreSQL with its outbox, Redis, MariaDB, S3), and fenced
 //! operators contend for a Lease of their own and write to the API server, while a
 //! seeded scheduler injects faults; then a checker judges the recorded history (see
 //! history.rs for the rules).
@@ -27,7 +28,7 @@
 //!   grants must stay safe whatever the election says.
 //! - `restart_apiserver`, `restart_etcd`; delays, cuts and black holes of the
 //!   controllers' link or the workers' links (`support::proxy`); and the database
-//!   faults of dbstores.rs.
+//!   faults of dbstores.rs, the outbox relays' among them (outbox_store.rs).
 //!
 //! It runs on a control plane of its own (other ports, `target/chaos-cluster`), so
 //! it can crash kube-apiserver and etcd without disturbing anything else, and tears
@@ -43,7 +44,7 @@
 //! The same binary is each worker process, of three kinds:
 //!
 //! - `chaos worker ...` (`w<n>`, worker.rs): holds the Leases through the client
-//!   library and writes with its token to the four stores;
+//!   library and writes with its token to every store;
 //! - `chaos agent-worker ...` (every third `w<n>`, agent_worker.rs): the same, holding
 //!   its grants through `palisade agent` and the Go client (the Go driver from
 //!   PALISADE_CONFORMANCE_GO, which the Makefile sets);
