@@ -44,7 +44,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Transaction};
 
 use crate::fence::Stale;
-use crate::fence::postgres::STALE_SQLSTATE;
+use crate::fence::postgres::{self, STALE_SQLSTATE};
 
 pub use delivery::Answer;
 
@@ -149,33 +149,16 @@ fn classify(err: tokio_postgres::Error, key: &str, token: u64) -> Error {
         return Error::Database(err);
     };
     let code = db.code();
-    if [
-        SqlState::INVALID_SCHEMA_NAME,
-        SqlState::UNDEFINED_FUNCTION,
-        SqlState::UNDEFINED_TABLE,
-    ]
-    .contains(code)
-    {
+    if postgres::NOT_INSTALLED.contains(code) {
         return Error::NotInstalled {
             reason: db.message().to_owned(),
         };
     }
     if code.code() == STALE_SQLSTATE {
-        #[derive(serde::Deserialize)]
-        struct Detail {
-            highest: u64,
-        }
-        if let Some(detail) = db
-            .detail()
-            .and_then(|d| serde_json::from_str::<Detail>(d).ok())
-        {
-            return Error::Stale(Stale {
-                key: key.to_owned(),
-                token,
-                highest: detail.highest,
-            });
-        }
-        return Error::Database(err);
+        return match postgres::stale_of(db, key, token) {
+            Some(stale) => Error::Stale(stale),
+            None => Error::Database(err),
+        };
     }
     if *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED {
         return Error::Conflict(err);

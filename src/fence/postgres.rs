@@ -184,23 +184,43 @@ fn validate(key: &str, token: u64) -> Result<i64, Error> {
     super::check_key_and_token(key, token, "PostgreSQL's bigint").map_err(Error::BadInput)
 }
 
+/// The SQLSTATEs of a missing schema, function or table: not installed.
+pub(crate) const NOT_INSTALLED: [SqlState; 3] = [
+    SqlState::INVALID_SCHEMA_NAME,
+    SqlState::UNDEFINED_FUNCTION,
+    SqlState::UNDEFINED_TABLE,
+];
+
 /// A missing schema, function or table, as [`Error::NotInstalled`].
 fn not_installed(err: tokio_postgres::Error) -> Result<Error, tokio_postgres::Error> {
     match err.as_db_error() {
-        Some(db)
-            if [
-                SqlState::INVALID_SCHEMA_NAME,
-                SqlState::UNDEFINED_FUNCTION,
-                SqlState::UNDEFINED_TABLE,
-            ]
-            .contains(db.code()) =>
-        {
-            Ok(Error::NotInstalled {
-                reason: db.message().to_owned(),
-            })
-        }
+        Some(db) if NOT_INSTALLED.contains(db.code()) => Ok(Error::NotInstalled {
+            reason: db.message().to_owned(),
+        }),
         _ => Err(err),
     }
+}
+
+/// A PF001's refusal, read from its DETAIL (JSON; the message says the same for
+/// people). `None` for another error, or a DETAIL that does not parse.
+pub(crate) fn stale_of(
+    db: &tokio_postgres::error::DbError,
+    key: &str,
+    token: u64,
+) -> Option<Stale> {
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        highest: u64,
+    }
+    if db.code().code() != STALE_SQLSTATE {
+        return None;
+    }
+    let detail = serde_json::from_str::<Detail>(db.detail()?).ok()?;
+    Some(Stale {
+        key: key.to_owned(),
+        token,
+        highest: detail.highest,
+    })
 }
 
 fn classify(err: tokio_postgres::Error, key: &str, token: u64) -> Error {
@@ -219,22 +239,10 @@ fn classify(err: tokio_postgres::Error, key: &str, token: u64) -> Error {
         };
     }
     if code.code() == STALE_SQLSTATE {
-        #[derive(serde::Deserialize)]
-        struct Detail {
-            highest: u64,
-        }
-        // The DETAIL is JSON; the message says the same for people.
-        if let Some(detail) = db
-            .detail()
-            .and_then(|d| serde_json::from_str::<Detail>(d).ok())
-        {
-            return Error::Stale(Stale {
-                key: key.to_owned(),
-                token,
-                highest: detail.highest,
-            });
-        }
-        return Error::Database(err);
+        return match stale_of(db, key, token) {
+            Some(stale) => Error::Stale(stale),
+            None => Error::Database(err),
+        };
     }
     if *code == SqlState::T_R_SERIALIZATION_FAILURE || *code == SqlState::T_R_DEADLOCK_DETECTED {
         return Error::Conflict(err);
