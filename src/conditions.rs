@@ -89,6 +89,16 @@ pub mod messages {
         format!("held by {identity} (claim {claim}) with fencing token {token}")
     }
 
+    /// Lease `Held` True on a semaphore: `held` is `status.held`, e.g. `2/3`.
+    pub fn permits_held(held: &str) -> String {
+        format!("{held} permits held (status.slots has each slot's holder and token)")
+    }
+
+    /// Why a holder of a slot at or above a lowered `spec.permits` is `Revoked`.
+    pub fn permits_lowered(slot: i32, permits: i32) -> String {
+        format!("spec.permits was lowered to {permits}: slot {slot} no longer exists")
+    }
+
     /// Lease `Held` False, reason `TokensExhausted`.
     pub fn tokens_exhausted(last: i64, max: i64, needed: i64) -> String {
         format!(
@@ -107,6 +117,11 @@ pub mod messages {
     /// Claim `Granted` True.
     pub fn granted(lease: &str, token: i64) -> String {
         format!("granted lease {lease} with fencing token {token}")
+    }
+
+    /// Claim `Granted` True on a semaphore.
+    pub fn granted_slot(lease: &str, slot: i32, token: i64) -> String {
+        format!("granted slot {slot} of lease {lease} with fencing token {token}")
     }
 
     /// Claim `Granted` False, reason `Superseded`.
@@ -135,13 +150,31 @@ pub mod messages {
     }
 
     /// The Event of a grant.
-    pub fn granted_event(identity: &str, claim: &str, token: i64) -> String {
-        format!("granted to {identity} (claim {claim}) with fencing token {token}")
+    /// `slot` on a semaphore.
+    pub fn granted_event(identity: &str, claim: &str, slot: Option<i32>, token: i64) -> String {
+        match slot {
+            Some(slot) => format!(
+                "slot {slot} granted to {identity} (claim {claim}) with fencing token {token}"
+            ),
+            None => format!("granted to {identity} (claim {claim}) with fencing token {token}"),
+        }
     }
 
     /// The Event of a grant's end; `why` is the claim's message or [`CLAIM_DELETED`].
-    pub fn ended_event(lease: &str, identity: &str, token: i64, why: &str) -> String {
-        format!("grant of {lease} to {identity} (token {token}) ended: {why}")
+    /// `slot` on a semaphore.
+    pub fn ended_event(
+        lease: &str,
+        identity: &str,
+        slot: Option<i32>,
+        token: i64,
+        why: &str,
+    ) -> String {
+        match slot {
+            Some(slot) => {
+                format!("grant of {lease} slot {slot} to {identity} (token {token}) ended: {why}")
+            }
+            None => format!("grant of {lease} to {identity} (token {token}) ended: {why}"),
+        }
     }
 
     /// The Event on an object the controller cannot read.

@@ -28,6 +28,8 @@ pub const FENCED_BY_LABEL: &str = "palisade.dev/fenced-by";
 pub const CONTROLLER_MANAGER: &str = "palisade-controller";
 
 pub const DEFAULT_LEASE_DURATION_SECONDS: i64 = 15;
+/// The most permits a Lease may have (`spec.permits`); why this bound: `crate::permits`.
+pub const MAX_PERMITS: i32 = 64;
 pub const MAX_LEASE_DURATION_SECONDS: i64 = 86_400;
 
 /// A Lease name doubles as a label value (`palisade.dev/fenced-by`), so it must be a DNS label.
@@ -48,7 +50,8 @@ const LEASE_NAME_RULE: &str = "self.metadata.name.size() <= 63 && self.metadata.
     derive = "PartialEq",
     doc = "A lock granted to one LeaseClaim at a time, with a strictly increasing fencing token per grant.",
     validation = Rule::new(LEASE_NAME_RULE).message("metadata.name of a Lease must be a DNS label (lowercase letters, digits and '-', at most 63 characters): it is used as the value of the palisade.dev/fenced-by label"),
-    printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity", description = "holderIdentity of the claim that holds the lease"),
+    printcolumn(name = "Holder", type_ = "string", json_path = ".status.holder.identity", description = "holderIdentity of the claim that holds the lease (slot 0 of a semaphore)"),
+    printcolumn(name = "Held", type_ = "string", json_path = ".status.held", description = "permits held / spec.permits (semaphores only)"),
     printcolumn(name = "Token", type_ = "integer", json_path = ".status.fencingToken", description = "fencing token of the current (or last) grant"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Waiting", type_ = "integer", json_path = ".status.waitingCount"),
@@ -61,6 +64,19 @@ pub struct LeaseSpec {
     #[serde(default = "default_lease_duration")]
     #[schemars(range(min = 1, max = 86400))]
     pub lease_duration_seconds: i64,
+    /// How many claims may hold the Lease at once (1..64, default 1: a lock). Each
+    /// grant takes a slot `0..permits-1` with a fencing token of its own.
+    #[serde(default = "default_permits", skip_serializing_if = "is_one")]
+    #[schemars(range(min = 1, max = 64))]
+    pub permits: i32,
+}
+
+fn default_permits() -> i32 {
+    1
+}
+
+fn is_one(permits: &i32) -> bool {
+    *permits == 1
 }
 
 fn default_lease_duration() -> i64 {
@@ -71,6 +87,7 @@ impl Default for LeaseSpec {
     fn default() -> Self {
         Self {
             lease_duration_seconds: DEFAULT_LEASE_DURATION_SECONDS,
+            permits: 1,
         }
     }
 }
@@ -117,6 +134,14 @@ pub struct LeaseStatus {
     pub grants: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acquire_time: Option<MicroTime>,
+    /// A semaphore's slots (`spec.permits` above 1): slot 0 is the fields above, as
+    /// for a lock; this lists slots 1 and up, each with its holder and its last token
+    /// (kept when free; also for slots above a lowered `spec.permits`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<SlotStatus>,
+    /// Semaphores only: permits held and `spec.permits`, as `2/3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
     /// The first waiting claims, in grant order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<String>,
@@ -126,6 +151,23 @@ pub struct LeaseStatus {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// One slot of a semaphore other than slot 0 (`LeaseStatus::slots`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotStatus {
+    /// The slot's number, 1..63.
+    #[schemars(range(min = 1, max = 63))]
+    pub slot: i32,
+    /// Absent while the slot is free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    /// Token of the slot's current (or last) grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquire_time: Option<MicroTime>,
 }
 
 /// A pod asking for a Lease. Releasing the lease is deleting the claim.
@@ -151,6 +193,7 @@ pub struct LeaseStatus {
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("has(self.pod) == has(oldSelf.pod)").message("spec.pod is immutable: it cannot be added or removed after creation").field_path(".pod"))]
+#[x_kube(validation = Rule::new("has(self.slot) == has(oldSelf.slot)").message("spec.slot is immutable: it cannot be added or removed after creation").field_path(".slot"))]
 pub struct LeaseClaimSpec {
     /// Name of the Lease in the same namespace (immutable).
     #[schemars(
@@ -167,6 +210,12 @@ pub struct LeaseClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.pod is immutable"))]
     pub pod: Option<PodRef>,
+    /// Only this slot of a semaphore (0..63), for work sharded by slot; absent: any
+    /// slot, the lowest free one (immutable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 63))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.slot is immutable"))]
+    pub slot: Option<i32>,
     /// Set by the holder to renew (its own clock; informational only, the controller
     /// only notices that it changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,12 +258,16 @@ impl ClaimPhase {
 #[x_kube(validation = Rule::new("!has(oldSelf.phase) || !(oldSelf.phase in ['Expired', 'Revoked', 'Released']) || (has(self.phase) && self.phase == oldSelf.phase)").message("status.phase cannot leave a final phase (Expired, Revoked, Released): a claim that lost its grant never gets it back").field_path(".phase"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.phase) || oldSelf.phase != 'Granted' || (has(self.phase) && self.phase != 'Pending')").message("status.phase cannot go from Granted back to Pending: a claim is granted once").field_path(".phase"))]
 #[x_kube(validation = Rule::new("!has(oldSelf.fencingToken) || (has(self.fencingToken) && self.fencingToken == oldSelf.fencingToken)").message("status.fencingToken is set once, when the claim is granted, and never changes").field_path(".fencingToken"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.slot) || (has(self.slot) && self.slot == oldSelf.slot)").message("status.slot is set once, when the claim is granted, and never changes").field_path(".slot"))]
 pub struct LeaseClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<ClaimPhase>,
     /// Set when granted, kept afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<i64>,
+    /// The semaphore slot granted (Leases with `spec.permits` above 1), kept afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant_time: Option<MicroTime>,
     /// 1-based place in the queue while Pending.

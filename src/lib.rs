@@ -8,7 +8,7 @@
 //!
 //! | feature | what it adds | heavy dependencies |
 //! | --- | --- | --- |
-//! | `client` | [`crd`], [`client`], [`conditions`], [`kube_client`], [`kube_error`]: the CRD types, the client library and the reasons it reports | kube, tokio |
+//! | `client` | [`crd`], [`permits`], [`client`], [`conditions`], [`kube_client`], [`kube_error`]: the CRD types, the client library and the reasons it reports | kube, tokio |
 //! | `fence` | [`fence`]: the fencing rule, [`fence::FileStore`] and [`fence::MemoryStore`] | none |
 //! | `postgres` | [`fence::postgres`] (implies `fence`) | tokio-postgres |
 //! | `redis` | [`fence::redis`] (implies `fence`) | redis |
@@ -94,6 +94,8 @@ pub mod kube_error;
 pub mod operator;
 #[cfg(feature = "outbox")]
 pub mod outbox;
+#[cfg(feature = "client")]
+pub mod permits;
 pub mod token;
 #[cfg(feature = "client")]
 mod watch_backoff;

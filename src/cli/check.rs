@@ -202,6 +202,7 @@ async fn posing_claim_refused(
     let claim = LeaseClaim::new(
         &name,
         LeaseClaimSpec {
+            slot: None,
             lease_name: lease.to_string(),
             holder_identity: OTHER_POD.to_string(),
             pod: Some(PodRef {

@@ -232,6 +232,7 @@ pub(super) fn new_claim(lease: &str, identity: &str, pod: Option<(String, String
                 name,
                 uid: Some(uid),
             }),
+            slot: None,
             renew_time: None,
         },
         status: None,

@@ -462,6 +462,7 @@ impl LeaseClient {
             name,
             LeaseSpec {
                 lease_duration_seconds: duration_secs,
+                permits: 1,
             },
         );
         let created = call(

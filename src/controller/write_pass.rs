@@ -148,8 +148,8 @@ impl<S: ApiServer> WritePass<S> {
     ) -> Step {
         self.confirm(lease, &decision.confirm, &mut outcome.learned)
             .await?;
-        if let Some(early) = &decision.confirm_expiry_early {
-            self.confirm(lease, std::slice::from_ref(early), &mut outcome.learned)
+        if !decision.confirm_expiry_early.is_empty() {
+            self.confirm(lease, &decision.confirm_expiry_early, &mut outcome.learned)
                 .await?;
         }
         if outcome.pass == Pass::Mirrors {
@@ -157,7 +157,7 @@ impl<S: ApiServer> WritePass<S> {
                 .write_mirrors(&decision.mirrors, &mut outcome.learned)
                 .await;
         }
-        if let Some(mark) = &decision.end_holder {
+        for mark in &decision.end_holder {
             self.end_holder(mark, &mut outcome.learned).await?;
         }
         if let (Some(status), Some(current)) = (&decision.lease_status, lease) {
@@ -166,7 +166,10 @@ impl<S: ApiServer> WritePass<S> {
                 .await?;
             self.record_lease_write(&written, decision, dirty_since);
             outcome.learned.lease = Some(written);
-            outcome.learned.expired_unmarked = decision.expired_unmarked.clone();
+            outcome
+                .learned
+                .expired_unmarked
+                .clone_from(&decision.expired_unmarked);
             outcome.wrote_lease = true;
         }
         outcome.mirrors_due = !decision.mirrors.is_empty();
@@ -316,7 +319,8 @@ impl<S: ApiServer> WritePass<S> {
     }
 
     fn record_lease_write(&self, written: &Lease, decision: &Decision, dirty_since: Instant) {
-        if let Some(ended) = &decision.ended {
+        let semaphore = written.status.as_ref().is_some_and(|s| s.held.is_some());
+        for ended in &decision.ended {
             let (counter, kind) = match ended.how {
                 Ending::Released => (&self.metrics.releases, events::Kind::Normal),
                 Ending::Expired => (&self.metrics.expirations, events::Kind::Warning),
@@ -328,7 +332,7 @@ impl<S: ApiServer> WritePass<S> {
                 Ending::Expired => conditions::messages::NO_RENEWAL.to_string(),
                 Ending::Revoked(why) => why.clone(),
             };
-            tracing::info!(lease = %self.key, claim = %ended.claim, token = ?ended.token, reason = ended.how.reason(), %why, "grant ended");
+            tracing::info!(lease = %self.key, slot = ended.slot, claim = %ended.claim, token = ?ended.token, reason = ended.how.reason(), %why, "grant ended");
             self.events.publish_on(
                 written,
                 kind,
@@ -336,19 +340,21 @@ impl<S: ApiServer> WritePass<S> {
                 conditions::messages::ended_event(
                     &self.key.name,
                     &ended.identity,
+                    semaphore.then_some(ended.slot),
                     ended.token.unwrap_or_default(),
                     &why,
                 ),
             );
         }
-        if let Some(granted) = &decision.granted {
+        for granted in &decision.granted {
             self.metrics.grants.inc();
-            if decision.ended.is_some() {
+            // A handover: the slot's grant ended in this same write.
+            if decision.ended.iter().any(|e| e.slot == granted.slot) {
                 self.metrics
                     .handover_latency
                     .observe(dirty_since.elapsed().as_secs_f64());
             }
-            tracing::info!(lease = %self.key, claim = %granted.claim, holder = %granted.identity, token = granted.token, "granted");
+            tracing::info!(lease = %self.key, slot = granted.slot, claim = %granted.claim, holder = %granted.identity, token = granted.token, "granted");
             self.events.publish_on(
                 written,
                 events::Kind::Normal,
@@ -356,6 +362,7 @@ impl<S: ApiServer> WritePass<S> {
                 conditions::messages::granted_event(
                     &granted.identity,
                     &granted.claim,
+                    semaphore.then_some(granted.slot),
                     granted.token,
                 ),
             );
@@ -401,7 +408,7 @@ impl<S: ApiServer> WritePass<S> {
                     learned.read_claims.push(claim);
                     return Ok(false);
                 }
-                learned.expiry_confirmed = Some(ExpiryConfirmed {
+                learned.expiries_confirmed.push(ExpiryConfirmed {
                     uid: uid.clone(),
                     renew_time: *renew_time,
                     token: *token,

@@ -31,6 +31,7 @@ use super::{Check, ClaimUpdate, Decision, Ending, held_a_deleted_lease, is_pendi
 use crate::conditions::{messages, reasons, types};
 use crate::controller::index::{ClaimView, LeaseView, PodProblem};
 use crate::crd::{ClaimPhase, LeaseClaimStatus, LeaseStatus};
+use crate::permits::SlotGrant;
 
 /// Phase 5a: each waiter's place in the queue.
 pub(super) fn mirror_waiters(
@@ -65,32 +66,32 @@ pub(super) fn mirror_claims(
     view: &LeaseView<'_>,
     claims: &[&ClaimView<'_>],
     status: &LeaseStatus,
-    ended_uid: Option<&str>,
     decision: &mut Decision,
     wall: Timestamp,
 ) {
     let wrote_lease = decision.lease_status.is_some();
-    let holder_uid = status.holder.as_ref().map(|h| h.claim_uid.as_str());
+    let highest_token = status.highest_token();
     for c in claims {
         let uid = c.claim.uid.as_str();
         if c.claim.deleting || c.claim.status.phase.is_some_and(ClaimPhase::is_final) {
             continue;
         }
-        if Some(uid) == holder_uid {
+        if let Some(grant) = status.grant_of(uid) {
             if c.claim.status.phase != Some(ClaimPhase::Granted) {
-                push_mirror(decision, c, granted(view, c, status, wall));
+                push_mirror(decision, c, granted(view, c, status, &grant, wall));
             }
-        } else if Some(uid) == ended_uid {
-            let how = &decision
-                .ended
-                .as_ref()
-                .expect("ended_uid implies ended")
-                .how;
-            let mark = ended(c, how, wall);
-            if marks_first(view, how) {
-                decision.end_holder = claim_update(c, mark, Some(c.claim.resource_version.clone()));
+        } else if let Some(how) = decision
+            .ended
+            .iter()
+            .find(|e| e.uid == uid)
+            .map(|e| e.how.clone())
+        {
+            let mark = ended(c, &how, wall);
+            if marks_first(view.holder(uid), &how) {
+                let update = claim_update(c, mark, Some(c.claim.resource_version.clone()));
+                decision.end_holder.extend(update);
             } else {
-                decision.expired_unmarked = Some(uid.to_string());
+                decision.expired_unmarked.push(uid.to_string());
                 push_mirror(decision, c, mark);
             }
         } else if view.expired_holders.iter().any(|u| u == uid) {
@@ -102,7 +103,7 @@ pub(super) fn mirror_claims(
             push_mirror(decision, c, s);
         } else if c.claim.status.phase == Some(ClaimPhase::Granted) {
             // Granted in its mirror, but the Lease names someone else: a later grant superseded it.
-            let token = status.fencing_token.unwrap_or_default();
+            let token = highest_token.unwrap_or_default();
             let why = messages::superseded(&view.key.name, token);
             if !wrote_lease {
                 decision.check(Check::LeaseUnchanged);
@@ -110,11 +111,12 @@ pub(super) fn mirror_claims(
             let s = lost(c, ClaimPhase::Revoked, reasons::SUPERSEDED, &why, wall);
             push_mirror(decision, c, s);
         } else if let Some(renewed) = c.claim.renewed_token
-            && status.fencing_token.is_some_and(|t| renewed <= t)
+            && highest_token.is_some_and(|t| renewed <= t)
         {
             // It renewed a grant the Lease has moved on from, before its `Granted`
-            // mirror landed: that grant expired (a renewal newer than the Lease we
-            // see means our copy of the Lease is stale, and we wait for it).
+            // mirror landed: that grant expired (a renewal newer than every token of
+            // the Lease we see means our copy of the Lease is stale, and we wait for
+            // it; a token at least as high was written with or after that grant).
             if !wrote_lease {
                 decision.check(Check::LeaseUnchanged);
             }
@@ -132,18 +134,25 @@ pub(super) fn mirror_claims(
     }
 }
 
-/// The new holder's mirror: granted, with the Lease's token and grant time.
+/// A new holder's mirror: granted, with its slot's token and grant time (and the
+/// slot, on a semaphore).
 fn granted(
     view: &LeaseView<'_>,
     c: &ClaimView<'_>,
     status: &LeaseStatus,
+    grant: &SlotGrant<'_>,
     wall: Timestamp,
 ) -> LeaseClaimStatus {
-    let token = status.fencing_token;
+    let token = grant.token;
     let mut s = c.claim.status.clone();
     s.phase = Some(ClaimPhase::Granted);
     s.fencing_token = token;
-    s.grant_time = status.acquire_time.clone();
+    s.slot = status.held.is_some().then_some(grant.slot);
+    s.grant_time = status
+        .slot_rows()
+        .into_iter()
+        .find(|r| r.slot == grant.slot)
+        .and_then(|r| r.acquire_time);
     s.position = None;
     remove_condition(&mut s.conditions, types::LEASE_NOT_FOUND);
     set_condition(
@@ -151,7 +160,10 @@ fn granted(
         types::GRANTED,
         true,
         reasons::GRANTED,
-        &messages::granted(&view.key.name, token.unwrap_or_default()),
+        &match s.slot {
+            Some(slot) => messages::granted_slot(&view.key.name, slot, token.unwrap_or_default()),
+            None => messages::granted(&view.key.name, token.unwrap_or_default()),
+        },
         c.claim.generation,
         wall,
     );

@@ -13,6 +13,16 @@
 //! Claims are granted in `(metadata.creationTimestamp, metadata.name)` order.
 //! creationTimestamp has one-second resolution, so claims created within the same
 //! second are ordered by name.
+//!
+//! # Slots
+//!
+//! A semaphore (`spec.permits` N above 1) runs every rule above per slot: each
+//! holder's grant ends (or not) on its own clock and checks, and one write hands
+//! every free slot below N to the waiters in that one FIFO queue. A waiter that asks
+//! for a slot (`spec.slot`) takes only that one and lets those behind it take the
+//! others meanwhile; any other waiter takes the lowest free slot. Slots at or above
+//! a lowered N end as revoked (marked first), and are not granted again until N is
+//! raised. Tokens: [`crate::permits`], "Tokens per slot".
 
 mod claim_status;
 
@@ -22,9 +32,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::index::{ClaimView, LeaseView, PodProblem};
+use super::index::{ClaimView, HolderView, LeaseView, PodProblem};
 use crate::conditions::{messages, reasons, types};
-use crate::crd::{ClaimPhase, Holder, Lease, LeaseClaimStatus, LeasePhase, LeaseStatus};
+use crate::crd::{
+    ClaimPhase, Holder, Lease, LeaseClaimStatus, LeasePhase, LeaseStatus, SlotStatus,
+};
 use crate::token::{MAX_TOKEN, TokensExhausted, next_token};
 use claim_status::{
     check_pod_gone, lost, mirror_claims, mirror_waiters, push_mirror, set_condition,
@@ -54,17 +66,21 @@ impl Ending {
     }
 }
 
-/// The claim a decision grants the Lease to, with its token.
+/// A claim a decision grants a slot of the Lease to, with its token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewHolder {
+    pub slot: i32,
     pub claim: String,
     pub identity: String,
     pub token: i64,
 }
 
+/// A slot's grant that a decision ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ended {
+    pub slot: i32,
     pub claim: String,
+    pub uid: String,
     pub identity: String,
     pub token: Option<i64>,
     pub how: Ending,
@@ -117,22 +133,22 @@ pub enum Check {
 pub struct Decision {
     /// 1. What a quorum read confirms before anything is written (each at most once).
     pub confirm: Vec<Check>,
-    /// 1a. The holder keeps the grant, but its expiry can be confirmed now, ahead of
-    ///    it, so that the expiry itself is the Lease write alone.
-    pub confirm_expiry_early: Option<Check>,
-    /// 2. The ended holder's claim, marked before the Lease and conditioned on its
-    ///    resourceVersion ([`ClaimUpdate::condition_on`]).
-    pub end_holder: Option<ClaimUpdate>,
+    /// 1a. Holders that keep their grants, but whose expiry can be confirmed now,
+    ///    ahead of it, so that the expiry itself is the Lease write alone.
+    pub confirm_expiry_early: Vec<Check>,
+    /// 2. The ended holders' claims, marked before the Lease and conditioned on
+    ///    their resourceVersions ([`ClaimUpdate::condition_on`]).
+    pub end_holder: Vec<ClaimUpdate>,
     /// 3. The new Lease status (compare-and-swap), when it differs from the observed one.
     pub lease_status: Option<LeaseStatus>,
-    /// 3a. Once the Lease is written: the expired holder's claim whose mark is among
-    ///    the deferred mirrors, for the index to remember how its grant ended.
-    pub expired_unmarked: Option<String>,
+    /// 3a. Once the Lease is written: the expired holders' claims whose marks are
+    ///    among the deferred mirrors, for the index to remember how their grants ended.
+    pub expired_unmarked: Vec<String>,
     /// 4. Every other claim's status mirror, deferred to a pass of their own.
     pub mirrors: Vec<ClaimUpdate>,
-    /// What the Lease write does, for its events and metrics.
-    pub granted: Option<NewHolder>,
-    pub ended: Option<Ended>,
+    /// What the Lease write does, for its events and metrics, in slot order.
+    pub granted: Vec<NewHolder>,
+    pub ended: Vec<Ended>,
 }
 
 /// What a decision asks of the API server.
@@ -155,8 +171,8 @@ impl Decision {
 
     pub fn work(&self) -> Work {
         if self.lease_status.is_some()
-            || self.end_holder.is_some()
-            || self.confirm_expiry_early.is_some()
+            || !self.end_holder.is_empty()
+            || !self.confirm_expiry_early.is_empty()
         {
             Work::Urgent
         } else if !self.mirrors.is_empty() {
@@ -177,9 +193,9 @@ impl Decision {
     }
 }
 
-/// Decides who holds the Lease, with which token, and who waits. Reads as its
-/// phases: how the current grant ends (if it does), who waits, the handover, what
-/// the Lease status says, and the claims' mirrors.
+/// Decides who holds each slot of the Lease, with which token, and who waits. Reads
+/// as its phases: how the current grants end (if they do), who waits, the handover,
+/// what the Lease status says, and the claims' mirrors.
 pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
     let claims = in_fifo_order(view);
     let Some(lease) = view.lease else {
@@ -189,42 +205,55 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
     let generation = lease.metadata.generation;
     let mut decision = Decision::default();
 
-    // 1. Does the current holder keep the lease?
-    let holder = observed.holder.as_ref();
-    let ending = holder.and_then(|h| holder_ending(view, h, &claims, now, &mut decision));
-    let (ended_uid, kept_uid) = match (holder, ending) {
-        (None, _) => (None, None),
-        (Some(h), None) => (None, Some(h.claim_uid.as_str())),
-        (Some(h), Some(how)) => {
-            decision.ended = Some(Ended {
-                claim: h.claim.clone(),
-                identity: h.identity.clone(),
-                token: observed.fencing_token,
-                how,
-            });
-            (Some(h.claim_uid.as_str()), None)
+    // 1. Does each holder keep its slot?
+    let mut rows = observed.slot_rows();
+    let mut kept = Vec::new();
+    for row in &mut rows {
+        let Some(h) = row.holder.as_ref() else {
+            continue;
+        };
+        let ending = if row.slot >= lease.spec.permits {
+            let why = messages::permits_lowered(row.slot, lease.spec.permits);
+            Some(Ending::Revoked(why))
+        } else {
+            let clock = view.holder(&h.claim_uid);
+            holder_ending(clock, row, &claims, now, &mut decision)
+        };
+        match ending {
+            None => kept.push(h.claim_uid.clone()),
+            Some(how) => {
+                decision.ended.push(Ended {
+                    slot: row.slot,
+                    claim: h.claim.clone(),
+                    uid: h.claim_uid.clone(),
+                    identity: h.identity.clone(),
+                    token: row.fencing_token,
+                    how,
+                });
+                row.holder = None;
+                row.acquire_time = None;
+            }
         }
-    };
+    }
 
     // 2. Who waits: pending claims whose pods (if any) are alive, in FIFO order.
-    let waiting = waiting_claims(view, &claims, ended_uid, kept_uid);
+    let waiting = waiting_claims(view, &claims, &decision.ended, &kept);
 
-    // 3. Hand over in the same write (or free the Lease), unless the holder keeps it.
+    // 3. Hand the free slots over in the same write (DESIGN rule 5).
     let mut status = observed.clone();
-    let (waiters, exhausted) = match kept_uid {
-        Some(_) => (waiting.as_slice(), None),
-        None => hand_over(lease, &waiting, &mut status, &mut decision, wall),
-    };
+    let (waiters, exhausted) =
+        hand_over(lease, &waiting, &mut rows, &mut status, &mut decision, wall);
+    status.set_slot_rows(rows, lease.spec.permits);
 
     // 4. The phase, the queue and the Held condition.
-    describe_lease(&mut status, waiters, exhausted, generation, wall);
+    describe_lease(&mut status, &waiters, exhausted, generation, wall);
     if status != observed {
         decision.lease_status = Some(status.clone());
     }
 
     // 5. Claim mirrors, written after the Lease.
-    mirror_waiters(view, waiters, &mut decision, wall);
-    mirror_claims(view, &claims, &status, ended_uid, &mut decision, wall);
+    mirror_waiters(view, &waiters, &mut decision, wall);
+    mirror_claims(view, &claims, &status, &mut decision, wall);
 
     decision
 }
@@ -236,15 +265,16 @@ fn in_fifo_order<'v>(view: &'v LeaseView<'v>) -> Vec<&'v ClaimView<'v>> {
     claims
 }
 
-/// Phase 1: why the holder's grant ends now, if it does, with the facts the writer
-/// must confirm first ([`Check`]).
+/// Phase 1: why the grant of a slot (`row`, with its holder's clock) ends now, if
+/// it does, with the facts the writer must confirm first ([`Check`]).
 fn holder_ending(
-    view: &LeaseView<'_>,
-    h: &Holder,
+    clock: Option<&HolderView>,
+    row: &SlotStatus,
     claims: &[&ClaimView<'_>],
     now: Instant,
     decision: &mut Decision,
 ) -> Option<Ending> {
+    let h = row.holder.as_ref()?;
     let released = Check::ClaimGone {
         name: h.claim.clone(),
         uid: h.claim_uid.clone(),
@@ -253,7 +283,7 @@ fn holder_ending(
     // whichever cache showed it; an absence after a relist may be a lagging cache's
     // view, which a quorum read confirms.
     let Some(c) = claims.iter().find(|c| c.claim.uid == h.claim_uid) else {
-        if !view.holder_deleted {
+        if !clock.is_some_and(|k| k.deleted) {
             decision.check(released);
         }
         return Some(Ending::Released);
@@ -269,31 +299,33 @@ fn holder_ending(
                 &pod.map_or_else(|| h.identity.clone(), |p| p.name.clone()),
             )))
         }
-        _ if view.holder_deadline.is_some_and(|d| now >= d) => {
-            if !marks_first(view, &Ending::Expired) && !view.expiry_confirmed {
-                decision.check(not_renewed(view, c));
+        _ if clock.and_then(|k| k.deadline).is_some_and(|d| now >= d) => {
+            if !marks_first(clock, &Ending::Expired) && !clock.is_some_and(|k| k.expiry_confirmed) {
+                decision.check(not_renewed(row, c));
             }
             Some(Ending::Expired)
         }
         _ => {
             let marked = c.claim.status.phase.filter(|p| p.is_final());
-            if marked.is_none() && view.expiry_check_at.is_some_and(|at| now >= at) {
-                decision.confirm_expiry_early = Some(not_renewed(view, c));
+            let check_due = clock
+                .and_then(|k| k.expiry_check_at)
+                .is_some_and(|at| now >= at);
+            if marked.is_none() && check_due {
+                decision.confirm_expiry_early.push(not_renewed(row, c));
             }
             marked.map(|phase| Ending::Revoked(messages::already_marked(&c.claim.name, phase)))
         }
     }
 }
 
-/// The quorum read that confirms the holder's claim `c` was not renewed since the
-/// index last observed it.
-fn not_renewed(view: &LeaseView<'_>, c: &ClaimView<'_>) -> Check {
-    let token = view.lease.and_then(|l| l.status.as_ref()?.fencing_token);
+/// The quorum read that confirms the slot holder's claim `c` was not renewed since
+/// the index last observed it.
+fn not_renewed(row: &SlotStatus, c: &ClaimView<'_>) -> Check {
     Check::NotRenewed {
         name: c.claim.name.clone(),
         uid: c.claim.uid.clone(),
         renew_time: c.claim.renew_time,
-        token: token.unwrap_or_default(),
+        token: row.fencing_token.unwrap_or_default(),
     }
 }
 
@@ -303,8 +335,8 @@ fn not_renewed(view: &LeaseView<'_>, c: &ClaimView<'_>) -> Check {
 /// its first renewal or given up, so a renewal landing after the quorum read comes
 /// after its local deadline and counts for nothing; the claim's `Expired` is then an
 /// ordinary deferred mirror, and the Lease the one urgent write.
-pub(super) fn marks_first(view: &LeaseView<'_>, how: &Ending) -> bool {
-    !(*how == Ending::Expired && view.holder_renewed)
+pub(super) fn marks_first(clock: Option<&HolderView>, how: &Ending) -> bool {
+    !(*how == Ending::Expired && clock.is_some_and(|k| k.renewed))
 }
 
 /// Phase 2: the claims that wait, in grant order: pending, pods alive (or not seen
@@ -313,8 +345,8 @@ pub(super) fn marks_first(view: &LeaseView<'_>, how: &Ending) -> bool {
 fn waiting_claims<'v>(
     view: &LeaseView<'_>,
     claims: &[&'v ClaimView<'v>],
-    ended_uid: Option<&str>,
-    kept_uid: Option<&str>,
+    ended: &[Ended],
+    kept: &[String],
 ) -> Vec<&'v ClaimView<'v>> {
     claims
         .iter()
@@ -323,8 +355,8 @@ fn waiting_claims<'v>(
             is_waiting(c)
                 && !held_a_deleted_lease(view, c)
                 && !renewed_a_grant(c)
-                && Some(c.claim.uid.as_str()) != ended_uid
-                && Some(c.claim.uid.as_str()) != kept_uid
+                && !ended.iter().any(|e| e.uid == c.claim.uid)
+                && !kept.contains(&c.claim.uid)
         })
         .collect()
 }
@@ -335,40 +367,67 @@ fn held_a_deleted_lease(view: &LeaseView<'_>, c: &ClaimView<'_>) -> bool {
     view.deleted_holders.contains(&c.claim.uid)
 }
 
-/// Phase 3: grants the Lease to the first waiter with the next token (DESIGN rules 3
-/// and 5), or frees it when nobody waits or no token is left. Returns the claims
-/// still waiting after it, and whether the tokens ran out.
+/// Phase 3: grants every free slot below `spec.permits` to the waiters in FIFO order
+/// (module docs, "Slots"), all with the next token (DESIGN rules 3 and 5;
+/// [`crate::permits`]), or none when no token is left. Returns the claims still
+/// waiting after it, and whether the tokens ran out.
 fn hand_over<'w>(
     lease: &Lease,
-    waiting: &'w [&'w ClaimView<'w>],
+    waiting: &[&'w ClaimView<'w>],
+    rows: &mut Vec<SlotStatus>,
     status: &mut LeaseStatus,
     decision: &mut Decision,
     wall: Timestamp,
-) -> (&'w [&'w ClaimView<'w>], Option<TokensExhausted>) {
-    let rv = lease.resource_version().unwrap_or_default();
-    let (next, token) = match waiting
-        .first()
-        .map(|next| (next, next_token(status.fencing_token, &rv)))
-    {
-        Some((next, Ok(token))) => (next, token),
-        unable => {
-            status.holder = None;
-            status.phase = Some(LeasePhase::Free);
-            status.acquire_time = None;
-            return (waiting, unable.and_then(|(_, t)| t.err()));
+) -> (Vec<&'w ClaimView<'w>>, Option<TokensExhausted>) {
+    let mut free: Vec<i32> = (0..lease.spec.permits)
+        .filter(|slot| !rows.iter().any(|r| r.slot == *slot && r.holder.is_some()))
+        .collect();
+    let mut waiters = Vec::new();
+    let mut grants = Vec::new();
+    for &c in waiting {
+        let slot = match c.claim.slot {
+            Some(wanted) => free.iter().position(|s| *s == wanted),
+            None => (!free.is_empty()).then_some(0),
+        };
+        match slot {
+            Some(i) => grants.push((free.remove(i), c)),
+            None => waiters.push(c),
         }
+    }
+    if grants.is_empty() {
+        return (waiters, None);
+    }
+    let rv = lease.resource_version().unwrap_or_default();
+    let token = match next_token(status.highest_token(), &rv) {
+        Ok(token) => token,
+        Err(exhausted) => return (waiting.to_vec(), Some(exhausted)),
     };
-    status.holder = Some(Holder {
-        claim: next.claim.name.clone(),
-        claim_uid: next.claim.uid.clone(),
-        identity: next.claim.holder_identity.clone(),
-        // What the holder's client will believe (DESIGN.md, "Client deadlines").
-        lease_duration_seconds: Some(lease.spec.lease_duration_seconds),
-    });
-    status.fencing_token = Some(token.token);
-    status.grants = Some(status.grants.unwrap_or(0) + 1);
-    status.acquire_time = Some(MicroTime(wall));
-    status.phase = Some(LeasePhase::Held);
+    for (slot, next) in grants {
+        let row = SlotStatus {
+            slot,
+            holder: Some(Holder {
+                claim: next.claim.name.clone(),
+                claim_uid: next.claim.uid.clone(),
+                identity: next.claim.holder_identity.clone(),
+                // What the holder's client will believe (DESIGN.md, "Client deadlines").
+                lease_duration_seconds: Some(lease.spec.lease_duration_seconds),
+            }),
+            fencing_token: Some(token.token),
+            acquire_time: Some(MicroTime(wall)),
+        };
+        match rows.iter_mut().find(|r| r.slot == slot) {
+            Some(existing) => *existing = row,
+            None => rows.push(row),
+        }
+        decision.granted.push(NewHolder {
+            slot,
+            claim: next.claim.name.clone(),
+            identity: next.claim.holder_identity.clone(),
+            token: token.token,
+        });
+    }
+    rows.sort_by_key(|r| r.slot);
+    status.grants = Some(status.grants.unwrap_or(0) + decision.granted.len() as i64);
     let (reason, message) = if token.from_resource_version {
         (
             reasons::INTEGER,
@@ -386,12 +445,7 @@ fn hand_over<'w>(
         lease.metadata.generation,
         wall,
     );
-    decision.granted = Some(NewHolder {
-        claim: next.claim.name.clone(),
-        identity: next.claim.holder_identity.clone(),
-        token: token.token,
-    });
-    (&waiting[1..], None)
+    (waiters, None)
 }
 
 /// Phase 4: the Lease's phase, its queue, and its `Held` condition.
@@ -402,7 +456,8 @@ fn describe_lease(
     generation: Option<i64>,
     wall: Timestamp,
 ) {
-    status.phase = Some(if status.holder.is_some() {
+    let held = status.held_count();
+    status.phase = Some(if held > 0 {
         LeasePhase::Held
     } else {
         LeasePhase::Free
@@ -414,8 +469,11 @@ fn describe_lease(
         .collect();
     status.waiting_count = Some(waiters.len() as i64);
     status.observed_generation = generation;
-    let (held, reason, message) = match (&status.holder, exhausted) {
-        (Some(h), _) => (
+    let (held, reason, message) = match (&status.holder, &status.held, exhausted) {
+        (_, Some(permits), _) if held > 0 => {
+            (true, reasons::GRANTED, messages::permits_held(permits))
+        }
+        (Some(h), None, _) => (
             true,
             reasons::GRANTED,
             messages::held_by(
@@ -425,17 +483,17 @@ fn describe_lease(
             ),
         ),
         // Issue no token rather than repeat or saturate one (`token`, "Token
-        // ceiling"). Nothing was granted, so fencingToken is still the last one issued.
-        (None, Some(e)) => (
+        // ceiling"). Nothing was granted, so the tokens are still the last ones issued.
+        (_, _, Some(e)) => (
             false,
             reasons::TOKENS_EXHAUSTED,
             messages::tokens_exhausted(
-                status.fencing_token.unwrap_or_default(),
+                status.highest_token().unwrap_or_default(),
                 MAX_TOKEN,
                 e.needed,
             ),
         ),
-        (None, None) => (false, reasons::FREE, messages::NO_CLAIM_WAITING.to_string()),
+        _ => (false, reasons::FREE, messages::NO_CLAIM_WAITING.to_string()),
     };
     set_condition(
         &mut status.conditions,

@@ -67,6 +67,8 @@ pub struct ClaimEntry {
     pub generation: Option<i64>,
     pub holder_identity: String,
     pub pod: Option<PodRef>,
+    /// The slot it asks for (`spec.slot`), if any.
+    pub slot: Option<i32>,
     pub renew_time: Option<Timestamp>,
     /// The token of the grant its holder last renewed (`palisade.dev/renewed-token`).
     pub renewed_token: Option<i64>,
@@ -167,11 +169,12 @@ pub(super) struct LeaseEntry {
     /// otherwise hold 352-byte entries.
     #[allow(clippy::vec_box)]
     pub(super) claims: Vec<Box<ClaimEntry>>,
-    /// The holder's claim UID and when the index first saw it hold the lease.
-    pub(super) holder_since: Option<(String, Instant)>,
-    /// A watch event said that claim was deleted: a fact (a UID never comes back),
-    /// where its absence after a relist is only what one cache showed.
-    pub(super) holder_deleted: bool,
+    /// Each holder's claim UID (one per held slot) and when the index first saw it
+    /// hold the lease.
+    pub(super) holders_since: Vec<(String, Instant)>,
+    /// Holders whose claim a watch event said was deleted: a fact (a UID never comes
+    /// back), where its absence after a relist is only what one cache showed.
+    pub(super) holders_deleted: Vec<String>,
     /// Claims that held a Lease object of this name that is gone (deleted, or
     /// replaced by a re-created one): revoked even if their `Granted` mirror never
     /// landed, and never granted by a later Lease of the name.
@@ -179,9 +182,9 @@ pub(super) struct LeaseEntry {
     /// Claims whose grant this controller ended as expired without marking them
     /// first (`holder`, "Expiry is one write"): their deferred mirror says `Expired`.
     pub(super) expired_holders: Vec<String>,
-    /// A quorum read made in the holder's last sixth found its claim not renewed
-    /// (`holder`, "Expiry is one write"): boxed, since most entries never have one.
-    pub(super) expiry_confirmed: Option<Box<ExpiryConfirmed>>,
+    /// Quorum reads made in a holder's last sixth that found its claim not renewed
+    /// (`holder`, "Expiry is one write"), at most one per holder.
+    pub(super) expiries_confirmed: Vec<ExpiryConfirmed>,
 }
 
 /// What a quorum read found: the holder's claim (this UID) still showing this
@@ -210,17 +213,24 @@ impl LeaseEntry {
     /// The Lease object held goes away; `last` is its final state when the watch
     /// delivered one (newer than ours, possibly).
     pub(super) fn lease_gone(&mut self, last: Option<&Lease>) {
-        let holder = |l: &Lease| Some(l.status.as_ref()?.holder.as_ref()?.claim_uid.clone());
-        let uid = last
-            .and_then(holder)
-            .or_else(|| self.lease.as_deref().and_then(holder));
-        if let Some(uid) = uid {
+        let holders = |l: &Lease| -> Vec<String> {
+            let rows = l.status.as_ref().map(|s| s.slot_rows()).unwrap_or_default();
+            rows.into_iter()
+                .filter_map(|r| Some(r.holder?.claim_uid))
+                .collect()
+        };
+        let uids = last
+            .map(holders)
+            .filter(|uids| !uids.is_empty())
+            .or_else(|| self.lease.as_deref().map(holders))
+            .unwrap_or_default();
+        for uid in uids {
             remember(&mut self.deleted_holders, &self.claims, uid);
         }
         self.lease = None;
-        self.holder_since = None;
-        self.holder_deleted = false;
-        self.expiry_confirmed = None;
+        self.holders_since.clear();
+        self.holders_deleted.clear();
+        self.expiries_confirmed.clear();
     }
 
     /// This controller handed the Lease on from `uid`'s expired grant without
@@ -266,7 +276,7 @@ impl Counts {
             .map_or(0, |n| usize::try_from(n).unwrap_or(0));
         Counts {
             leases: usize::from(entry.lease.is_some()),
-            held: usize::from(entry.holder_since.is_some()),
+            held: usize::from(!entry.holders_since.is_empty()),
             waiting,
         }
     }

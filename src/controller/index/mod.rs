@@ -50,35 +50,52 @@ pub struct LeaseView<'a> {
     pub key: &'a LeaseKey,
     pub lease: Option<&'a Lease>,
     pub claims: Vec<ClaimView<'a>>,
-    /// When the current holder's grant expires on the controller's clock.
-    pub holder_deadline: Option<Instant>,
-    /// The holder's claim shows a renewal of this very grant (its token in
-    /// `palisade.dev/renewed-token`): its client's first renewal of it has landed.
-    pub holder_renewed: bool,
-    /// When the quorum read that confirms the holder's expiry ahead of it is due
-    /// (`holder`, "Expiry is one write"): for a renewed holder not yet confirmed.
-    pub expiry_check_at: Option<Instant>,
-    /// A quorum read made since [`LeaseView::expiry_check_at`] found the holder's
-    /// claim as the index shows it: its expiry needs no read of its own.
-    pub expiry_confirmed: bool,
+    /// The clock of each slot's holder, in slot order.
+    pub holders: Vec<HolderView>,
     /// When a claim whose pod has not been seen yet stops waiting for it.
     pub pod_recheck: Option<Instant>,
-    /// A watch event said the holder's claim was deleted (not a relist leaving it out).
-    pub holder_deleted: bool,
     /// UIDs of claims that held a Lease object of this name that is gone.
     pub deleted_holders: &'a [String],
     /// UIDs of claims whose expiry this controller wrote without marking them first.
     pub expired_holders: &'a [String],
 }
 
+/// One slot's holder, as the index keeps its clock (DESIGN rule 4, `holder`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderView {
+    pub slot: i32,
+    /// The holder's claim UID.
+    pub uid: String,
+    /// When its grant expires on the controller's clock.
+    pub deadline: Option<Instant>,
+    /// Its claim shows a renewal of this very grant (its token in
+    /// `palisade.dev/renewed-token`): its client's first renewal of it has landed.
+    pub renewed: bool,
+    /// When the quorum read that confirms its expiry ahead of it is due (`holder`,
+    /// "Expiry is one write"): for a renewed holder not yet confirmed.
+    pub expiry_check_at: Option<Instant>,
+    /// A quorum read made since [`HolderView::expiry_check_at`] found its claim as
+    /// the index shows it: its expiry needs no read of its own.
+    pub expiry_confirmed: bool,
+    /// A watch event said its claim was deleted (not a relist leaving it out).
+    pub deleted: bool,
+}
+
 impl LeaseView<'_> {
-    /// When to decide this Lease again if nothing changes: its holder's expiry, the
+    /// When to decide this Lease again if nothing changes: a holder's expiry, the
     /// read ahead of it, or a pod recheck, whichever comes first.
     pub fn wake_at(&self) -> Option<Instant> {
-        [self.holder_deadline, self.expiry_check_at, self.pod_recheck]
-            .into_iter()
+        self.holders
+            .iter()
+            .flat_map(|h| [h.deadline, h.expiry_check_at])
+            .chain([self.pod_recheck])
             .flatten()
             .min()
+    }
+
+    /// The clock of the holder whose claim has this UID.
+    pub fn holder(&self, uid: &str) -> Option<&HolderView> {
+        self.holders.iter().find(|h| h.uid == uid)
     }
 }
 
@@ -99,10 +116,10 @@ pub struct Learned {
     /// Claims and pods as a quorum read showed them when it refuted an ending.
     pub read_claims: Vec<LeaseClaim>,
     pub read_pods: Vec<Pod>,
-    /// The Lease write ended this claim's grant as expired, its mark deferred.
-    pub expired_unmarked: Option<String>,
-    /// A quorum read found the holder's claim not renewed.
-    pub expiry_confirmed: Option<ExpiryConfirmed>,
+    /// The Lease write ended these claims' grants as expired, their marks deferred.
+    pub expired_unmarked: Vec<String>,
+    /// Quorum reads found these holders' claims not renewed.
+    pub expiries_confirmed: Vec<ExpiryConfirmed>,
 }
 
 #[derive(Debug, Default)]
@@ -238,18 +255,26 @@ impl Index {
             }
         }
         let before = Counts::of(entry);
-        let holder_uid = lease
+        let rows = lease
             .status
             .as_ref()
-            .and_then(|s| s.holder.as_ref())
-            .map(|h| h.claim_uid.clone());
-        let same_holder = matches!((&holder_uid, &entry.holder_since), (Some(uid), Some((seen, _))) if seen == uid);
-        entry.holder_deleted &= same_holder;
-        entry.holder_since = match (holder_uid, entry.holder_since.take()) {
-            (Some(uid), Some((seen, since))) if seen == uid => Some((seen, since)),
-            (Some(uid), _) => Some((uid, now)),
-            (None, _) => None,
-        };
+            .map(|s| s.slot_rows())
+            .unwrap_or_default();
+        let holders: Vec<String> = rows
+            .into_iter()
+            .filter_map(|r| Some(r.holder?.claim_uid))
+            .collect();
+        entry.holders_deleted.retain(|uid| holders.contains(uid));
+        let mut since = std::mem::take(&mut entry.holders_since);
+        entry.holders_since = holders
+            .into_iter()
+            .map(
+                |uid| match since.iter().position(|(seen, _)| *seen == uid) {
+                    Some(i) => since.swap_remove(i),
+                    None => (uid, now),
+                },
+            )
+            .collect();
         // Write responses arrive here unslimmed, and the watch event of the same
         // version is then skipped above: slim whatever is kept.
         super::slim::slim(&mut lease);
@@ -316,6 +341,7 @@ impl Index {
             generation: claim.metadata.generation,
             holder_identity: claim.spec.holder_identity.clone(),
             pod: claim.spec.pod.clone(),
+            slot: claim.spec.slot,
             renew_time,
             renewed_token: claim
                 .annotations()
@@ -359,9 +385,11 @@ impl Index {
             .claim_lease
             .get(&(namespace.clone(), name.clone()))
             .and_then(|key| self.leases.get_mut(key))
-            && entry.holder_since.as_ref().map(|(uid, _)| uid) == claim.metadata.uid.as_ref()
+            && let Some(uid) = &claim.metadata.uid
+            && entry.holders_since.iter().any(|(held, _)| held == uid)
+            && !entry.holders_deleted.contains(uid)
         {
-            entry.holder_deleted = true;
+            entry.holders_deleted.push(uid.clone());
         }
         self.remove_claim(&namespace, &name)
     }
@@ -440,18 +468,19 @@ impl Index {
     pub fn apply_outcome(&mut self, key: &LeaseKey, learned: Learned, now: Instant) -> bool {
         let held = self.lease(key).map(|l| l.metadata.uid.clone());
         if held.is_some() && held == Some(learned.lease_uid) {
-            if let Some(confirmed) = learned.expiry_confirmed
-                && let Some(entry) = self.leases.get_mut(key)
-            {
-                entry.expiry_confirmed = Some(Box::new(confirmed));
+            if let Some(entry) = self.leases.get_mut(key) {
+                for confirmed in learned.expiries_confirmed {
+                    entry.expiries_confirmed.retain(|c| c.uid != confirmed.uid);
+                    entry.expiries_confirmed.push(confirmed);
+                }
             }
             if let Some(lease) = learned.lease {
                 // Its new version, or (read after a failed write) its successor.
                 self.apply_lease(lease, now);
-                if let Some(uid) = learned.expired_unmarked
-                    && let Some(entry) = self.leases.get_mut(key)
-                {
-                    entry.expired_unmarked(uid);
+                if let Some(entry) = self.leases.get_mut(key) {
+                    for uid in learned.expired_unmarked {
+                        entry.expired_unmarked(uid);
+                    }
                 }
             } else if learned.lease_gone
                 && let Some(lease) = self.lease(key).map(|l| (**l).clone())
@@ -488,17 +517,22 @@ impl Index {
     /// What the grant decision sees for one Lease name.
     pub fn view<'a>(&'a self, key: &'a LeaseKey, now: Instant) -> Option<LeaseView<'a>> {
         let entry = self.leases.get(key)?;
-        let holder_uid = entry.holder_since.as_ref().map(|(uid, _)| uid.as_str());
+        let rows = entry
+            .lease
+            .as_ref()
+            .and_then(|l| l.status.as_ref())
+            .map(|s| s.slot_rows())
+            .unwrap_or_default();
         let claims: Vec<ClaimView<'a>> = entry
             .claims
             .iter()
             .map(|claim| {
                 let claim: &ClaimEntry = claim;
                 let mut pod_problem = self.pod_problem(&key.namespace, claim, now);
-                // The holder's pod was seen when it was granted (or in the complete
+                // A holder's pod was seen when it was granted (or in the complete
                 // list after a restart): if it is missing now, it is gone.
                 if pod_problem == Some(PodProblem::NotSeenYet)
-                    && Some(claim.uid.as_str()) == holder_uid
+                    && entry.holders_since.iter().any(|(uid, _)| *uid == claim.uid)
                 {
                     pod_problem = Some(PodProblem::Gone);
                 }
@@ -514,21 +548,32 @@ impl Index {
             .filter(|c| c.pod_problem == Some(PodProblem::NotSeenYet))
             .map(|c| c.claim.first_seen + POD_GRACE)
             .min();
-        let holder_clock = holder_clock(entry);
-        let holder_renewed = holder_renewed(entry);
-        let expiry_confirmed = expiry_confirmed(entry);
+        let holders = rows
+            .iter()
+            .filter_map(|row| {
+                let uid = row.holder.as_ref()?.claim_uid.clone();
+                let clock = holder_clock(entry, row);
+                let renewed = holder_renewed(entry, row);
+                let confirmed = expiry_confirmed(entry, row);
+                Some(HolderView {
+                    slot: row.slot,
+                    deadline: clock.map(|(alive, duration)| alive + duration),
+                    renewed,
+                    expiry_check_at: clock
+                        .filter(|_| renewed && !confirmed)
+                        .map(|(alive, duration)| alive + duration * 5 / 6),
+                    expiry_confirmed: confirmed,
+                    deleted: entry.holders_deleted.contains(&uid),
+                    uid,
+                })
+            })
+            .collect();
         Some(LeaseView {
             key,
             lease: entry.lease.as_deref(),
             claims,
-            holder_deadline: holder_clock.map(|(alive, duration)| alive + duration),
-            holder_renewed,
-            expiry_check_at: holder_clock
-                .filter(|_| holder_renewed && !expiry_confirmed)
-                .map(|(alive, duration)| alive + duration * 5 / 6),
-            expiry_confirmed,
+            holders,
             pod_recheck,
-            holder_deleted: entry.holder_deleted,
             deleted_holders: &entry.deleted_holders,
             expired_holders: &entry.expired_holders,
         })
