@@ -14,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::crd::{
     ClaimPhase, Holder, Lease, LeaseClaim, LeaseClaimSpec, LeasePhase, LeaseSpec, LeaseStatus,
-    PodRef,
+    PodRef, SlotStatus,
 };
 
 /// The namespace of every object unless told otherwise.
@@ -75,6 +75,12 @@ impl LeaseBuilder {
         self
     }
 
+    /// `spec.permits`: above 1, a semaphore (`crate::permits`).
+    pub fn permits(mut self, permits: i32) -> Self {
+        self.0.spec.permits = permits;
+        self
+    }
+
     pub fn phase(mut self, phase: LeasePhase) -> Self {
         self.status().phase = Some(phase);
         self
@@ -119,12 +125,68 @@ impl LeaseBuilder {
         self
     }
 
+    /// A row of `status.slots` (slot 1 and up; slot 0 is [`Self::holder`] and
+    /// [`Self::token`]) held by the claim `claim_uid` with `token`, no recorded duration
+    /// (see [`Self::slot_granted_with`]). Replaces the slot's row if there is one.
+    pub fn slot_holder(
+        self,
+        slot: i32,
+        claim: &str,
+        claim_uid: &str,
+        identity: &str,
+        token: i64,
+    ) -> Self {
+        let holder = Holder {
+            claim: claim.into(),
+            claim_uid: claim_uid.into(),
+            identity: identity.into(),
+            lease_duration_seconds: None,
+        };
+        self.slot_row(slot, Some(holder), token)
+    }
+
+    /// A free row of `status.slots`, with the slot's last token.
+    pub fn free_slot(self, slot: i32, token: i64) -> Self {
+        self.slot_row(slot, None, token)
+    }
+
+    /// The `leaseDurationSeconds` of the holder of slot `slot` (1 and up), like
+    /// [`Self::granted_with`] for slot 0. After [`Self::slot_holder`].
+    pub fn slot_granted_with(mut self, slot: i32, seconds: impl Into<Option<i64>>) -> Self {
+        let row = self.status().slots.iter_mut().find(|s| s.slot == slot);
+        let holder = row
+            .and_then(|s| s.holder.as_mut())
+            .expect("slot_granted_with needs the slot's holder");
+        holder.lease_duration_seconds = seconds.into();
+        self
+    }
+
+    /// `status.held`: `held/permits`, as the controller writes it on a semaphore.
+    pub fn held(mut self, held: &str) -> Self {
+        self.status().held = Some(held.into());
+        self
+    }
+
     pub fn build(self) -> Lease {
         self.0
     }
 
     fn status(&mut self) -> &mut LeaseStatus {
         self.0.status.get_or_insert_default()
+    }
+
+    fn slot_row(mut self, slot: i32, holder: Option<Holder>, token: i64) -> Self {
+        assert!(slot > 0, "slot 0 is the top-level holder and token");
+        let slots = &mut self.status().slots;
+        slots.retain(|s| s.slot != slot);
+        slots.push(SlotStatus {
+            slot,
+            holder,
+            fencing_token: Some(token),
+            acquire_time: None,
+        });
+        slots.sort_by_key(|s| s.slot);
+        self
     }
 }
 

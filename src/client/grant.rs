@@ -19,10 +19,11 @@ use tokio_util::task::TaskTracker;
 use super::claim::{ClaimGuard, touch};
 use super::clock::{BootInstant, BootTimer};
 use super::object_watch::Events;
-use super::wait::{Granted, claim_ending, holds_grant, lease_duration};
+use super::wait::{Granted, claim_ending, grant_in, holds_grant, lease_duration};
 use super::{CALL_TIMEOUT, Error, LostReason};
 use crate::crd::{ClaimPhase, Lease, LeaseClaim};
 use crate::kube_error::ApiErrorKind;
+use crate::permits;
 
 /// A held Lease. Renewed in the background until released, dropped or lost.
 pub struct Grant {
@@ -31,6 +32,8 @@ pub struct Grant {
     identity: String,
     claim: String,
     claim_uid: String,
+    /// The slot this grant holds: 0 on a lock (`crate::permits`).
+    slot: i32,
     token: i64,
     lost: watch::Receiver<Option<LostReason>>,
     duration: watch::Receiver<Duration>,
@@ -48,6 +51,7 @@ impl fmt::Debug for Grant {
             .field("lease", &self.lease)
             .field("claim", &self.claim)
             .field("identity", &self.identity)
+            .field("slot", &self.slot)
             .field("token", &self.token)
             .field("lost", &*self.lost.borrow())
             .finish()
@@ -76,17 +80,20 @@ impl Grant {
             lease_events,
             claim_events,
         } = found;
-        let status = granted.status.clone().unwrap_or_default();
+        // The wait returned this Lease because some slot names the claim.
+        let (slot, token) = grant_in(&granted, &guard.uid).unwrap_or_default();
+        let token = token.unwrap_or_default();
         let (lost_tx, lost_rx) = watch::channel(None);
         let stop = CancellationToken::new();
         let (claim, claim_uid) = (guard.name.clone(), guard.uid.clone());
-        let (duration_tx, duration_rx) = watch::channel(lease_duration(&granted));
-        let (deadline_tx, deadline_rx) =
-            watch::channel((observed_at + lease_duration(&granted) / 3).since_boot());
+        let duration = lease_duration(&granted, &guard.uid);
+        let (duration_tx, duration_rx) = watch::channel(duration);
+        let (deadline_tx, deadline_rx) = watch::channel((observed_at + duration / 3).since_boot());
         let keeper = Keeper {
             duration: duration_tx,
             deadline: deadline_tx,
-            token: status.fencing_token.unwrap_or_default(),
+            slot,
+            token,
             guard,
             lost: lost_tx,
             stop: stop.clone(),
@@ -120,7 +127,8 @@ impl Grant {
             identity,
             claim,
             claim_uid,
-            token: status.fencing_token.unwrap_or_default(),
+            slot,
+            token,
             lost: lost_rx,
             duration: duration_rx,
             deadline: deadline_rx,
@@ -134,9 +142,22 @@ impl Grant {
         })
     }
 
-    /// The fencing token of this grant: send it with every write to the protected resource.
+    /// The fencing token of this grant: send it with every write to the protected
+    /// resource, under [`Grant::fence_key`].
     pub fn token(&self) -> i64 {
         self.token
+    }
+
+    /// The slot this grant holds: `0..permits` on a semaphore, always 0 on a lock.
+    pub fn slot(&self) -> i32 {
+        self.slot
+    }
+
+    /// The key a fence keeps this grant's marks under ([`permits::fence_key`]):
+    /// `<namespace>/<lease>` for slot 0 (a lock's key), `<namespace>/<lease>#<slot>`
+    /// for the others, so that the holder of one slot never passes another's fence.
+    pub fn fence_key(&self) -> String {
+        permits::fence_key(&self.namespace, &self.lease, self.slot)
     }
 
     pub fn lease(&self) -> &str {
@@ -232,6 +253,8 @@ struct Keeper {
     /// The lease duration this grant is held under: the one the grant was observed
     /// with, lowered by every shorter one seen since, never raised (DESIGN.md, "Client deadlines").
     duration: watch::Sender<Duration>,
+    /// The grant's slot: the Lease names the claim there while the grant is held.
+    slot: i32,
     /// The grant's fencing token: a renewal counts only when the claim shows this grant.
     token: i64,
     guard: ClaimGuard,
@@ -366,13 +389,13 @@ impl Keeper {
     fn lease_changed(&self, event: Result<Option<Lease>, Error>) -> Option<LostReason> {
         match event {
             Ok(None) => Some(LostReason::LeaseDeleted),
-            Ok(Some(lease)) if !holds_grant(&lease, &self.guard.uid, self.token) => {
+            Ok(Some(lease)) if !holds_grant(&lease, &self.guard.uid, self.slot, self.token) => {
                 Some(LostReason::Superseded)
             }
             // An edit may shorten the duration (the controller may apply it at
             // once); a longer one is never believed.
             Ok(Some(lease)) => {
-                let seen = lease_duration(&lease);
+                let seen = lease_duration(&lease, &self.guard.uid);
                 self.duration.send_if_modified(|d| {
                     let shorter = seen < *d;
                     *d = (*d).min(seen);

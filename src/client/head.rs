@@ -30,6 +30,26 @@
 //! usual margin before its next renewal; otherwise the grant is confirmed after it
 //! is seen, as before (`Keeper::confirm`). Nothing here is needed for safety: which
 //! waiter writes, and when, only decides whether `acquire` waits for one more write.
+//!
+//! # Semaphores: the create only
+//!
+//! On a Lease where more than one slot may be held (`spec.permits` above 1, or a row
+//! of `status.slots` still held after `permits` was lowered) the head of the queue
+//! watches no holder and makes no early write; the claim's create still anchors a
+//! grant seen within D/3 of it (a free slot is granted at once), and any other grant
+//! is believed from the keeper's first renewal, which must count within D/3 of
+//! seeing the grant (DESIGN.md, "Client deadlines"). Not for safety: the argument
+//! above is about this claim's own write and the grant that goes to *this* claim,
+//! in whatever slot, and holds as well on a semaphore. But the write is only worth
+//! making when it tells which grant comes next, and on a semaphore the holder of
+//! `status.holder` (slot 0) is one of up to 64: the next slot to free may be any of
+//! them, and a claim asking for one slot (`spec.slot`) waits for that slot alone,
+//! so the head of `status.waiting` need not be the next granted. Watching every
+//! holder's claim would cost a head waiter up to 64 watches to save one write of a
+//! few milliseconds per handover, and writing on slot 0's signs alone would spend
+//! writes on grants that go elsewhere (harmless: a write counts only within D/3,
+//! and names no token). So semaphores take the plain path, one write on the
+//! handover's critical path, and locks keep theirs.
 
 use std::future::pending;
 use std::time::Duration;
@@ -113,10 +133,11 @@ impl EarlyConfirmation {
     }
 
     /// A Lease version that does not name this claim: who holds it, and whether this
-    /// claim is next.
+    /// claim is next (on a lock only: see the module docs, "Semaphores").
     pub(super) fn lease_seen(&mut self, lease: Option<&Lease>) {
         let status = lease.and_then(|l| l.status.as_ref());
-        let first = status.is_some_and(|s| s.waiting.first() == Some(&self.name));
+        let first = status.is_some_and(|s| s.waiting.first() == Some(&self.name))
+            && !lease.is_some_and(several_slots);
         // Free (a grant follows at once; the create is the write it is believed from),
         // gone, or not next: nothing to watch.
         let (Some(lease), Some(holder), true) =
@@ -235,6 +256,16 @@ impl EarlyConfirmation {
     }
 }
 
+/// More than one slot may be held at once: a semaphore, or a Lease whose `permits`
+/// was lowered while a slot above 0 was held (its grant is ended like a revocation).
+fn several_slots(lease: &Lease) -> bool {
+    lease.spec.permits > 1
+        || lease
+            .status
+            .as_ref()
+            .is_some_and(|s| s.slots.iter().any(|row| row.holder.is_some()))
+}
+
 /// The longer of the Lease's duration and the one its grant was made with: how long
 /// the controller may wait for the holder's next renewal.
 fn longest_duration(lease: &Lease) -> Duration {
@@ -270,5 +301,29 @@ async fn poll_write(
     match writing {
         Some(w) => w.await,
         None => pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::LeaseBuilder;
+
+    #[test]
+    fn only_a_lock_has_a_single_holder_to_watch() {
+        let lock = LeaseBuilder::new("l").holder("a", "ua", "a").token(3);
+        assert!(!several_slots(&lock.build()));
+        let semaphore = LeaseBuilder::new("s").permits(3).holder("a", "ua", "a");
+        assert!(several_slots(&semaphore.build()));
+        // Lowered to 1 while slot 2 was held: two holders until that grant ends.
+        let lowered = LeaseBuilder::new("s")
+            .holder("a", "ua", "a")
+            .slot_holder(2, "c", "uc", "c", 6);
+        assert!(several_slots(&lowered.build()));
+        // Lowered to 1, the rows above kept free: a lock again.
+        let settled = LeaseBuilder::new("s")
+            .holder("a", "ua", "a")
+            .free_slot(2, 6);
+        assert!(!several_slots(&settled.build()));
     }
 }

@@ -19,8 +19,13 @@
 //! How it keeps the contract (DESIGN.md, "Client side" and "Client deadlines"):
 //!
 //! - The authority is `Lease.status` (rule 1): a claim holds the lease exactly
-//!   when `status.holder.claimUID` is its UID, and the token is
-//!   `status.fencingToken`. The claim's status is only read for *why* a grant ended.
+//!   when a slot's holder has its UID, and the token is that slot's
+//!   ([`LeaseStatus::grant_of`](crate::crd::LeaseStatus::grant_of)): on a lock, the
+//!   only slot, 0, is `status.holder` with `status.fencingToken`; on a semaphore
+//!   (`spec.permits` above 1) slots 1 and up are the rows of `status.slots`
+//!   (`crate::permits`). A grant is one slot and one token; the Lease naming the
+//!   claim in no slot, or with another token, is its loss ([`LostReason::Superseded`]).
+//!   The claim's status is only read for *why* a grant ended.
 //! - Waiting for the grant and noticing its loss use watches, never polling (rule 5).
 //! - Renewal is one merge patch of the claim's `spec.renewTime` (rule 4), with the
 //!   grant's token in the annotation `palisade.dev/renewed-token`, every
@@ -61,7 +66,7 @@
 //!   duration bounds the case where the controller's clock started well before the
 //!   client saw the grant. Cost: one renewal, a few milliseconds, per acquire.
 //! - **Durations.** The client takes the shorter of the spec it observes and the
-//!   duration the grant recorded (`status.holder.leaseDurationSeconds`), so neither an
+//!   duration the grant recorded (its slot holder's `leaseDurationSeconds`), so neither an
 //!   edit nor a spec raised between the grant and the client's first sight of it
 //!   makes it believe a longer deadline than the controller applies. The controller
 //!   never applies a shorter one to a grant in progress: it expires the longer of the
@@ -312,6 +317,10 @@ pub struct AcquireOptions {
     /// Give up when not granted within this long ([`Error::Timeout`]); the claim is
     /// deleted before `acquire` returns. Default: wait for as long as it takes.
     pub timeout: Option<Duration>,
+    /// On a semaphore, only this slot (`0..permits`), for work sharded by slot: the
+    /// claim's `spec.slot`. Default (None): any slot, the lowest free one. A lock has
+    /// slot 0 only. The API server refuses a slot outside 0..63 ([`Error::Api`]).
+    pub slot: Option<i32>,
 }
 
 /// The holder identity used when none is given: the pod name, else the host name.
@@ -455,16 +464,22 @@ impl LeaseClient {
         &self.claims
     }
 
-    /// Creates the Lease with this duration unless it exists (an existing Lease is left as it is).
-    /// Returns whether it was created.
+    /// Creates the Lease, a lock with this duration, unless it exists (an existing
+    /// Lease is left as it is). Returns whether it was created.
     pub async fn ensure_lease(&self, name: &str, duration_secs: i64) -> Result<bool, Error> {
-        let lease = Lease::new(
-            name,
-            LeaseSpec {
-                lease_duration_seconds: duration_secs,
-                permits: 1,
-            },
-        );
+        let spec = LeaseSpec {
+            lease_duration_seconds: duration_secs,
+            permits: 1,
+        };
+        self.ensure_lease_with(name, spec).await
+    }
+
+    /// Creates the Lease with this spec unless it exists, e.g. a semaphore with
+    /// `permits: 3`; an existing Lease is left as it is, whatever its spec (read it to
+    /// see how many permits it has). Returns whether it was created. The API server
+    /// refuses a spec out of range (`permits` 1..64) with [`Error::Api`].
+    pub async fn ensure_lease_with(&self, name: &str, spec: LeaseSpec) -> Result<bool, Error> {
+        let lease = Lease::new(name, spec);
         let created = call(
             || format!("creating lease {name}"),
             self.leases.create(&post_params(), &lease),
@@ -478,7 +493,8 @@ impl LeaseClient {
     }
 
     /// Creates a claim on `lease` and waits (watching, not polling) until the Lease
-    /// names it as holder. Dropping the returned future deletes the claim.
+    /// names it as the holder of a slot (the only one, 0, of a lock; see
+    /// [`AcquireOptions::slot`]). Dropping the returned future deletes the claim.
     pub async fn acquire(&self, lease: &str, options: AcquireOptions) -> Result<Grant, Error> {
         let deadline = options.timeout.map(|t| Instant::now() + t);
         let timed_out = || Error::Timeout {
@@ -486,7 +502,7 @@ impl LeaseClient {
             timeout: options.timeout.unwrap_or_default(),
         };
         let identity = options.identity.clone().unwrap_or_else(default_identity);
-        let claim = new_claim(lease, &identity, options.pod.resolve());
+        let claim = new_claim(lease, &identity, options.pod.resolve(), options.slot);
         let timer = BootTimer::new().map_err(Error::Clock)?;
         let created_at = clock::BootInstant::now();
         let created = until_deadline(deadline, self.create_claim(claim))

@@ -101,32 +101,37 @@ pub(super) async fn until_deadline<T>(
     }
 }
 
-fn holds(lease: &Lease, claim_uid: &str) -> bool {
-    lease
-        .status
-        .as_ref()
-        .and_then(|s| s.holder.as_ref())
-        .is_some_and(|h| h.claim_uid == claim_uid)
+/// The slot whose holder the Lease names as this claim, with its token: slot 0 of a
+/// lock (or of a semaphore) is the top-level `status.holder`, the others are rows of
+/// `status.slots` (`crate::permits`).
+pub(super) fn grant_in(lease: &Lease, claim_uid: &str) -> Option<(i32, Option<i64>)> {
+    let grant = lease.status.as_ref()?.grant_of(claim_uid)?;
+    Some((grant.slot, grant.token))
 }
 
-/// The Lease still publishes this claim's grant: the claim as holder, with the token
-/// it was granted (a Lease re-created under the name and granted to the same claim
-/// would publish another).
-pub(super) fn holds_grant(lease: &Lease, claim_uid: &str, token: i64) -> bool {
-    holds(lease, claim_uid) && lease.status.as_ref().and_then(|s| s.fencing_token) == Some(token)
+fn holds(lease: &Lease, claim_uid: &str) -> bool {
+    grant_in(lease, claim_uid).is_some()
+}
+
+/// The Lease still publishes this claim's grant: the claim as the holder of `slot`,
+/// with the token it was granted (a Lease re-created under the name and granted to the
+/// same claim would publish another). A grant is one slot and one token: the claim
+/// named in another slot is not this grant either, since the fences key slots apart.
+pub(super) fn holds_grant(lease: &Lease, claim_uid: &str, slot: i32, token: i64) -> bool {
+    grant_in(lease, claim_uid) == Some((slot, Some(token)))
 }
 
 /// The duration a holder may rely on: `leaseDurationSeconds`, but never more than the
-/// grant was made with (`status.holder.leaseDurationSeconds`, which the controller
-/// applies at least), so a spec raised between the grant and this process seeing it
-/// is not believed either.
-pub(super) fn lease_duration(lease: &Lease) -> Duration {
+/// grant was made with (the `leaseDurationSeconds` of the slot's holder, which the
+/// controller applies at least), so a spec raised between the grant and this process
+/// seeing it is not believed either.
+pub(super) fn lease_duration(lease: &Lease, claim_uid: &str) -> Duration {
     let spec = lease.spec.lease_duration_seconds;
     let granted_with = lease
         .status
         .as_ref()
-        .and_then(|s| s.holder.as_ref())
-        .and_then(|h| h.lease_duration_seconds);
+        .and_then(|s| s.grant_of(claim_uid))
+        .and_then(|g| g.holder.lease_duration_seconds);
     let seconds = granted_with.map_or(spec, |g| spec.min(g));
     Duration::from_secs(seconds.clamp(1, MAX_LEASE_DURATION_SECONDS) as u64)
 }
@@ -197,7 +202,7 @@ mod tests {
                 .holder("c", "u", "i")
                 .granted_with(recorded)
                 .build();
-            lease_duration(&lease)
+            lease_duration(&lease, "u")
         };
         // Raised from 3 s to 600 s before this process saw the grant: 3 s.
         assert_eq!(held(600, Some(3)), Duration::from_secs(3));
@@ -218,9 +223,59 @@ mod tests {
                 .holder("c", uid, "i")
                 .build()
         };
-        assert!(holds_grant(&lease("u", 7), "u", 7));
-        assert!(!holds_grant(&lease("u", 9), "u", 7), "another token");
-        assert!(!holds_grant(&lease("v", 7), "u", 7), "another claim");
+        assert!(holds_grant(&lease("u", 7), "u", 0, 7));
+        assert!(!holds_grant(&lease("u", 9), "u", 0, 7), "another token");
+        assert!(!holds_grant(&lease("v", 7), "u", 0, 7), "another claim");
+        assert!(!holds_grant(&lease("u", 7), "u", 1, 7), "another slot");
+    }
+
+    /// A semaphore: slot 0 on top, the others in rows, each with its own token.
+    fn semaphore() -> Lease {
+        LeaseBuilder::new("s")
+            .no_namespace()
+            .permits(3)
+            .duration(30)
+            .holder("a", "ua", "a")
+            .token(4)
+            .free_slot(1, 3)
+            .slot_holder(2, "c", "uc", "c", 6)
+            .build()
+    }
+
+    #[test]
+    fn a_claim_holds_a_semaphore_in_the_slot_that_names_it_with_that_slots_token() {
+        let lease = semaphore();
+        assert_eq!(grant_in(&lease, "uc"), Some((2, Some(6))));
+        assert_eq!(grant_in(&lease, "ua"), Some((0, Some(4))));
+        assert!(holds(&lease, "uc"));
+        assert!(holds_grant(&lease, "uc", 2, 6));
+        assert!(holds_grant(&lease, "ua", 0, 4));
+        // Slot 0's token is not slot 2's, nor the other way round.
+        assert!(!holds_grant(&lease, "uc", 2, 4), "slot 0's token");
+        assert!(!holds_grant(&lease, "ua", 0, 6), "slot 2's token");
+        assert!(!holds_grant(&lease, "uc", 1, 6), "another slot");
+        // Absent from every slot: not held, whatever the token (slot 1's last one too).
+        assert_eq!(grant_in(&lease, "ub"), None);
+        assert!(!holds(&lease, "ub"));
+        assert!(!holds_grant(&lease, "ub", 1, 3));
+    }
+
+    #[test]
+    fn a_semaphore_grant_is_held_for_no_longer_than_its_own_slot_was_granted_with() {
+        let lease = LeaseBuilder::new("s")
+            .no_namespace()
+            .permits(3)
+            .duration(30)
+            .holder("a", "ua", "a")
+            .granted_with(20)
+            .token(4)
+            .slot_holder(2, "c", "uc", "c", 6)
+            .slot_granted_with(2, 5)
+            .build();
+        assert_eq!(lease_duration(&lease, "uc"), Duration::from_secs(5));
+        assert_eq!(lease_duration(&lease, "ua"), Duration::from_secs(20));
+        // Slot 0's recorded duration is not another slot's.
+        assert_eq!(lease_duration(&semaphore(), "uc"), Duration::from_secs(30));
     }
 
     #[test]
