@@ -11,9 +11,10 @@
 //! wants the command to finish its work, and silently cutting that short is a
 //! surprise. If an edit shortens the Lease while the command runs, the grace is
 //! clamped to the new quarter. The process group, the terminal, stops and exit codes:
-//! `process`; the watchdog: `watchdog`.
+//! `process`; the watchdog: `watchdog`; `--slot` and `--permits`: `semaphore`.
 
 mod process;
+mod semaphore;
 mod watchdog;
 
 use std::ffi::OsString;
@@ -24,12 +25,14 @@ use self::process::{
     Child, ChildState, JobSignal, JobSignals, Signals, Terminal, exit_code, ignore_terminal_output,
     spawn, stop, stop_self,
 };
+use self::semaphore::check_slot;
 use self::watchdog::Group;
 use super::{
     Threads, block_on, default_identity, init_logging, parse_duration, parse_lease_duration,
-    show_duration,
+    parse_permits, parse_slot, show_duration,
 };
 use crate::client::{AcquireOptions, Error, Grant, LeaseClient, LostReason, PodBinding, call};
+use crate::crd::LeaseSpec;
 use crate::kube_error::ApiErrorKind;
 
 /// The lease was lost while CMD ran (EX_TEMPFAIL: try again).
@@ -53,6 +56,9 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 const AFTER_HELP: &str = "\
 CMD runs in its own process group with these variables in its environment:
   PALISADE_FENCING_TOKEN  the grant's fencing token: send it with every write it protects
+  PALISADE_SLOT           the slot granted: 0..permits-1 on a semaphore, 0 on a lock
+  PALISADE_FENCE_KEY      the key fences keep this slot's marks under: NAMESPACE/LEASE,
+                          NAMESPACE/LEASE#SLOT for slots above 0 (`palisade fence`'s default)
   PALISADE_LEASE          the Lease name
   PALISADE_HOLDER         the holder identity
   PALISADE_CLAIM          the LeaseClaim name
@@ -99,6 +105,16 @@ pub struct LockArgs {
     /// 1s to 24h, e.g. 15s or 2m). An existing Lease keeps its own duration.
     #[arg(long, default_value = "15s", value_parser = parse_lease_duration)]
     pub duration: Duration,
+
+    /// spec.permits of the Lease, when this command creates it: how many claims hold
+    /// it at once (1 to 64; above 1, a semaphore). An existing Lease keeps its own.
+    #[arg(long, default_value = "1", value_name = "N", value_parser = parse_permits)]
+    pub permits: i32,
+
+    /// Hold this slot of a semaphore (0 to permits-1), for work sharded by slot
+    /// [default: any slot, the lowest free one]. A lock has slot 0 only.
+    #[arg(long, value_name = "N", value_parser = parse_slot)]
+    pub slot: Option<i32>,
 
     /// Holder identity [default: $POD_NAME, else the host name].
     #[arg(long)]
@@ -156,15 +172,18 @@ async fn lock(args: LockArgs) -> u8 {
     code
 }
 
-async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Signals) -> u8 {
+/// Creates the Lease unless it exists, and refuses (before any claim exists) what its
+/// duration or permits already rule out. Err: the exit code.
+async fn prepare_lease(leases: &LeaseClient, args: &LockArgs) -> Result<(), u8> {
     let lease = args.lease.as_str();
     let ns = leases.namespace();
-    if let Err(e) = leases
-        .ensure_lease(lease, args.duration.as_secs() as i64)
-        .await
-    {
+    let spec = LeaseSpec {
+        lease_duration_seconds: args.duration.as_secs() as i64,
+        permits: args.permits,
+    };
+    if let Err(e) = leases.ensure_lease_with(lease, spec).await {
         eprintln!("palisade lock: cannot create lease {lease} in namespace {ns}: {e}");
-        return match &e {
+        return Err(match &e {
             // The API server refused the input itself, e.g. a lease name that is not a DNS label.
             Error::Api(e)
                 if matches!(
@@ -175,30 +194,45 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
                 EXIT_USAGE
             }
             _ => EXIT_ERROR,
-        };
+        });
     }
-    // Refused before a claim exists when the Lease's duration already rules it out.
-    let duration = match call(
+    // Refused before a claim exists when the Lease's duration or permits already rule
+    // it out.
+    let spec = match call(
         || format!("reading lease {lease}"),
         leases.leases().get(lease),
     )
     .await
     {
-        Ok(l) => Duration::from_secs(l.spec.lease_duration_seconds.clamp(1, 86_400) as u64),
+        Ok(l) => l.spec,
         Err(e) => {
             eprintln!("palisade lock: cannot read lease {lease} in namespace {ns}: {e}");
-            return EXIT_ERROR;
+            return Err(EXIT_ERROR);
         }
     };
+    let duration = Duration::from_secs(spec.lease_duration_seconds.clamp(1, 86_400) as u64);
     if let Err(e) = check_grace(args.grace, lease, duration) {
         eprintln!("palisade lock: {e}");
-        return EXIT_USAGE;
+        return Err(EXIT_USAGE);
+    }
+    if let Err(e) = check_slot(args.slot, lease, spec.permits) {
+        eprintln!("palisade lock: {e}");
+        return Err(EXIT_USAGE);
+    }
+    Ok(())
+}
+
+async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Signals) -> u8 {
+    let lease = args.lease.as_str();
+    let ns = leases.namespace();
+    if let Err(code) = prepare_lease(leases, args).await {
+        return code;
     }
     let options = AcquireOptions {
         identity: Some(args.identity.clone().unwrap_or_else(default_identity)),
         pod: PodBinding::FromEnv,
         timeout: args.timeout,
-        slot: None,
+        slot: args.slot,
     };
     // Dropping the acquire (on a signal) deletes its claim; `lock` waits for that.
     let grant = tokio::select! {
@@ -221,6 +255,7 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
     tracing::info!(
         lease,
         claim = grant.claim_name(),
+        slot = grant.slot(),
         token = grant.token(),
         "acquired"
     );
@@ -451,10 +486,9 @@ async fn still_ours(leases: &LeaseClient, grant: &Grant) -> bool {
             {
                 Ok(l) => {
                     let status = l.status.unwrap_or_default();
-                    return status.fencing_token == Some(grant.token())
-                        && status
-                            .holder
-                            .is_some_and(|h| h.claim_uid == grant.claim_uid());
+                    return status
+                        .grant_of(grant.claim_uid())
+                        .is_some_and(|g| g.slot == grant.slot() && g.token == Some(grant.token()));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the lease after a stop; retrying");

@@ -3,7 +3,8 @@
 //!
 //! One file per subcommand ([`lock`], [`agent`], [`status`], [`fence`], [`check`],
 //! [`controller`], [`crds`]); what they share is here: the async runtime, the logging set-up, the
-//! holder identity when none is given, and the duration syntax of the flags. The
+//! holder identity when none is given, and the syntax of the flags' durations, slots
+//! and permits. The
 //! logic they run lives in the library ([`crate::client`], [`crate::fence`],
 //! [`crate::controller`]); this module only turns flags into calls, and results into
 //! messages and exit codes.
@@ -36,7 +37,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::crd::MAX_LEASE_DURATION_SECONDS;
+use crate::crd::{MAX_LEASE_DURATION_SECONDS, MAX_PERMITS};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -195,6 +196,33 @@ pub fn parse_lease_duration(text: &str) -> Result<Duration, DurationError> {
     Ok(d)
 }
 
+/// A `--slot`: a whole number from 0 to 63, the slots a Lease can have.
+pub fn parse_slot(text: &str) -> Result<i32, String> {
+    parse_in(text, 0, MAX_PERMITS - 1).map_err(|why| {
+        format!(
+            "{why}: a slot is a whole number from 0 to {} (a Lease has at most {MAX_PERMITS} \
+             permits, slots 0 to permits-1)",
+            MAX_PERMITS - 1
+        )
+    })
+}
+
+/// A `--permits`: a whole number from 1 (a lock) to 64.
+pub fn parse_permits(text: &str) -> Result<i32, String> {
+    parse_in(text, 1, MAX_PERMITS)
+        .map_err(|why| format!("{why}: permits is a whole number from 1 (a lock) to {MAX_PERMITS}"))
+}
+
+fn parse_in(text: &str, min: i32, max: i32) -> Result<i32, String> {
+    let n: i64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number"))?;
+    if n < i64::from(min) || n > i64::from(max) {
+        return Err(format!("{n} is out of range"));
+    }
+    Ok(n as i32)
+}
+
 /// `2s`, `750ms`: as [`parse_duration`] reads it.
 fn show_duration(d: Duration) -> String {
     let ms = d.as_millis();
@@ -245,6 +273,22 @@ mod tests {
         for bad in ["500ms", "1500ms", "0s", "25h"] {
             let err = parse_lease_duration(bad).expect_err(bad).to_string();
             assert!(err.contains("whole seconds from 1s to 24h"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn slots_are_0_to_63_and_permits_1_to_64() {
+        assert_eq!(parse_slot("0"), Ok(0));
+        assert_eq!(parse_slot("63"), Ok(63));
+        for bad in ["64", "-1", "x", "", "1.5", "99999999999"] {
+            let err = parse_slot(bad).unwrap_err();
+            assert!(err.contains("0 to 63"), "{bad}: {err}");
+        }
+        assert_eq!(parse_permits("1"), Ok(1));
+        assert_eq!(parse_permits("64"), Ok(64));
+        for bad in ["0", "65", "-3", "three"] {
+            let err = parse_permits(bad).unwrap_err();
+            assert!(err.contains("1 (a lock) to 64"), "{bad}: {err}");
         }
     }
 

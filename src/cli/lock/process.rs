@@ -136,6 +136,8 @@ pub(super) fn spawn(command: &[OsString], grant: &Grant, group: &Group) -> std::
     let child = cmd
         .args(&command[1..])
         .env("PALISADE_FENCING_TOKEN", grant.token().to_string())
+        .env("PALISADE_SLOT", grant.slot().to_string())
+        .env("PALISADE_FENCE_KEY", grant.fence_key())
         .env("PALISADE_LEASE", grant.lease())
         .env("PALISADE_HOLDER", grant.identity())
         .env("PALISADE_CLAIM", grant.claim_name())
