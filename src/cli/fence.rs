@@ -1,17 +1,8 @@
 //! `palisade fence`: admit a fencing token from the shell, against a file store (a
 //! directory), PostgreSQL (`postgres://...`) or Redis (`redis://...`).
 //!
-//! **The default key** is `<namespace>/<lease>` from `PALISADE_NAMESPACE` and
-//! `PALISADE_LEASE` (the lease name with only the lease, `default` with neither),
-//! for every store: bare Lease names collide across namespaces in a shared database
-//! or store. Older versions defaulted to the bare lease name, so changing the default
-//! must not start a fence over: when the default key is namespaced, has no mark, and
-//! the bare lease name has one, the file and PostgreSQL stores refuse (exit 1, naming
-//! both keys, asking for `--key` or a migrated mark). PostgreSQL checks that inside
-//! the admitting transaction, reading the old key through the function itself
-//! (token 0 in a savepoint that is always rolled back), because a writer may not read
-//! `palisade.marks`; the extra round trips happen only on a key's first mark. Redis
-//! needs no such check: a key whose mark was never created fails closed there.
+//! **The default key** (`<namespace>/<lease>`, `#<slot>` for a semaphore's slot
+//! above 0) and why an older default is checked: `key`.
 //!
 //! **`--create`** takes no token (clap `conflicts_with`, which counts
 //! `PALISADE_FENCING_TOKEN` too, so under `palisade lock` it fails with exit 2 rather
@@ -27,9 +18,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod key;
 mod mysql;
 
-use super::{Threads, block_on, parse_duration};
+use self::key::{KeyMoved, key_from_env};
+use super::{Threads, block_on, parse_duration, parse_slot};
 use crate::fence::{Admitted, Fence, FenceError, FileStore, Stale, parse_token};
 
 /// Exit status of `palisade fence` when the token is stale and the write refused.
@@ -89,10 +82,16 @@ pub struct FenceArgs {
     pub lock_timeout: Duration,
 
     /// What the token fences. Default: `<namespace>/<lease>` from PALISADE_NAMESPACE
-    /// and PALISADE_LEASE (as `palisade lock` sets them), the lease name when only
+    /// and PALISADE_LEASE (as `palisade lock` sets them), `<namespace>/<lease>#N` for
+    /// slot N above 0 of a semaphore (--slot), the lease name when only
     /// PALISADE_LEASE is set, else "default".
     #[arg(long = "key", id = "key", value_name = "KEY")]
     pub key_arg: Option<String>,
+
+    /// The semaphore slot the token was granted in (0 to 63), for the default key
+    /// [default: PALISADE_SLOT (as `palisade lock` sets it), else 0].
+    #[arg(long, value_name = "N", value_parser = parse_slot, conflicts_with = "key")]
+    pub slot: Option<i32>,
 
     /// The key fenced: `--key`, else the default above ([`run`] sets it).
     #[arg(skip)]
@@ -176,19 +175,6 @@ pub fn run(mut args: FenceArgs) -> ExitCode {
     if let Some(FenceCommand::Check(check)) = args.command.take() {
         return s3::check(check);
     }
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let lease_key = match args.key_arg.take() {
-        Some(key) => {
-            args.key = key;
-            None
-        }
-        None => {
-            let (key, lease_key) = default_key(env("PALISADE_NAMESPACE"), env("PALISADE_LEASE"));
-            args.key = key;
-            lease_key
-        }
-    };
-    let lease_key = lease_key.as_deref();
     let done = |result: Result<String, Refusal>| match result {
         Ok(out) => {
             println!("{out}");
@@ -196,6 +182,20 @@ pub fn run(mut args: FenceArgs) -> ExitCode {
         }
         Err(refusal) => refusal.report(),
     };
+    let lease_key = match args.key_arg.take() {
+        Some(key) => {
+            args.key = key;
+            None
+        }
+        None => match key_from_env(args.slot) {
+            Ok((key, lease_key)) => {
+                args.key = key;
+                lease_key
+            }
+            Err(refusal) => return done(Err(refusal)),
+        },
+    };
+    let lease_key = lease_key.as_deref();
     let store = args.store.to_str().unwrap_or_default();
     if store.starts_with("s3://") {
         return object_store(&args, store.to_owned(), done);
@@ -237,45 +237,6 @@ fn object_store(
         )))
     }
 }
-
-/// The key when `--key` is not given, and, when it is `<namespace>/<lease>`, the
-/// bare lease name that palisade used as the default before.
-fn default_key(namespace: Option<String>, lease: Option<String>) -> (String, Option<String>) {
-    match (namespace, lease) {
-        (Some(namespace), Some(lease)) => (format!("{namespace}/{lease}"), Some(lease)),
-        (None, Some(lease)) => (lease, None),
-        (_, None) => ("default".to_owned(), None),
-    }
-}
-
-/// The default key `<namespace>/<lease>` has no mark, but the bare lease name (the
-/// default of older versions) has one: fencing under the new key would start over.
-#[derive(Debug)]
-struct KeyMoved {
-    key: String,
-    lease_key: String,
-    highest: u64,
-}
-
-impl std::fmt::Display for KeyMoved {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let KeyMoved {
-            key,
-            lease_key,
-            highest,
-        } = self;
-        write!(
-            f,
-            "the default key is {key:?} (<namespace>/<lease>), which has no mark in this \
-             store, but the lease-name key {lease_key:?} (the default of older versions) \
-             has one (highest admitted token {highest}); fencing under {key:?} would start \
-             over. Pass --key explicitly (--key {lease_key} goes on with the existing mark), \
-             or migrate the mark to {key:?}"
-        )
-    }
-}
-
-impl Error for KeyMoved {}
 
 fn is_database_url(store: &str) -> bool {
     ["postgres://", "postgresql://", "redis://", "rediss://"]
@@ -530,27 +491,4 @@ fn error_chain(err: &dyn Error) -> String {
         source = cause.source();
     }
     text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_default_key_is_namespace_slash_lease() {
-        let some = |s: &str| Some(s.to_owned());
-        assert_eq!(
-            default_key(some("payments"), some("billing")),
-            ("payments/billing".to_owned(), some("billing"))
-        );
-        assert_eq!(
-            default_key(None, some("billing")),
-            ("billing".to_owned(), None)
-        );
-        assert_eq!(
-            default_key(some("payments"), None),
-            ("default".to_owned(), None)
-        );
-        assert_eq!(default_key(None, None), ("default".to_owned(), None));
-    }
 }
