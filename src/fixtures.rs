@@ -161,12 +161,6 @@ impl LeaseBuilder {
         self
     }
 
-    /// `status.held`: `held/permits`, as the controller writes it on a semaphore.
-    pub fn held(mut self, held: &str) -> Self {
-        self.status().held = Some(held.into());
-        self
-    }
-
     pub fn build(self) -> Lease {
         self.0
     }

@@ -1,5 +1,11 @@
 //! `palisade status [LEASE]`: the Leases of a namespace as a table and, for one
 //! Lease, the claims waiting for it in grant order.
+//!
+//! A semaphore (`spec.permits` above 1, `crate::permits`) has a row per slot, named
+//! `LEASE#SLOT` (slot 0 included), each with the slot's holder, its token (the last
+//! one when free) and whether it is held; WAITING is the Lease's queue, which every
+//! slot shares. Slots at or above a lowered `permits` are shown while still held. A
+//! lock keeps its one row, named as the Lease.
 
 use std::process::ExitCode;
 
@@ -8,7 +14,7 @@ use kube::api::ListParams;
 
 use super::{Threads, block_on, init_logging};
 use crate::client::{self, LeaseClient, call};
-use crate::crd::{ClaimPhase, Lease, LeaseClaim, LeasePhase};
+use crate::crd::{ClaimPhase, Lease, LeaseClaim, LeasePhase, SlotStatus};
 
 /// Show Leases: holder, fencing token, phase and how many claims wait.
 #[derive(clap::Args, Debug)]
@@ -97,30 +103,77 @@ async fn status(args: StatusArgs) -> Result<String, StatusError> {
     ))
 }
 
-/// NAME HOLDER TOKEN PHASE WAITING, one row per Lease.
+/// NAME HOLDER TOKEN PHASE WAITING, one row per Lease, and per slot of a semaphore.
 pub fn lease_table(leases: &[Lease]) -> String {
     let mut rows = vec![row(["NAME", "HOLDER", "TOKEN", "PHASE", "WAITING"])];
     for lease in leases {
         let status = lease.status.clone().unwrap_or_default();
-        rows.push(vec![
-            lease.name_any(),
-            status
-                .holder
-                .map(|h| h.identity)
-                .unwrap_or_else(|| NONE.into()),
-            status
-                .fencing_token
-                .map(|t| t.to_string())
-                .unwrap_or_else(|| NONE.into()),
-            match status.phase {
-                Some(LeasePhase::Held) => "Held".into(),
-                Some(LeasePhase::Free) => "Free".into(),
-                None => NONE.into(),
-            },
-            status.waiting_count.unwrap_or(0).to_string(),
-        ]);
+        let waiting = status.waiting_count.unwrap_or(0).to_string();
+        let Some(slots) = semaphore_slots(lease) else {
+            rows.push(vec![
+                lease.name_any(),
+                holder_cell(status.holder.as_ref()),
+                token_cell(status.fencing_token),
+                match status.phase {
+                    Some(LeasePhase::Held) => "Held".into(),
+                    Some(LeasePhase::Free) => "Free".into(),
+                    None => NONE.into(),
+                },
+                waiting,
+            ]);
+            continue;
+        };
+        for slot in slots {
+            let phase = if slot.holder.is_some() {
+                "Held"
+            } else {
+                "Free"
+            };
+            rows.push(vec![
+                format!("{}#{}", lease.name_any(), slot.slot),
+                holder_cell(slot.holder.as_ref()),
+                token_cell(slot.fencing_token),
+                phase.into(),
+                waiting.clone(),
+            ]);
+        }
     }
     table(&rows)
+}
+
+/// A semaphore's slots to show, in slot order: every slot below `spec.permits`
+/// (free and never granted: no row in the status), and any above it still held.
+/// None for a lock: `permits` 1 and no other slot held.
+fn semaphore_slots(lease: &Lease) -> Option<Vec<SlotStatus>> {
+    let permits = lease.spec.permits.max(1);
+    let status = lease.status.clone().unwrap_or_default();
+    let rows = status.slot_rows();
+    let held_above = rows.iter().any(|r| r.slot >= permits && r.holder.is_some());
+    if permits == 1 && !held_above {
+        return None;
+    }
+    let mut shown: Vec<SlotStatus> = (0..permits)
+        .map(|slot| SlotStatus {
+            slot,
+            ..SlotStatus::default()
+        })
+        .collect();
+    for row in rows {
+        match shown.iter_mut().find(|s| s.slot == row.slot) {
+            Some(s) => *s = row,
+            None if row.holder.is_some() => shown.push(row),
+            None => {}
+        }
+    }
+    Some(shown)
+}
+
+fn holder_cell(holder: Option<&crate::crd::Holder>) -> String {
+    holder.map_or_else(|| NONE.into(), |h| h.identity.clone())
+}
+
+fn token_cell(token: Option<i64>) -> String {
+    token.map_or_else(|| NONE.into(), |t| t.to_string())
 }
 
 /// The claims still waiting, in the order the controller grants them (DESIGN rule 5:
@@ -202,6 +255,41 @@ mod tests {
             "NAME      HOLDER     TOKEN    PHASE    WAITING\n\
              billing   worker-0   1839     Held     2\n\
              new       <none>     <none>   <none>   0\n"
+        );
+    }
+
+    #[test]
+    fn a_semaphore_has_a_row_per_slot_with_its_own_holder_and_token() {
+        let semaphore = LeaseBuilder::new("pool")
+            .no_namespace()
+            .permits(3)
+            .phase(LeasePhase::Held)
+            .holder("pool-a-abcde", "ua", "worker-a")
+            .token(12)
+            .slot_holder(2, "pool-c-fghjk", "uc", "worker-c", 14)
+            .waiting_count(1)
+            .build();
+        assert_eq!(
+            lease_table(&[semaphore]),
+            "NAME     HOLDER     TOKEN    PHASE   WAITING\n\
+             pool#0   worker-a   12       Held    1\n\
+             pool#1   <none>     <none>   Free    1\n\
+             pool#2   worker-c   14       Held    1\n"
+        );
+        // permits lowered to 2: slot 2 shown while still held, free rows above hidden.
+        let lowered = LeaseBuilder::new("pool")
+            .no_namespace()
+            .permits(2)
+            .free_slot(1, 9)
+            .slot_holder(2, "pool-c-fghjk", "uc", "worker-c", 14)
+            .free_slot(3, 11)
+            .build();
+        assert_eq!(
+            lease_table(&[lowered]),
+            "NAME     HOLDER     TOKEN    PHASE   WAITING\n\
+             pool#0   <none>     <none>   Free    0\n\
+             pool#1   <none>     9        Free    0\n\
+             pool#2   worker-c   14       Held    0\n"
         );
     }
 
