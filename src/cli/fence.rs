@@ -90,7 +90,13 @@ pub struct FenceArgs {
 
     /// The semaphore slot the token was granted in (0 to 63), for the default key
     /// [default: PALISADE_SLOT (as `palisade lock` sets it), else 0].
-    #[arg(long, value_name = "N", value_parser = parse_slot, conflicts_with = "key")]
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = parse_slot,
+        allow_negative_numbers = true,
+        conflicts_with = "key"
+    )]
     pub slot: Option<i32>,
 
     /// The key fenced: `--key`, else the default above ([`run`] sets it).

@@ -108,12 +108,18 @@ pub struct LockArgs {
 
     /// spec.permits of the Lease, when this command creates it: how many claims hold
     /// it at once (1 to 64; above 1, a semaphore). An existing Lease keeps its own.
-    #[arg(long, default_value = "1", value_name = "N", value_parser = parse_permits)]
+    #[arg(
+        long,
+        default_value = "1",
+        value_name = "N",
+        value_parser = parse_permits,
+        allow_negative_numbers = true
+    )]
     pub permits: i32,
 
     /// Hold this slot of a semaphore (0 to permits-1), for work sharded by slot
     /// [default: any slot, the lowest free one]. A lock has slot 0 only.
-    #[arg(long, value_name = "N", value_parser = parse_slot)]
+    #[arg(long, value_name = "N", value_parser = parse_slot, allow_negative_numbers = true)]
     pub slot: Option<i32>,
 
     /// Holder identity [default: $POD_NAME, else the host name].

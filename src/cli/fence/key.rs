@@ -61,7 +61,8 @@ fn default_key(
         (_, None) if slot == 0 => ("default".to_owned(), None),
         (_, None) => {
             return Err(format!(
-                "slot {slot} (--slot or PALISADE_SLOT) is a slot of the Lease named in                  PALISADE_LEASE, which is not set: set it (and PALISADE_NAMESPACE), or pass --key"
+                "slot {slot} (--slot or PALISADE_SLOT) is a slot of the Lease named in \
+                 PALISADE_LEASE, which is not set: set it (and PALISADE_NAMESPACE), or pass --key"
             ));
         }
     })
