@@ -128,6 +128,9 @@ exit 7"#
     assert_eq!(holder.identity, "env-test");
     assert_eq!(var("PALISADE_CLAIM"), holder.claim);
     assert_eq!(var("PALISADE_NAMESPACE"), ns.name);
+    // A lock is slot 0, under the key fences have always used.
+    assert_eq!(var("PALISADE_SLOT"), "0");
+    assert_eq!(var("PALISADE_FENCE_KEY"), format!("{}/envlease", ns.name));
     let fence = std::fs::read_to_string(dir.path().join("fence.out")).unwrap();
     assert!(
         fence.contains(&format!(
@@ -214,6 +217,7 @@ async fn bad_input_exits_2_and_help_documents_the_exit_codes() {
         "75",
         "76",
         "PALISADE_FENCING_TOKEN",
+        "PALISADE_SLOT",
         "--grace",
     ] {
         assert!(help.contains(needle), "help lacks {needle:?}:\n{help}");

@@ -26,6 +26,8 @@ pub fn palisade() -> std::process::Command {
     let mut command = std::process::Command::new(binary());
     for var in [
         "PALISADE_FENCING_TOKEN",
+        "PALISADE_SLOT",
+        "PALISADE_FENCE_KEY",
         "PALISADE_LEASE",
         "PALISADE_NAMESPACE",
         "PALISADE_CLAIM",
