@@ -257,7 +257,8 @@ pub enum LostReason {
     Revoked,
     /// The controller observed no renewal within the lease duration (claim phase `Expired`).
     Expired,
-    /// `Lease.status` names another holder, or none.
+    /// `Lease.status` names another holder, or none: no slot names this claim with
+    /// this grant's token (on a semaphore, the grant's own slot).
     Superseded,
     /// The Lease was deleted.
     LeaseDeleted,
