@@ -153,7 +153,7 @@ pub struct LeaseStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// One slot of a semaphore other than slot 0 (`LeaseStatus::slots`).
+/// One slot of a semaphore other than slot 0 (`status.slots`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SlotStatus {

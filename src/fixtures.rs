@@ -86,6 +86,12 @@ impl LeaseBuilder {
         self
     }
 
+    /// `spec.permits`.
+    pub fn permits(mut self, permits: i32) -> Self {
+        self.0.spec.permits = permits;
+        self
+    }
+
     /// `status.fencingToken`.
     pub fn token(mut self, token: i64) -> Self {
         self.status().fencing_token = Some(token);
@@ -247,6 +253,12 @@ impl ClaimBuilder {
             name: name.into(),
             uid: None,
         });
+        self
+    }
+
+    /// `spec.slot`: the one slot of a semaphore this claim asks for.
+    pub fn slot(mut self, slot: impl Into<Option<i32>>) -> Self {
+        self.0.spec.slot = slot.into();
         self
     }
 

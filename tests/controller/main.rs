@@ -19,6 +19,7 @@ mod admin;
 mod connections;
 mod election;
 mod holders;
+mod semaphores;
 mod tokens;
 
 /// Records every version of every Lease and claim status in the namespace, to check

@@ -512,8 +512,15 @@ mod mirrors {
             seen,
         );
         let key = LeaseKey::new("ns", "a");
-        let deadline =
-            |state: &Loop<Accepting>, now| state.index.view(&key, now).unwrap().holder_deadline;
+        let deadline = |state: &Loop<Accepting>, now| {
+            state
+                .index
+                .view(&key, now)
+                .unwrap()
+                .holders
+                .first()
+                .and_then(|h| h.deadline)
+        };
         let first = deadline(&state, seen).expect("the holder has a deadline");
         assert_eq!(first, seen + std::time::Duration::from_secs(15));
         // Leadership changes every half second for a whole lease duration and more.

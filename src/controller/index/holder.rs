@@ -1,6 +1,7 @@
 //! The holder's clock (DESIGN.md rule 4): when its grant expires, whether its claim
 //! shows a renewal of this grant, and whether a quorum read confirmed its expiry
-//! ahead of it.
+//! ahead of it. A semaphore's holders (one per slot) each have a clock of their own,
+//! by the same rules, against their slot's token.
 //!
 //! # Expiry is one write
 //!

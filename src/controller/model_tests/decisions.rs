@@ -86,7 +86,7 @@ fn a_terminal_or_deleted_pod_revokes_its_claim() {
         }
         let k = key();
         let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
-        match &d.ended.as_ref().unwrap().how {
+        match &d.ended.first().unwrap().how {
             Ending::Revoked(why) => assert!(why.contains(reason), "{why}"),
             other => panic!("expected revocation, got {other:?}"),
         }
@@ -120,7 +120,7 @@ fn a_claim_whose_pod_is_not_seen_yet_waits_instead_of_being_revoked() {
     let k = key();
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
     let updates = d.claim_updates();
-    assert!(d.granted.is_none(), "not granted before its pod is seen");
+    assert!(d.granted.is_empty(), "not granted before its pod is seen");
     assert!(
         updates
             .iter()
@@ -137,7 +137,7 @@ fn a_claim_whose_pod_is_not_seen_yet_waits_instead_of_being_revoked() {
     index.apply_pod(&PodBuilder::new("pod-a").uid("p1").phase("Running").build());
     let later = now + Duration::from_millis(50);
     let d = decide(&index.view(&k, later).unwrap(), later, Timestamp::now());
-    assert_eq!(d.granted.unwrap().claim, "a");
+    assert_eq!(d.granted[0].claim, "a");
 
     // A pod that never shows up counts as gone after the grace period.
     let mut index = Index::default();
@@ -162,7 +162,7 @@ fn a_claim_whose_pod_is_not_seen_yet_waits_instead_of_being_revoked() {
     let after = now + POD_GRACE;
     let d = decide(&index.view(&k, after).unwrap(), after, Timestamp::now());
     let updates = d.claim_updates();
-    assert!(d.granted.is_none());
+    assert!(d.granted.is_empty());
     assert_eq!(updates[0].status.phase, Some(ClaimPhase::Revoked));
 }
 
@@ -229,7 +229,7 @@ fn a_token_at_the_maximum_is_refused_with_a_condition_instead_of_repeated() {
         let k = key();
         let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
         let updates = d.claim_updates();
-        assert_eq!(d.granted, None, "last token {last}: {d:?}");
+        assert_eq!(d.granted, vec![], "last token {last}: {d:?}");
         let status = d.lease_status.expect("a condition says why");
         assert!(status.holder.is_none(), "last token {last}: {status:?}");
         assert_eq!(status.fencing_token, Some(last), "the token is kept");
@@ -300,7 +300,7 @@ fn a_deleted_leases_holder_is_revoked_even_before_its_granted_mirror() {
         let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
         let updates = d.claim_updates();
         assert_eq!(
-            d.granted.as_ref().map(|g| g.claim.as_str()),
+            d.granted.first().map(|g| g.claim.as_str()),
             Some("b"),
             "{case}: {d:?}"
         );

@@ -67,23 +67,23 @@ fn a_lowered_lease_duration_does_not_cut_short_a_grant_in_progress() {
     index.apply_lease(edited.clone(), now);
     let view = index.view(&k, now).unwrap();
     assert_eq!(
-        view.holder_deadline,
+        view.holders.first().and_then(|h| h.deadline),
         Some(now + Duration::from_secs(600)),
         "the holder keeps the duration it was granted with"
     );
     let later = now + Duration::from_secs(3);
     let d = decide(&view, later, Timestamp::now());
-    assert_eq!(d.ended, None, "expired on the lowered duration: {d:?}");
-    assert!(d.granted.is_none());
+    assert_eq!(d.ended, vec![], "expired on the lowered duration: {d:?}");
+    assert!(d.granted.is_empty());
 
     // After the granted duration it expires, and the next grant uses the current spec.
     let expiry = now + Duration::from_secs(600);
     let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
     assert_eq!(
-        d.ended.as_ref().map(|e| e.how.clone()),
+        d.ended.first().map(|e| e.how.clone()),
         Some(Ending::Expired)
     );
-    assert_eq!(d.granted.as_ref().map(|g| g.claim.as_str()), Some("b"));
+    assert_eq!(d.granted.first().map(|g| g.claim.as_str()), Some("b"));
     let next = serde_json::to_value(d.lease_status.unwrap()).unwrap();
     assert_eq!(next["holder"]["leaseDurationSeconds"], json!(3), "{next}");
     // The grant of "a" recorded the duration it was made with.
@@ -119,11 +119,11 @@ fn after_a_restart_a_holder_gets_at_least_the_duration_it_was_granted_with() {
     let k = key();
     let view = index.view(&k, restarted).unwrap();
     assert_eq!(
-        view.holder_deadline,
+        view.holders.first().and_then(|h| h.deadline),
         Some(restarted + Duration::from_secs(600))
     );
     let d = decide(&view, restarted + Duration::from_secs(3), Timestamp::now());
-    assert_eq!(d.ended, None, "expired on the lowered duration: {d:?}");
+    assert_eq!(d.ended, vec![], "expired on the lowered duration: {d:?}");
 }
 
 /// Raising the duration takes effect for the holder at once (the controller applies
@@ -149,7 +149,12 @@ fn a_raised_duration_applies_to_the_holder_and_an_unrecorded_grant_uses_the_spec
         index.apply_lease(held, now);
         index.apply_claim(claim("a", "u1", 0), now);
         assert_eq!(
-            index.view(&k, now).unwrap().holder_deadline,
+            index
+                .view(&k, now)
+                .unwrap()
+                .holders
+                .first()
+                .and_then(|h| h.deadline),
             Some(now + Duration::from_secs(expected)),
             "recorded {recorded:?}, spec {spec}"
         );

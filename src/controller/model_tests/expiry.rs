@@ -51,7 +51,12 @@ fn a_renewal_changes_nothing_but_the_deadline() {
         "{settled:?}"
     );
     assert_eq!(
-        index.view(&k, now).unwrap().holder_deadline,
+        index
+            .view(&k, now)
+            .unwrap()
+            .holders
+            .first()
+            .and_then(|h| h.deadline),
         Some(now + Duration::from_secs(2))
     );
 
@@ -61,17 +66,20 @@ fn a_renewal_changes_nothing_but_the_deadline() {
     let c_renewed = c.clone();
     index.apply_claim(c, later);
     let view = index.view(&k, now).unwrap();
-    assert_eq!(view.holder_deadline, Some(later + Duration::from_secs(2)));
+    assert_eq!(
+        view.holders.first().and_then(|h| h.deadline),
+        Some(later + Duration::from_secs(2))
+    );
     // Past the old deadline but within the new one: nothing to write at all.
     let d = decide(&view, now + Duration::from_millis(2500), Timestamp::now());
     assert!(
-        d.lease_status.is_none() && d.claim_updates().is_empty() && d.ended.is_none(),
+        d.lease_status.is_none() && d.claim_updates().is_empty() && d.ended.is_empty(),
         "{d:?}"
     );
     // Past the new deadline: expired. The holder was seen renewing, so one quorum
     // read of its claim, then the Lease; its `Expired` waits with the mirrors.
     let d = decide(&view, later + Duration::from_secs(2), Timestamp::now());
-    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(d.ended.first().unwrap().how, Ending::Expired);
     assert_eq!(
         d.confirm,
         vec![Check::NotRenewed {
@@ -81,8 +89,8 @@ fn a_renewal_changes_nothing_but_the_deadline() {
             token: 11,
         }]
     );
-    assert_eq!(d.end_holder, None);
-    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    assert_eq!(d.end_holder, vec![]);
+    assert_eq!(d.expired_unmarked, vec!["u1"]);
     let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
     assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
     assert_eq!(mark.condition_on, None);
@@ -137,17 +145,21 @@ fn an_expiry_confirmed_in_the_holders_last_sixth_is_the_lease_write_alone() {
     let k = key();
     let view = index.view(&k, now).unwrap();
     let check_at = renewed + Duration::from_secs(2) * 5 / 6;
-    assert_eq!(view.expiry_check_at, Some(check_at));
+    assert_eq!(view.holders[0].expiry_check_at, Some(check_at));
     assert_eq!(view.wake_at(), Some(check_at));
     // Before the holder's last sixth: nothing to do, not even a read.
     let early = check_at - Duration::from_millis(1);
     let d = decide(&view, early, Timestamp::now());
-    assert_eq!(d.confirm_expiry_early, None);
+    assert_eq!(d.confirm_expiry_early, vec![]);
     // In it: the holder keeps its grant, and the read is due, urgent.
     let d = decide(&view, check_at, Timestamp::now());
-    let read = d.confirm_expiry_early.clone().expect("an early read");
+    let read = d
+        .confirm_expiry_early
+        .first()
+        .cloned()
+        .expect("an early read");
     assert_eq!(d.work(), Work::Urgent);
-    assert!(d.ended.is_none() && d.confirm.is_empty());
+    assert!(d.ended.is_empty() && d.confirm.is_empty());
     let Check::NotRenewed {
         uid,
         renew_time,
@@ -161,25 +173,28 @@ fn an_expiry_confirmed_in_the_holders_last_sixth_is_the_lease_write_alone() {
     // What the read found, as the pass reports it.
     let learned = Learned {
         lease_uid: Some("L".into()),
-        expiry_confirmed: Some(ExpiryConfirmed {
+        expiries_confirmed: vec![ExpiryConfirmed {
             uid,
             renew_time,
             token,
-        }),
+        }],
         ..Learned::default()
     };
     index.apply_outcome(&k, learned, check_at);
     let view = index.view(&k, check_at).unwrap();
-    assert!(view.expiry_confirmed);
-    assert_eq!(view.expiry_check_at, None);
-    assert_eq!(view.wake_at(), view.holder_deadline);
+    assert!(view.holders[0].expiry_confirmed);
+    assert_eq!(view.holders[0].expiry_check_at, None);
+    assert_eq!(
+        view.wake_at(),
+        view.holders.first().and_then(|h| h.deadline)
+    );
     // At the expiry: the Lease write, with nothing to read first.
     let expiry = renewed + Duration::from_secs(2);
     let d = decide(&view, expiry, Timestamp::now());
-    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(d.ended.first().unwrap().how, Ending::Expired);
     assert!(d.confirm.is_empty(), "{:?}", d.confirm);
-    assert_eq!(d.confirm_expiry_early, None);
-    assert_eq!(d.end_holder, None);
+    assert_eq!(d.confirm_expiry_early, vec![]);
+    assert_eq!(d.end_holder, vec![]);
     assert!(d.lease_status.is_some());
 }
 
@@ -190,23 +205,25 @@ fn a_renewal_after_the_early_read_voids_it() {
     let k = key();
     let check_at = renewed + Duration::from_secs(2) * 5 / 6;
     let view = index.view(&k, now).unwrap();
-    let Some(Check::NotRenewed {
-        uid,
-        renew_time,
-        token,
-        ..
-    }) = decide(&view, check_at, Timestamp::now()).confirm_expiry_early
+    let [
+        Check::NotRenewed {
+            uid,
+            renew_time,
+            token,
+            ..
+        },
+    ] = &decide(&view, check_at, Timestamp::now()).confirm_expiry_early[..]
     else {
         panic!("no early read")
     };
     let confirmed = ExpiryConfirmed {
-        uid,
-        renew_time,
-        token,
+        uid: uid.clone(),
+        renew_time: *renew_time,
+        token: *token,
     };
     let learned = Learned {
         lease_uid: Some("L".into()),
-        expiry_confirmed: Some(confirmed),
+        expiries_confirmed: vec![confirmed],
         ..Learned::default()
     };
     index.apply_outcome(&k, learned, check_at);
@@ -222,10 +239,13 @@ fn a_renewal_after_the_early_read_voids_it() {
     let seen = check_at + Duration::from_millis(100);
     index.apply_claim(a, seen);
     let view = index.view(&k, seen).unwrap();
-    assert!(!view.expiry_confirmed);
-    assert_eq!(view.holder_deadline, Some(seen + Duration::from_secs(2)));
+    assert!(!view.holders[0].expiry_confirmed);
+    assert_eq!(
+        view.holders.first().and_then(|h| h.deadline),
+        Some(seen + Duration::from_secs(2))
+    );
     let d = decide(&view, seen + Duration::from_secs(2), Timestamp::now());
-    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(d.ended.first().unwrap().how, Ending::Expired);
     assert_eq!(d.confirm.len(), 1, "{:?}", d.confirm);
 }
 
@@ -236,7 +256,7 @@ fn an_expiry_written_without_its_mark_is_mirrored_as_expired_not_superseded() {
     let (mut index, lease, renewed) = renewed_holder(now);
     let expiry = renewed + Duration::from_secs(2);
     let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
-    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    assert_eq!(d.expired_unmarked, vec!["u1"]);
     // The Lease write lands (freed: nobody waits), and the index learns it.
     lease_write_lands(&mut index, lease, &d, expiry);
     // The mirrors' own pass, decided afresh: the claim shows `Granted` and the Lease
@@ -270,7 +290,7 @@ fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_writ
         Timestamp::now(),
     );
     let updates = d.claim_updates();
-    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
+    assert_eq!(d.ended.first().unwrap().how, Ending::Expired);
     let status = d.lease_status.unwrap();
     assert_eq!(status.holder.unwrap().claim, "b");
     assert_eq!(status.fencing_token, Some(61));
@@ -279,11 +299,11 @@ fn silent_holder_expires_and_the_next_claim_gets_a_higher_token_in_the_same_writ
     assert_eq!(a.status.phase, Some(ClaimPhase::Expired));
     // Never seen renewing since the grant (its client may not have counted its first
     // renewal yet): its claim is marked first, conditioned on its resourceVersion.
-    let mark = d.end_holder.as_ref().unwrap();
+    let mark = d.end_holder.first().unwrap();
     assert_eq!(mark.name, "a");
     assert_eq!(mark.condition_on.as_deref(), Some("1"));
     assert!(d.confirm.is_empty(), "{:?}", d.confirm);
-    assert_eq!(d.expired_unmarked, None);
+    assert!(d.expired_unmarked.is_empty());
 }
 
 /// A Lease freed when `a`'s grant (token 50) expired, as a controller that has never
@@ -331,11 +351,11 @@ fn a_claim_whose_grant_expired_before_its_mirror_landed_is_never_granted_again()
     index.apply_claim(renewed_a(), now);
     let expiry = now + Duration::from_secs(2);
     let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
-    assert_eq!(d.ended.as_ref().unwrap().how, Ending::Expired);
-    assert_eq!(d.expired_unmarked.as_deref(), Some("u1"));
+    assert_eq!(d.ended.first().unwrap().how, Ending::Expired);
+    assert_eq!(d.expired_unmarked, vec!["u1"]);
     lease_write_lands(&mut index, lease, &d, expiry);
     let d = decide(&index.view(&k, expiry).unwrap(), expiry, Timestamp::now());
-    assert_eq!(d.granted, None, "{d:?}");
+    assert_eq!(d.granted, vec![], "{d:?}");
     let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
     assert_eq!(mark.status.phase, Some(ClaimPhase::Expired));
 }
@@ -350,7 +370,7 @@ fn after_a_failover_a_pending_claim_that_renewed_a_grant_is_not_a_waiter() {
     index.apply_claim(a, now);
     index.apply_claim(claim("b", "u2", 1), now);
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
-    let granted = d.granted.as_ref().expect("b waits and is granted");
+    let granted = d.granted.first().expect("b waits and is granted");
     assert_eq!(granted.claim, "b");
     assert!(granted.token > 50);
     let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();
@@ -361,7 +381,7 @@ fn after_a_failover_a_pending_claim_that_renewed_a_grant_is_not_a_waiter() {
     index.apply_lease(lease, now);
     index.apply_claim(a, now);
     let d = decide(&index.view(&k, now).unwrap(), now, Timestamp::now());
-    assert_eq!(d.granted, None, "{d:?}");
+    assert_eq!(d.granted, vec![], "{d:?}");
     let holder = d.lease_status.as_ref().and_then(|s| s.holder.as_ref());
     assert_eq!(holder, None, "{d:?}");
     let mark = d.mirrors.iter().find(|m| m.name == "a").unwrap();

@@ -77,8 +77,14 @@ fn a_release_seen_as_a_delete_event_is_handed_on_without_a_read() {
 #[test]
 fn a_revocation_on_a_pod_delete_event_is_made_without_a_read() {
     let mut deleted = vec![
-        Op::AddClaim { with_pod: true },
-        Op::AddClaim { with_pod: true },
+        Op::AddClaim {
+            with_pod: true,
+            slot: None,
+        },
+        Op::AddClaim {
+            with_pod: true,
+            slot: None,
+        },
         Op::Sync(0),
         Op::Finish(0),
         Op::Sync(0),

@@ -8,6 +8,7 @@ mod durations;
 mod expiry;
 mod handovers;
 mod model;
+mod semaphores;
 mod server;
 
 use crate::controller::index::LeaseKey;

@@ -32,6 +32,8 @@ use super::{NAME, key};
 pub(super) enum Op {
     AddClaim {
         with_pod: bool,
+        /// The one slot it asks for (`spec.slot`).
+        slot: Option<i32>,
     },
     DeleteClaim(usize),
     DeletePod(usize),
@@ -44,6 +46,8 @@ pub(super) enum Op {
     RecreateLease,
     /// Someone edits `spec.leaseDurationSeconds` (to 1..=4 s).
     SetDuration(i64),
+    /// Someone edits `spec.permits` (to 1..=3).
+    SetPermits(i32),
     /// Controller 0 or 1 receives its pending watch events.
     Sync(usize),
     /// Controller 0 or 1's watches restart: a relist of everything, pending events lost.
@@ -56,7 +60,8 @@ pub(super) enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => any::<bool>().prop_map(|with_pod| Op::AddClaim { with_pod }),
+        3 => (any::<bool>(), prop_oneof![3 => Just(None), 1 => (0i32..3).prop_map(Some)])
+            .prop_map(|(with_pod, slot)| Op::AddClaim { with_pod, slot }),
         2 => (0usize..8).prop_map(Op::DeleteClaim),
         1 => (0usize..8).prop_map(Op::DeletePod),
         3 => (0usize..8).prop_map(Op::Renew),
@@ -65,6 +70,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u64..3000).prop_map(Op::AdvanceMs),
         1 => Just(Op::RecreateLease),
         1 => (1i64..=4).prop_map(Op::SetDuration),
+        1 => (1i32..=3).prop_map(Op::SetPermits),
         4 => (0usize..2).prop_map(Op::Sync),
         1 => (0usize..2).prop_map(Op::Relist),
         6 => (0usize..2).prop_map(Op::Decide),
@@ -180,26 +186,38 @@ fn clock() -> Instant {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
+    /// A lock (N = 1) and semaphores of 2 and 3 permits, whose `spec.permits` the
+    /// steps may also change: per slot, tokens strictly increase and each belongs to
+    /// one claim; never more holders than permits, nor a claim in two slots; no
+    /// client believes a slot the Lease gave another.
     #[test]
-    fn tokens_strictly_increase_and_each_belongs_to_one_claim(ops in proptest::collection::vec(op(), 1..120)) {
+    fn tokens_strictly_increase_and_each_belongs_to_one_claim(
+        permits in 1i32..=3,
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
             .build()
             .unwrap();
-        runtime.block_on(run_model(ops))?;
+        runtime.block_on(run_model(permits, ops))?;
     }
 }
 
-/// Runs one sequence of steps through the model, as the property test does, and
-/// returns the model server's world as they left it.
+/// Runs one sequence of steps through the model on a lock, as the property test
+/// does, and returns the model server's world as they left it.
 pub(super) fn run_ops(ops: Vec<Op>) -> Result<World, TestCaseError> {
+    run_ops_on(1, ops)
+}
+
+/// [`run_ops`] on a Lease of `permits`.
+pub(super) fn run_ops_on(permits: i32, ops: Vec<Op>) -> Result<World, TestCaseError> {
     let model = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .unwrap()
-        .block_on(run_model(ops))?;
+        .block_on(run_model(permits, ops))?;
     let world = std::mem::replace(&mut *model.0.lock().unwrap(), World::new(clock()));
     Ok(world)
 }
@@ -219,8 +237,14 @@ pub(super) fn holder_and_phase(world: &World, name: &str) -> (Option<String>, Op
 /// holder's first renewal (the Lease's duration is 2 s).
 pub(super) fn granted_and_renewed_once() -> Vec<Op> {
     vec![
-        Op::AddClaim { with_pod: false },
-        Op::AddClaim { with_pod: false },
+        Op::AddClaim {
+            with_pod: false,
+            slot: None,
+        },
+        Op::AddClaim {
+            with_pod: false,
+            slot: None,
+        },
         Op::Sync(0),
         Op::Finish(0),
         Op::Sync(0),
@@ -324,8 +348,14 @@ fn a_renewal_before_the_early_read_keeps_the_grant() {
 #[test]
 fn a_first_renewal_after_an_expiry_finds_the_claim_marked() {
     let world = run_ops(vec![
-        Op::AddClaim { with_pod: false },
-        Op::AddClaim { with_pod: false },
+        Op::AddClaim {
+            with_pod: false,
+            slot: None,
+        },
+        Op::AddClaim {
+            with_pod: false,
+            slot: None,
+        },
         Op::Sync(0),
         Op::Finish(0),
         Op::Sync(0),
@@ -341,18 +371,20 @@ fn a_first_renewal_after_an_expiry_finds_the_claim_marked() {
     );
 }
 
-async fn run_model(ops: Vec<Op>) -> Result<Model, TestCaseError> {
+async fn run_model(permits: i32, ops: Vec<Op>) -> Result<Model, TestCaseError> {
     let start = clock();
     let model = Model(Arc::new(Mutex::new(World::new(start))), 0);
     {
         let mut world = model.0.lock().unwrap();
         let rv = world.bump();
+        world.permits = permits;
         world.lease = Some(
             LeaseBuilder::new(NAME)
                 .uid("L0")
                 .resource_version(rv)
                 .generation(1)
                 .duration(2)
+                .permits(permits)
                 .build(),
         );
     }
@@ -449,7 +481,7 @@ fn converged(controller: &Controller, model: &Model) -> Result<(), TestCaseError
 /// re-create and edit the Lease.
 fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
     match op {
-        Op::AddClaim { with_pod } => {
+        Op::AddClaim { with_pod, slot } => {
             let i = world.next_claim;
             world.next_claim += 1;
             let name = format!("c{i:03}");
@@ -467,7 +499,8 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
             let claim = ClaimBuilder::new(&name, NAME)
                 .uid(&format!("u{i}"))
                 .resource_version(world.bump())
-                .created((now - start).as_secs() as i64);
+                .created((now - start).as_secs() as i64)
+                .slot(slot);
             let c = match &pod_name {
                 Some(p) if i.is_multiple_of(2) => claim.pod_with_uid(p, &format!("pu{i}")),
                 _ => claim.pod(pod_name.as_deref()),
@@ -509,6 +542,7 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
                 .resource_version(rv)
                 .generation(1)
                 .duration(2)
+                .permits(world.permits)
                 .build();
             world.lease = Some(new.clone());
             world.broadcast(Change::Lease(old, Some(new)));
@@ -517,6 +551,16 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
             let rv = world.bump();
             if let Some(l) = world.lease.as_mut() {
                 l.spec.lease_duration_seconds = secs;
+                l.metadata.resource_version = Some(rv.to_string());
+                let l = l.clone();
+                world.broadcast(Change::Lease(None, Some(l)));
+            }
+        }
+        Op::SetPermits(permits) => {
+            let rv = world.bump();
+            world.permits = permits;
+            if let Some(l) = world.lease.as_mut() {
+                l.spec.permits = permits;
                 l.metadata.resource_version = Some(rv.to_string());
                 let l = l.clone();
                 world.broadcast(Change::Lease(None, Some(l)));

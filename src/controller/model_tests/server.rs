@@ -15,7 +15,7 @@ use crate::controller::api_server::ApiServer;
 use crate::controller::grant::ClaimUpdate;
 use crate::controller::index::LeaseKey;
 use crate::controller::{self};
-use crate::crd::{ClaimPhase, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
+use crate::crd::{ClaimPhase, Holder, Lease, LeaseClaim, RENEWED_TOKEN_ANNOTATION};
 
 /// A model API server: one Lease, claims, pods; every write bumps a global resourceVersion.
 pub(super) struct World {
@@ -29,18 +29,21 @@ pub(super) struct World {
     pub(super) next_claim: usize,
     /// Watch events not yet delivered to each controller.
     pub(super) pending: [Vec<Change>; 2],
-    /// Every published (token -> claim uid), and tokens in publication order.
-    pub(super) owners: HashMap<i64, String>,
-    pub(super) published: Vec<i64>,
+    /// `spec.permits` of the Lease, kept across re-creation.
+    pub(super) permits: i32,
+    /// Every published ((slot, token) -> claim uid), and each slot's tokens in
+    /// publication order.
+    pub(super) owners: HashMap<(i32, i64), String>,
+    pub(super) published: HashMap<i32, Vec<i64>>,
     /// Claim uid -> when its grant landed and the duration the Lease had then; None
     /// once granted again on a re-created Lease (its first grant was taken away by the
     /// Lease's deletion, which a real client stops at).
     pub(super) grants: HashMap<String, Option<(Instant, u64)>>,
     /// A renewal (by the `renewTime` it wrote) -> when its holder sent it.
     pub(super) renewals: HashMap<Timestamp, Instant>,
-    /// Claim uid -> the Lease object (uid) and token of its grant, and what its
+    /// Claim uid -> the Lease object (uid), slot and token of its grant, and what its
     /// client believes (see [`Belief`]).
-    pub(super) granted: HashMap<String, (String, i64)>,
+    pub(super) granted: HashMap<String, Grant>,
     pub(super) beliefs: HashMap<String, Belief>,
     /// Claim uid -> the send time of its client's latest write before its grant whose
     /// response showed the claim not ended (its create, or an early confirmation): a
@@ -106,6 +109,14 @@ fn moves_back(
     left_final || ungranted || token_changed
 }
 
+/// A grant as the server published it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Grant {
+    pub(super) lease_uid: String,
+    pub(super) slot: i32,
+    pub(super) token: i64,
+}
+
 #[derive(Clone)]
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Change {
@@ -125,8 +136,9 @@ impl World {
             pods: BTreeMap::new(),
             next_claim: 0,
             pending: [Vec::new(), Vec::new()],
+            permits: 1,
             owners: HashMap::new(),
-            published: Vec::new(),
+            published: HashMap::new(),
             grants: HashMap::new(),
             renewals: HashMap::new(),
             granted: HashMap::new(),
@@ -151,43 +163,77 @@ impl World {
         self.pending[1].push(c);
     }
 
-    /// A Lease write that made a grant: its token is new, above every earlier one, and
-    /// no higher than the resourceVersion that publishes it.
+    /// A Lease write that made grants: each slot's token is new, above every earlier
+    /// one of that slot, and no higher than the resourceVersion that publishes it; no
+    /// claim holds two slots, and no more slots are held than `spec.permits`.
     pub(super) fn check_grant(&mut self, before: &Lease, written: &Lease) {
-        let token = |l: &Lease| l.status.as_ref().and_then(|s| s.fencing_token);
-        let Some(holder) = written.status.as_ref().and_then(|s| s.holder.as_ref()) else {
-            return;
-        };
-        if token(before) == token(written) {
-            return;
+        let rows = |l: &Lease| l.status.as_ref().map(|s| s.slot_rows()).unwrap_or_default();
+        let (before_rows, written_rows) = (rows(before), rows(written));
+        let holders: Vec<&str> = written_rows
+            .iter()
+            .filter_map(|r| Some(r.holder.as_ref()?.claim_uid.as_str()))
+            .collect();
+        if holders.len() > written.spec.permits as usize {
+            self.violations.push(format!(
+                "{} holders with spec.permits {}",
+                holders.len(),
+                written.spec.permits
+            ));
         }
-        let Some(token) = token(written) else {
+        if (1..holders.len()).any(|i| holders[..i].contains(&holders[i])) {
             self.violations
-                .push(format!("a grant to {} without a token", holder.claim));
-            return;
-        };
+                .push(format!("a claim holds two slots: {holders:?}"));
+        }
+        for row in &written_rows {
+            let Some(holder) = &row.holder else {
+                continue;
+            };
+            let was = before_rows.iter().find(|b| b.slot == row.slot);
+            if was.is_some_and(|b| b.fencing_token == row.fencing_token) {
+                continue;
+            }
+            let Some(token) = row.fencing_token else {
+                self.violations
+                    .push(format!("a grant to {} without a token", holder.claim));
+                continue;
+            };
+            self.published_grant(written, row.slot, holder, token);
+        }
+    }
+
+    /// One slot's new grant (see [`World::check_grant`]).
+    fn published_grant(&mut self, written: &Lease, slot: i32, holder: &Holder, token: i64) {
         if token as u64 > self.rv {
             self.violations.push(format!(
                 "token {token} above the rv {} that published it",
                 self.rv
             ));
         }
-        if let Some(last) = self.published.last()
+        let published = self.published.entry(slot).or_default();
+        if let Some(last) = published.last()
             && token <= *last
         {
-            self.violations.push(format!("token {token} after {last}"));
+            self.violations
+                .push(format!("slot {slot}: token {token} after {last}"));
         }
+        published.push(token);
         if self
             .owners
-            .insert(token, holder.claim_uid.clone())
+            .insert((slot, token), holder.claim_uid.clone())
             .is_some()
         {
-            self.violations.push(format!("token {token} issued twice"));
+            self.violations
+                .push(format!("slot {slot}: token {token} issued twice"));
         }
-        self.published.push(token);
         let lease_uid = written.metadata.uid.clone().unwrap_or_default();
-        self.granted
-            .insert(holder.claim_uid.clone(), (lease_uid, token));
+        self.granted.insert(
+            holder.claim_uid.clone(),
+            Grant {
+                lease_uid,
+                slot,
+                token,
+            },
+        );
         let secs = written.spec.lease_duration_seconds as u64;
         let now = self.now;
         let first_grant = !self.grants.contains_key(&holder.claim_uid);
@@ -218,11 +264,8 @@ impl World {
         }
         if update.condition_on.is_none() {
             // A deferred mark: the Lease was handed on first ([`World::check_unmarked_expiry`]).
-            let holder = self
-                .lease
-                .as_ref()
-                .and_then(|l| l.status.as_ref()?.holder.as_ref());
-            if holder.is_some_and(|h| h.claim_uid == update.uid) {
+            let status = self.lease.as_ref().and_then(|l| l.status.as_ref());
+            if status.is_some_and(|s| s.grant_of(&update.uid).is_some()) {
                 self.violations.push(format!(
                     "{} marked Expired while the Lease names it",
                     update.name
@@ -262,7 +305,7 @@ impl World {
         let Some(Some((_, secs))) = self.grants.get(&uid).cloned() else {
             return;
         };
-        let token = self.granted.get(&uid).map(|(_, token)| *token);
+        let token = self.granted.get(&uid).map(|g| g.token);
         let c = self.write_renew_time(&name, token);
         self.count_renewal(&c, secs);
         self.broadcast(Change::Claim(c, false));
@@ -313,7 +356,12 @@ impl World {
     /// The client's side of a renewal whose response shows `claim`.
     fn count_renewal(&mut self, claim: &LeaseClaim, secs: u64) {
         let uid = claim.metadata.uid.clone().unwrap_or_default();
-        let Some((lease_uid, token)) = self.granted.get(&uid).cloned() else {
+        let Some(Grant {
+            lease_uid,
+            slot,
+            token,
+        }) = self.granted.get(&uid).cloned()
+        else {
             return;
         };
         let status = claim.status.clone().unwrap_or_default();
@@ -333,16 +381,22 @@ impl World {
             return;
         }
         belief.last_counted = Some(now);
-        let holder = self
+        let rows = self
             .lease
             .as_ref()
             .filter(|l| l.metadata.uid.as_deref() == Some(lease_uid.as_str()))
-            .and_then(|l| l.status.as_ref()?.holder.as_ref());
+            .and_then(|l| l.status.as_ref())
+            .map(|s| s.slot_rows())
+            .unwrap_or_default();
+        let holder = rows
+            .iter()
+            .find(|r| r.slot == slot)
+            .and_then(|r| r.holder.as_ref());
         if let Some(h) = holder
             && h.claim_uid != uid
         {
             self.violations.push(format!(
-                "{} counted a renewal while the Lease names {} (token {token} ended)",
+                "{} counted a renewal while the Lease names {} in slot {slot} (token {token} ended)",
                 claim.metadata.name.as_deref().unwrap_or_default(),
                 h.claim
             ));
@@ -354,17 +408,26 @@ impl World {
     /// believes until two thirds of the duration after its last renewal that
     /// counted; the controller's contract is to wait a full duration after it.
     pub(super) fn check_unmarked_expiry(&mut self, before: &Lease, written: &Lease) {
-        let holder_uid = |l: &Lease| Some(l.status.as_ref()?.holder.as_ref()?.claim_uid.clone());
-        let Some(uid) = holder_uid(before) else {
-            return;
+        let holders = |l: &Lease| -> Vec<String> {
+            let rows = l.status.as_ref().map(|s| s.slot_rows()).unwrap_or_default();
+            rows.into_iter()
+                .filter_map(|r| Some(r.holder?.claim_uid))
+                .collect()
         };
-        if holder_uid(written).as_ref() == Some(&uid) {
-            return;
+        let still_held = holders(written);
+        for uid in holders(before) {
+            if !still_held.contains(&uid) {
+                self.check_unmarked_end(&uid);
+            }
         }
+    }
+
+    /// [`World::check_unmarked_expiry`] for one holder whose grant the write ended.
+    fn check_unmarked_end(&mut self, uid: &str) {
         let Some(claim) = self
             .claims
             .values()
-            .find(|c| c.metadata.uid.as_deref() == Some(uid.as_str()))
+            .find(|c| c.metadata.uid.as_deref() == Some(uid))
         else {
             return;
         };
@@ -378,13 +441,13 @@ impl World {
             .pod
             .as_ref()
             .is_none_or(|p| self.pods.contains_key(&p.name));
-        let Some(Some((granted_at, secs))) = self.grants.get(&uid).cloned() else {
+        let Some(Some((granted_at, secs))) = self.grants.get(uid).cloned() else {
             return;
         };
         if final_phase || !pod_alive {
             return;
         }
-        let last_counted = self.beliefs.get(&uid).and_then(|b| b.last_counted);
+        let last_counted = self.beliefs.get(uid).and_then(|b| b.last_counted);
         let alive = last_counted.map_or(granted_at, |last| last.max(granted_at));
         if self.now < alive + Duration::from_secs(secs) {
             self.violations.push(format!(

@@ -270,7 +270,7 @@ async fn a_decision_pass_runs_its_steps_in_order_and_leaves_the_mirrors_to_their
             name: "a".into(),
             uid: "uid-a".into(),
         }],
-        end_holder: Some(update("a", Some("6"))),
+        end_holder: vec![update("a", Some("6"))],
         lease_status: Some(LeaseStatus::default()),
         mirrors: vec![update("b", None)],
         ..Decision::default()
