@@ -86,12 +86,6 @@ impl LeaseBuilder {
         self
     }
 
-    /// `spec.permits`.
-    pub fn permits(mut self, permits: i32) -> Self {
-        self.0.spec.permits = permits;
-        self
-    }
-
     /// `status.fencingToken`.
     pub fn token(mut self, token: i64) -> Self {
         self.status().fencing_token = Some(token);
