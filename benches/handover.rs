@@ -256,6 +256,7 @@ fn options(identity: &str, pod: PodBinding) -> AcquireOptions {
         identity: Some(identity.to_string()),
         pod,
         timeout: Some(Duration::from_secs(30)),
+        slot: None,
     }
 }
 

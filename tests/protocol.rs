@@ -52,6 +52,7 @@ async fn acquire_and_release(leases: &LeaseClient, lease: &str) {
         identity: Some(lease.to_string()),
         pod: PodBinding::None,
         timeout: Some(WAIT),
+        slot: None,
     };
     leases.ensure_lease(lease, 5).await.unwrap();
     let grant = leases.acquire(lease, options).await.unwrap();

@@ -21,6 +21,7 @@ fn options(identity: &str) -> AcquireOptions {
         identity: Some(identity.to_string()),
         pod: PodBinding::None,
         timeout: Some(Duration::from_secs(30)),
+        slot: None,
     }
 }
 

@@ -71,6 +71,7 @@ pub fn options(identity: &str, limit: Duration) -> AcquireOptions {
         identity: Some(identity.to_string()),
         pod: PodBinding::None,
         timeout: Some(limit),
+        slot: None,
     }
 }
 

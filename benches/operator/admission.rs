@@ -105,6 +105,7 @@ pub async fn run(setup: &Setup, rounds: usize) -> Result<Run, String> {
         identity: Some("admission".into()),
         pod: PodBinding::None,
         timeout: Some(Duration::from_secs(60)),
+        slot: None,
     };
     let leader = fence.clone();
     let outcome = run_while_leading(&leases, &fence, options, |client| async move {

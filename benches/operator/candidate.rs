@@ -92,6 +92,7 @@ async fn lead(args: Args) -> Result<(), String> {
         identity: Some(args.id.clone()),
         pod: PodBinding::None,
         timeout: None,
+        slot: None,
     };
     say(READY);
     let leader = fence.clone();

@@ -38,6 +38,7 @@ impl LibraryWaiters {
                     identity: Some(IDENTITY.into()),
                     pod: PodBinding::None,
                     timeout: None,
+                    slot: None,
                 };
                 let lease = lease_name(i);
                 tokio::select! {

@@ -308,6 +308,7 @@ pub async fn hold(
         identity: Some(grant.identity.clone()),
         pod: PodBinding::FromEnv,
         timeout: None,
+        slot: None,
     };
     let acquired = tokio::select! {
         acquired = leases.acquire(&request.name, options) => acquired,

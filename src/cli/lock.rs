@@ -198,6 +198,7 @@ async fn acquire_and_run(leases: &LeaseClient, args: &LockArgs, signals: &mut Si
         identity: Some(args.identity.clone().unwrap_or_else(default_identity)),
         pod: PodBinding::FromEnv,
         timeout: args.timeout,
+        slot: None,
     };
     // Dropping the acquire (on a signal) deletes its claim; `lock` waits for that.
     let grant = tokio::select! {

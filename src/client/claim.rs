@@ -202,8 +202,14 @@ pub(super) fn post_params() -> PostParams {
 }
 
 /// A claim named `{lease}-{identity}-{5 random characters}`, like `generateName`
-/// would, but chosen here (see [`LeaseClient::create_claim`]).
-pub(super) fn new_claim(lease: &str, identity: &str, pod: Option<(String, String)>) -> LeaseClaim {
+/// would, but chosen here (see [`LeaseClient::create_claim`]); for that one `slot` of
+/// a semaphore, or (None) any slot.
+pub(super) fn new_claim(
+    lease: &str,
+    identity: &str,
+    pod: Option<(String, String)>,
+    slot: Option<i32>,
+) -> LeaseClaim {
     let slug = name_slug(identity);
     let mut prefix = if slug.is_empty() {
         format!("{lease}-")
@@ -232,7 +238,7 @@ pub(super) fn new_claim(lease: &str, identity: &str, pod: Option<(String, String
                 name,
                 uid: Some(uid),
             }),
-            slot: None,
+            slot,
             renew_time: None,
         },
         status: None,
@@ -281,27 +287,28 @@ mod tests {
 
     #[test]
     fn claim_names_are_lease_identity_and_a_random_suffix() {
-        let claim = new_claim("billing", "Worker_0.example", None);
+        let claim = new_claim("billing", "Worker_0.example", None, None);
         let name = claim.metadata.name.unwrap();
         assert_eq!(name.len(), "billing-worker-0-example-".len() + 5, "{name}");
         assert!(name.starts_with("billing-worker-0-example-"), "{name}");
         assert_eq!(claim.spec.holder_identity, "Worker_0.example");
         assert!(claim.spec.pod.is_none() && claim.metadata.owner_references.is_none());
+        assert_eq!(claim.spec.slot, None, "any slot");
 
         let long = "x".repeat(300);
-        let claim = new_claim("billing", &long, None);
+        let claim = new_claim("billing", &long, None, None);
         assert_eq!(
             claim.metadata.name.unwrap().len(),
             MAX_GENERATE_NAME_PREFIX + 5
         );
-        let claim = new_claim("billing", "!!!", None);
+        let claim = new_claim("billing", "!!!", None, None);
         let name = claim.metadata.name.unwrap();
         assert!(name.starts_with("billing-") && name.len() == 13, "{name}");
     }
 
     #[test]
     fn a_pod_bound_claim_names_the_pod_and_is_owned_by_it() {
-        let claim = new_claim("l", "w", Some(("w-0".into(), "uid-1".into())));
+        let claim = new_claim("l", "w", Some(("w-0".into(), "uid-1".into())), None);
         let pod = claim.spec.pod.unwrap();
         assert_eq!(
             (pod.name.as_str(), pod.uid.as_deref()),
@@ -311,6 +318,19 @@ mod tests {
         assert_eq!(
             (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
             ("Pod", "w-0", "uid-1")
+        );
+    }
+
+    #[test]
+    fn a_claim_for_one_slot_asks_for_it_in_its_spec() {
+        let claim = new_claim("l", "w", None, Some(2));
+        assert_eq!(claim.spec.slot, Some(2));
+        let json = serde_json::to_value(&claim.spec).unwrap();
+        assert_eq!(json["slot"], 2);
+        let any = serde_json::to_value(&new_claim("l", "w", None, None).spec).unwrap();
+        assert!(
+            any.get("slot").is_none(),
+            "no slot field for any slot: {any}"
         );
     }
 }

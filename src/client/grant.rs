@@ -31,6 +31,8 @@ pub struct Grant {
     identity: String,
     claim: String,
     claim_uid: String,
+    /// The slot this grant holds: 0 on a lock (`crate::permits`).
+    slot: i32,
     token: i64,
     lost: watch::Receiver<Option<LostReason>>,
     duration: watch::Receiver<Duration>,
@@ -80,6 +82,7 @@ impl Grant {
         let (lost_tx, lost_rx) = watch::channel(None);
         let stop = CancellationToken::new();
         let (claim, claim_uid) = (guard.name.clone(), guard.uid.clone());
+        let slot = status.grant_of(&claim_uid).map_or(0, |g| g.slot);
         let (duration_tx, duration_rx) = watch::channel(lease_duration(&granted));
         let (deadline_tx, deadline_rx) =
             watch::channel((observed_at + lease_duration(&granted) / 3).since_boot());
@@ -120,6 +123,7 @@ impl Grant {
             identity,
             claim,
             claim_uid,
+            slot,
             token: status.fencing_token.unwrap_or_default(),
             lost: lost_rx,
             duration: duration_rx,
@@ -137,6 +141,11 @@ impl Grant {
     /// The fencing token of this grant: send it with every write to the protected resource.
     pub fn token(&self) -> i64 {
         self.token
+    }
+
+    /// The slot this grant holds: `0..permits` on a semaphore, always 0 on a lock.
+    pub fn slot(&self) -> i32 {
+        self.slot
     }
 
     pub fn lease(&self) -> &str {

@@ -312,6 +312,10 @@ pub struct AcquireOptions {
     /// Give up when not granted within this long ([`Error::Timeout`]); the claim is
     /// deleted before `acquire` returns. Default: wait for as long as it takes.
     pub timeout: Option<Duration>,
+    /// On a semaphore, only this slot (`0..permits`), for work sharded by slot: the
+    /// claim's `spec.slot`. Default (None): any slot, the lowest free one. A lock has
+    /// slot 0 only. The API server refuses a slot outside 0..63 ([`Error::Api`]).
+    pub slot: Option<i32>,
 }
 
 /// The holder identity used when none is given: the pod name, else the host name.
@@ -486,7 +490,7 @@ impl LeaseClient {
             timeout: options.timeout.unwrap_or_default(),
         };
         let identity = options.identity.clone().unwrap_or_else(default_identity);
-        let claim = new_claim(lease, &identity, options.pod.resolve());
+        let claim = new_claim(lease, &identity, options.pod.resolve(), options.slot);
         let timer = BootTimer::new().map_err(Error::Clock)?;
         let created_at = clock::BootInstant::now();
         let created = until_deadline(deadline, self.create_claim(claim))

@@ -153,6 +153,7 @@ async fn acquire(leases: &LeaseClient, config: &RelayConfig) -> Grant {
         identity: config.identity.clone(),
         pod: PodBinding::FromEnv,
         timeout: None,
+        slot: None,
     };
     let mut failures = 0;
     loop {

@@ -186,6 +186,7 @@ pub async fn run(args: OperatorArgs) {
             identity: Some(args.identity.clone()),
             pod: PodBinding::None,
             timeout: Some(Duration::from_secs(30)),
+            slot: None,
         };
         let outcome = run_while_leading(&leases, &fence, options, |client| {
             let token = fence.token() as u64;

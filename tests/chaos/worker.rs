@@ -117,6 +117,7 @@ pub async fn run(args: WorkerArgs) {
             identity: Some(args.identity.clone()),
             pod: PodBinding::None,
             timeout: Some(Duration::from_secs(30)),
+            slot: None,
         };
         let grant = match leases.acquire(lease, options).await {
             Ok(grant) => grant,

@@ -184,6 +184,7 @@ async fn lost_fires_when_the_controller_revokes_because_the_pod_is_gone() {
                 identity: None,
                 pod: binding,
                 timeout: None,
+                slot: None,
             },
         ),
     )

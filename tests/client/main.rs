@@ -27,6 +27,7 @@ fn options(identity: &str) -> AcquireOptions {
         identity: Some(identity.to_string()),
         pod: PodBinding::None,
         timeout: None,
+        slot: None,
     }
 }
 

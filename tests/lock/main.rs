@@ -104,6 +104,7 @@ async fn hold(ns: &TestNamespace, lease: &str, identity: &str) -> Grant {
         identity: Some(identity.into()),
         pod: PodBinding::None,
         timeout: None,
+        slot: None,
     };
     timeout(WAIT, leases.acquire(lease, options))
         .await

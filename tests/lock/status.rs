@@ -23,6 +23,7 @@ async fn status_shows_holder_token_and_the_queue_in_grant_order() {
                     identity: Some(identity.into()),
                     pod: PodBinding::None,
                     timeout: None,
+                    slot: None,
                 };
                 leases.acquire("board", options).await
             })

@@ -45,6 +45,7 @@ fn candidate(
             identity: Some(name.to_string()),
             pod: PodBinding::None,
             timeout: None,
+            slot: None,
         };
         let fence_token = fence.clone();
         let outcome = run_while_leading(&leases, &fence, options, |client| async move {
