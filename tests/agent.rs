@@ -75,8 +75,31 @@ impl AgentProcess {
         .await
     }
 
+    async fn acquire_slot(
+        &self,
+        session: &str,
+        lease: &str,
+        slot: i32,
+        wait_ms: u64,
+    ) -> (u16, Value) {
+        let body = json!({"name": lease, "durationSeconds": 6, "slot": slot, "waitMs": wait_ms});
+        self.call(
+            "POST",
+            &format!("/v1/sessions/{session}/leases"),
+            Some(body),
+        )
+        .await
+    }
+
     fn token_file(&self, ns: &str, lease: &str) -> PathBuf {
         self.tokens.join(ns).join(lease).join("token")
+    }
+
+    /// The token file and the slot file beside it, as read now.
+    fn token_files(&self, ns: &str, lease: &str) -> (String, String) {
+        let file = self.token_file(ns, lease);
+        let read = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+        (read(&file), read(&file.with_file_name("slot")))
     }
 }
 
@@ -161,6 +184,13 @@ async fn bodies_that_name_a_bad_field(agent: &AgentProcess, leases: &str) {
             400,
             "invalid_field",
             Some("waitMs"),
+        ),
+        (
+            r#"{"name": "b", "slot": 64}"#,
+            None,
+            400,
+            "invalid_field",
+            Some("slot"),
         ),
         (
             r#"{"lease": "b"}"#,
@@ -608,4 +638,108 @@ async fn an_acquire_whose_caller_hangs_up_leaves_nothing_behind() {
     // The session holds and waits for nothing: the Lease can be acquired again.
     let (status, grant) = agent.acquire(&id, "hangup", 20_000).await;
     assert_eq!(status, 200, "{grant}");
+}
+
+/// A semaphore of two: a grant names its slot and that slot's fence key, the token
+/// files show the latest grant with its slot, and a waiter for one slot gets that
+/// slot when its holder releases it.
+#[tokio::test]
+async fn a_semaphores_grants_name_their_slots_fence_keys_and_token_files() {
+    let ns = setup("agent-slots").await;
+    let _controller = ControllerProcess::start(&ns.name, &["--leader-elect=false"]).await;
+    let lease: palisade::crd::Lease = serde_json::from_value(json!({
+        "apiVersion": "palisade.dev/v1alpha1", "kind": "Lease",
+        "metadata": {"name": "workers"},
+        "spec": {"leaseDurationSeconds": 6, "permits": 2}
+    }))
+    .unwrap();
+    ns.api::<palisade::crd::Lease>()
+        .create(&Default::default(), &lease)
+        .await
+        .expect("create the semaphore");
+    let agent = AgentProcess::start(&ns).await;
+    let (first, second, third) = (
+        agent.session(10_000).await,
+        agent.session(10_000).await,
+        agent.session(10_000).await,
+    );
+
+    let (status, one) = agent.acquire_slot(&first, "workers", 1, 10_000).await;
+    assert_eq!(
+        (status, one["state"].as_str()),
+        (200, Some("held")),
+        "{one}"
+    );
+    assert_eq!(one["slot"], 1, "{one}");
+    assert_eq!(one["fenceKey"], format!("{}/workers#1", ns.name), "{one}");
+    let token_of = |grant: &Value| format!("{}\n", grant["token"]);
+    assert_eq!(
+        agent.token_files(&ns.name, "workers"),
+        (token_of(&one), "1\n".into())
+    );
+
+    // Any slot: the lowest free one, keyed as a lock's.
+    let (status, zero) = agent.acquire(&second, "workers", 10_000).await;
+    assert_eq!((status, zero["slot"].as_i64()), (200, Some(0)), "{zero}");
+    assert_eq!(zero["fenceKey"], format!("{}/workers", ns.name), "{zero}");
+    assert_eq!(
+        agent.token_files(&ns.name, "workers"),
+        (token_of(&zero), "0\n".into()),
+        "the latest grant of the Lease in the pod"
+    );
+
+    // A waiter for slot 1 says so, and gets it when its holder lets go.
+    let (status, waiting) = agent.acquire_slot(&third, "workers", 1, 300).await;
+    assert_eq!(
+        (status, waiting["state"].as_str()),
+        (202, Some("waiting")),
+        "{waiting}"
+    );
+    assert_eq!(
+        (waiting["slot"].as_i64(), waiting.get("token")),
+        (Some(1), None)
+    );
+    let (_, session) = agent
+        .call("GET", &format!("/v1/sessions/{first}"), None)
+        .await;
+    assert_eq!(session["grants"][0]["slot"], 1, "{session}");
+    let (status, released) = agent
+        .call(
+            "DELETE",
+            &format!("/v1/sessions/{first}/leases/{}/workers", ns.name),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, released["state"].as_str()),
+        (200, Some("released")),
+        "{released}"
+    );
+    assert_eq!(
+        (&released["slot"], &released["token"]),
+        (&one["slot"], &one["token"])
+    );
+    let (_, handed) = agent
+        .call(
+            "GET",
+            &format!(
+                "/v1/sessions/{third}/leases/{}/workers?waitMs=10000",
+                ns.name
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (handed["state"].as_str(), handed["slot"].as_i64()),
+        (Some("held"), Some(1)),
+        "{handed}"
+    );
+    assert!(
+        handed["token"].as_i64() > one["token"].as_i64(),
+        "{one} then {handed}"
+    );
+    assert_eq!(
+        agent.token_files(&ns.name, "workers"),
+        (token_of(&handed), "1\n".into())
+    );
 }

@@ -217,6 +217,7 @@ type acquireRequest struct {
 	DurationSeconds int64  `json:"durationSeconds,omitempty"`
 	HolderIdentity  string `json:"holderIdentity,omitempty"`
 	WaitMs          int64  `json:"waitMs"`
+	Slot            *int   `json:"slot,omitempty"`
 }
 
 type grantJSON struct {
@@ -224,6 +225,8 @@ type grantJSON struct {
 	Namespace       string `json:"namespace"`
 	State           string `json:"state"`
 	Token           int64  `json:"token,omitempty"`
+	Slot            int    `json:"slot,omitempty"`     // absent from agents before semaphores: slot 0
+	FenceKey        string `json:"fenceKey,omitempty"` // absent likewise: see Grant.FenceKey
 	ValidForMs      int64  `json:"validForMs,omitempty"`
 	LostReason      string `json:"lostReason,omitempty"`
 	LostMessage     string `json:"lostMessage,omitempty"`

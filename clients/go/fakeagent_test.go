@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -26,6 +27,7 @@ type fakeAgent struct {
 	frozen      chan struct{}                                     // non-nil while frozen; closed on thaw
 	hook        func(w http.ResponseWriter, r *http.Request) bool // answers instead, when it returns true
 	calls       []string                                          // "METHOD path", in order
+	acquires    []map[string]any                                  // each acquire's body, as sent
 }
 
 func newFakeAgent(t *testing.T, keepaliveMs, validForMs int64) *fakeAgent {
@@ -56,17 +58,21 @@ func newFakeAgent(t *testing.T, keepaliveMs, validForMs int64) *fakeAgent {
 		}
 	})
 	mux.HandleFunc("POST /v1/sessions/s/leases", func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
 		var req acquireRequest
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		raw, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(raw, &body); err != nil {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_json", "message": err.Error()})
 			return
 		}
+		json.Unmarshal(raw, &req)
 		ns := req.Namespace
 		if ns == "" {
 			ns = "ns"
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
+		f.acquires = append(f.acquires, body)
 		key := ns + "/" + req.Name
 		if g, ok := f.grants[key]; ok && (g.State == stateHeld || g.State == stateWaiting) {
 			writeJSON(w, http.StatusConflict, map[string]string{"error": CodeAlreadyAcquired, "message": "session s holds Lease " + key + " already"})
@@ -77,7 +83,12 @@ func newFakeAgent(t *testing.T, keepaliveMs, validForMs int64) *fakeAgent {
 			d = 15
 		}
 		f.nextToken++
-		g := grantJSON{Name: req.Name, Namespace: ns, State: stateHeld, Token: f.nextToken, DurationSeconds: d, Claim: "c", ClaimUID: "u"}
+		g := grantJSON{Name: req.Name, Namespace: ns, State: stateHeld, Token: f.nextToken, DurationSeconds: d, Claim: "c", ClaimUID: "u",
+			FenceKey: key}
+		if req.Slot != nil && *req.Slot > 0 {
+			// As the agent says it: the slot asked for, and that slot's fence key.
+			g.Slot, g.FenceKey = *req.Slot, fmt.Sprintf("%s#%d", key, *req.Slot)
+		}
 		f.grants[key] = g
 		writeJSON(w, http.StatusOK, f.viewLocked(g))
 	})

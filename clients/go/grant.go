@@ -28,6 +28,8 @@ type Grant struct {
 	claim     string
 	claimUID  string
 	token     int64
+	slot      int
+	fenceKey  string
 
 	lost   chan struct{}
 	ctx    context.Context
@@ -51,7 +53,13 @@ func newGrant(s *Session, gj grantJSON, sent time.Time) *Grant {
 		claim:     gj.Claim,
 		claimUID:  gj.ClaimUID,
 		token:     gj.Token,
+		slot:      gj.Slot,
+		fenceKey:  gj.FenceKey,
 		lost:      make(chan struct{}),
+	}
+	if g.fenceKey == "" {
+		// An agent from before semaphores: every grant is a lock's, slot 0.
+		g.fenceKey = g.key()
 	}
 	g.ctx, g.cancel = context.WithCancelCause(context.Background())
 	g.setDeadline(gj, sent)
@@ -62,6 +70,15 @@ func (g *Grant) key() string { return g.namespace + "/" + g.name }
 
 // Token is the fencing token: strictly higher than every earlier grant's of the Lease.
 func (g *Grant) Token() int64 { return g.token }
+
+// Slot is the slot the grant holds: 0 on a lock; on a semaphore (a Lease with
+// spec.permits above 1) one of 0..permits-1, each with fencing tokens of its own.
+func (g *Grant) Slot() int { return g.slot }
+
+// FenceKey is the key the fences use for the grant's slot, as the agent gives it:
+// "<namespace>/<name>" for slot 0 (a lock's key), "<namespace>/<name>#<slot>" for the
+// others. Pass it to a fence with Token, so one slot's holder never passes another's.
+func (g *Grant) FenceKey() string { return g.fenceKey }
 
 // Name and Namespace are the Lease's.
 func (g *Grant) Name() string      { return g.name }
@@ -288,5 +305,8 @@ func (g *Grant) Release(ctx context.Context) error {
 }
 
 func (g *Grant) String() string {
+	if g.slot != 0 {
+		return fmt.Sprintf("grant %s slot %d token %d", g.key(), g.slot, g.token)
+	}
 	return fmt.Sprintf("grant %s token %d", g.key(), g.token)
 }

@@ -508,14 +508,27 @@ type AcquireOptions struct {
 	Duration time.Duration
 	// HolderIdentity is the claim's spec.holderIdentity; "" is the pod's name.
 	HolderIdentity string
+	// Slot asks for only that slot of a semaphore (0..63; Slot(n) makes one), for
+	// work sharded by slot; nil takes any slot, the lowest free one. A lock has slot
+	// 0 only; a slot at or above the Lease's permits waits until they are raised.
+	Slot *int
 }
 
+// MaxSlot is the highest slot a semaphore can have (it has at most 64 permits).
+const MaxSlot = 63
+
+// Slot returns a pointer to n, for AcquireOptions.Slot.
+func Slot(n int) *int { return &n }
+
 func (o *AcquireOptions) validate() error {
-	if o == nil || o.Duration == 0 {
+	if o == nil {
 		return nil
 	}
-	if o.Duration < time.Second || o.Duration > 24*time.Hour || o.Duration%time.Second != 0 {
+	if o.Duration != 0 && (o.Duration < time.Second || o.Duration > 24*time.Hour || o.Duration%time.Second != 0) {
 		return fmt.Errorf("palisade: AcquireOptions.Duration %v: must be whole seconds from 1s to 24h", o.Duration)
+	}
+	if o.Slot != nil && (*o.Slot < 0 || *o.Slot > MaxSlot) {
+		return fmt.Errorf("palisade: AcquireOptions.Slot %d: must be from 0 to %d (nil for any slot)", *o.Slot, MaxSlot)
 	}
 	return nil
 }
@@ -581,7 +594,8 @@ func claimMayRemain(err error) bool {
 // acquire asks for the Lease and long-polls until the grant; the caller holds its key.
 func (s *Session) acquire(ctx context.Context, name, namespace string, opts *AcquireOptions) (*Grant, error) {
 	req := acquireRequest{Name: name, Namespace: opts.Namespace,
-		DurationSeconds: int64(opts.Duration / time.Second), HolderIdentity: opts.HolderIdentity}
+		DurationSeconds: int64(opts.Duration / time.Second), HolderIdentity: opts.HolderIdentity,
+		Slot: opts.Slot}
 	var gj grantJSON
 	req.WaitMs = waitMs(ctx)
 	sent := time.Now()

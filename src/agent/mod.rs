@@ -264,22 +264,24 @@ impl Agent {
             .holder_identity
             .clone()
             .unwrap_or_else(default_identity);
-        let grant = session.insert(key, identity).map_err(|existing| {
-            HttpError::new(
-                StatusCode::CONFLICT,
-                "already_acquired",
-                format!(
-                    "session {} {} Lease {namespace}/{} already; release it first",
-                    session.id,
-                    if existing.phase().borrow().is_waiting() {
-                        "waits for"
-                    } else {
-                        "holds"
-                    },
-                    request.name
-                ),
-            )
-        })?;
+        let grant = session
+            .insert(key, identity, request.slot)
+            .map_err(|existing| {
+                HttpError::new(
+                    StatusCode::CONFLICT,
+                    "already_acquired",
+                    format!(
+                        "session {} {} Lease {namespace}/{} already; release it first",
+                        session.id,
+                        if existing.phase().borrow().is_waiting() {
+                            "waits for"
+                        } else {
+                            "holds"
+                        },
+                        request.name
+                    ),
+                )
+            })?;
         // Until the holder task owns it, the grant is this request's: if the request
         // fails, or is dropped because its caller hung up, nothing would ever hold
         // it, and every later acquire of the Lease in this session would be refused.

@@ -17,6 +17,7 @@ use super::token_files::TokenFiles;
 use super::wire::AcquireRequest;
 use crate::client::clock::BootInstant;
 use crate::client::{AcquireOptions, Error as ClientError, LeaseClient, LostReason, PodBinding};
+use crate::permits::fence_key;
 
 /// A grant's identity within its session.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -33,6 +34,7 @@ pub enum Phase {
     },
     Held {
         token: i64,
+        slot: i32,
         claim: String,
         claim_uid: String,
         duration: Duration,
@@ -41,12 +43,14 @@ pub enum Phase {
     },
     Lost {
         token: Option<i64>,
+        slot: Option<i32>,
         claim: Option<String>,
         reason: &'static str,
         message: String,
     },
     Released {
         token: Option<i64>,
+        slot: Option<i32>,
         claim: Option<String>,
     },
 }
@@ -80,6 +84,12 @@ pub struct GrantView {
     pub state: GrantState,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<i64>,
+    /// The slot held (0 on a lock), with the token; while waiting, the one asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<i32>,
+    /// [`fence_key`] of `slot`, so that no client rebuilds the rule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence_key: Option<String>,
     pub valid_for_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lost_reason: Option<&'static str>,
@@ -98,6 +108,8 @@ pub struct GrantView {
 pub struct SessionGrant {
     pub key: GrantKey,
     pub identity: String,
+    /// The slot asked for (the acquire's `slot`); None: any.
+    pub asked_slot: Option<i32>,
     phase: watch::Sender<Phase>,
     /// Cancelled to let go: a release, or the end of the session.
     pub release: CancellationToken,
@@ -131,6 +143,8 @@ impl SessionGrant {
             namespace: self.key.namespace.clone(),
             state: GrantState::Waiting,
             token: None,
+            slot: None,
+            fence_key: None,
             valid_for_ms: 0,
             lost_reason: None,
             lost_message: None,
@@ -140,15 +154,20 @@ impl SessionGrant {
             duration_seconds: None,
         };
         match &*self.phase.borrow() {
-            Phase::Waiting { claim } => view.claim = claim.clone(),
+            Phase::Waiting { claim } => {
+                view.claim = claim.clone();
+                view.slot = self.asked_slot;
+            }
             Phase::Held {
                 token,
+                slot,
                 claim,
                 claim_uid,
                 duration,
                 deadline,
             } => {
                 view.token = Some(*token);
+                view.slot = Some(*slot);
                 view.claim = Some(claim.clone());
                 view.claim_uid = Some(claim_uid.clone());
                 view.duration_seconds = Some(duration.as_secs());
@@ -168,22 +187,28 @@ impl SessionGrant {
             }
             Phase::Lost {
                 token,
+                slot,
                 claim,
                 reason,
                 message,
             } => {
                 view.state = GrantState::Lost;
                 view.token = *token;
+                view.slot = *slot;
                 view.claim = claim.clone();
                 view.lost_reason = Some(reason);
                 view.lost_message = Some(message.clone());
             }
-            Phase::Released { token, claim } => {
+            Phase::Released { token, slot, claim } => {
                 view.state = GrantState::Released;
                 view.token = *token;
+                view.slot = *slot;
                 view.claim = claim.clone();
             }
         }
+        view.fence_key = view
+            .slot
+            .map(|slot| fence_key(&view.namespace, &view.name, slot));
         view
     }
 }
@@ -274,6 +299,7 @@ impl Session {
         &self,
         key: GrantKey,
         identity: String,
+        asked_slot: Option<i32>,
     ) -> Result<Arc<SessionGrant>, Arc<SessionGrant>> {
         let mut grants = self.grants.lock().unwrap();
         if let Some(existing) = grants.get(&key)
@@ -284,6 +310,7 @@ impl Session {
         let grant = Arc::new(SessionGrant {
             key: key.clone(),
             identity,
+            asked_slot,
             phase: watch::channel(Phase::Waiting { claim: None }).0,
             release: self.ended.child_token(),
             events: self.events.clone(),
@@ -308,13 +335,13 @@ pub async fn hold(
         identity: Some(grant.identity.clone()),
         pod: PodBinding::FromEnv,
         timeout: None,
-        slot: None,
+        slot: request.slot,
     };
     let acquired = tokio::select! {
         acquired = leases.acquire(&request.name, options) => acquired,
         // Dropping the acquire deletes its claim (tracked by the client's `flush`).
         () = grant.release.cancelled() => {
-            grant.set(Phase::Released { token: None, claim: None });
+            grant.set(Phase::Released { token: None, slot: None, claim: None });
             return;
         }
     };
@@ -328,6 +355,7 @@ pub async fn hold(
             metrics.lost(reason);
             grant.set(Phase::Lost {
                 token,
+                slot: None,
                 claim: None,
                 reason,
                 message: e.to_string(),
@@ -335,11 +363,12 @@ pub async fn hold(
             return;
         }
     };
-    let (token, claim) = (held.token(), held.claim_name().to_string());
-    token_files.write(&grant.key, token).await;
+    let (token, slot, claim) = (held.token(), held.slot(), held.claim_name().to_string());
+    token_files.write(&grant.key, token, slot).await;
     metrics.held.inc();
     grant.set(Phase::Held {
         token,
+        slot,
         claim: claim.clone(),
         claim_uid: held.claim_uid().to_string(),
         duration: held.lease_duration(),
@@ -347,11 +376,12 @@ pub async fn hold(
     });
     tokio::select! {
         reason = held.lost() => {
-            token_files.remove(&grant.key, token).await;
+            token_files.remove(&grant.key, token, slot).await;
             metrics.held.dec();
             metrics.lost(reason_code(reason));
             grant.set(Phase::Lost {
                 token: Some(token),
+                slot: Some(slot),
                 claim: Some(claim),
                 reason: reason_code(reason),
                 message: reason.to_string(),
@@ -360,19 +390,86 @@ pub async fn hold(
         }
         () = grant.release.cancelled() => {
             // The token file goes first: from here on nothing in the pod may use it.
-            token_files.remove(&grant.key, token).await;
+            token_files.remove(&grant.key, token, slot).await;
             metrics.held.dec();
             if let Err(e) = held.release().await {
                 tracing::warn!(lease = %grant.key.name, error = %e, "releasing: the claim's delete failed; it expires");
             }
-            grant.set(Phase::Released { token: Some(token), claim: Some(claim) });
+            grant.set(Phase::Released { token: Some(token), slot: Some(slot), claim: Some(claim) });
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::GrantState;
+    use super::*;
+
+    fn grant(asked_slot: Option<i32>) -> Arc<SessionGrant> {
+        let session = Session::new("s".into(), "pay".into(), None, Duration::from_secs(5));
+        let key = GrantKey {
+            namespace: "pay".into(),
+            name: "workers".into(),
+        };
+        let Ok(grant) = session.insert(key, "w-0".into(), asked_slot) else {
+            unreachable!("a new session has no grant")
+        };
+        grant
+    }
+
+    fn held(token: i64, slot: i32) -> Phase {
+        let deadline = BootInstant::now().since_boot() + Duration::from_secs(60);
+        Phase::Held {
+            token,
+            slot,
+            claim: "c".into(),
+            claim_uid: "u".into(),
+            duration: Duration::from_secs(15),
+            deadline: watch::channel(deadline).1,
+        }
+    }
+
+    /// The thin clients read `slot` and `fenceKey` with the token, and the slot asked
+    /// for while waiting.
+    #[test]
+    fn a_grant_shows_its_slot_and_that_slots_fence_key() {
+        let any = grant(None);
+        let json = serde_json::to_value(any.view()).unwrap();
+        assert!(
+            json.get("slot").is_none() && json.get("fenceKey").is_none(),
+            "{json}"
+        );
+        any.set(held(7, 0));
+        let json = serde_json::to_value(any.view()).unwrap();
+        assert_eq!(
+            (&json["slot"], &json["fenceKey"]),
+            (&0.into(), &"pay/workers".into())
+        );
+
+        let third = grant(Some(2));
+        let json = serde_json::to_value(third.view()).unwrap();
+        assert_eq!(json["state"], "waiting");
+        assert_eq!(
+            (&json["slot"], &json["fenceKey"]),
+            (&2.into(), &"pay/workers#2".into())
+        );
+        third.set(held(9, 2));
+        assert_eq!(third.view().slot, Some(2));
+        third.set(Phase::Released {
+            token: Some(9),
+            slot: Some(2),
+            claim: Some("c".into()),
+        });
+        let view = third.view();
+        assert_eq!(
+            (view.token, view.slot),
+            (Some(9), Some(2)),
+            "kept once released"
+        );
+        assert_eq!(view.fence_key.as_deref(), Some("pay/workers#2"));
+        for field in ["slot:", "fenceKey:"] {
+            assert!(super::super::routes::OPENAPI.contains(field), "{field}");
+        }
+    }
 
     /// The Go and Python clients match these strings: they stay the OpenAPI document's.
     #[test]

@@ -1,14 +1,27 @@
 //! Token files for programs that cannot speak HTTP (a shell script, a cron job): while
 //! a grant is held, `<dir>/<namespace>/<name>/token` holds its fencing token and a
-//! newline. It is written whole (a temporary file renamed over it) and removed when
-//! the grant ends, before the claim is deleted on a release.
+//! newline, and `slot` beside it the grant's slot (0 on a lock; a semaphore's fences
+//! key each slot apart, `crate::permits::fence_key`). Each is written whole (a
+//! temporary file renamed over it) and both are removed when the grant ends, before
+//! the claim is deleted on a release.
+//!
+//! One directory per Lease suffices: a session holds at most one grant of a Lease.
+//! Two sessions of the pod may hold two slots of one semaphore at once; the files
+//! then show the latest grant, and are gone once it ends (a program finds no token
+//! and does not write; the other session's grant is on the HTTP API).
+//!
+//! The two files cannot change together, so they change in an order a reader can
+//! check: `token` goes first (removed before `slot` changes, written after it), and
+//! a token never comes back once removed (a new grant's is higher). A program that
+//! needs the slot reads `token`, `slot`, then `token` again: when both reads of
+//! `token` agree, `slot` is that grant's.
 //!
 //! A killed agent cannot remove its files, so the agent removes what a previous one
-//! left when it starts (token files and the directories that held only them; nothing
-//! else in the directory is touched), and a file is only as good as the agent being
-//! alive: a program reads it right before the write it protects, and the fence
-//! refuses the write if the token went stale in between. A token directory that holds
-//! the agent's socket is refused.
+//! left when it starts (token and slot files and the directories that held only
+//! them; nothing else in the directory is touched), and a file is only as good as
+//! the agent being alive: a program reads it right before the write it protects, and
+//! the fence refuses the write if the token went stale in between. A token directory
+//! that holds the agent's socket is refused.
 //!
 //! The agent runs on one thread, which also renews its grants: each file operation
 //! runs on tokio's blocking pool, so a slow or stuck disk delays the file, never a
@@ -21,7 +34,10 @@ use std::sync::{Arc, Mutex};
 use super::session::GrantKey;
 
 const TOKEN: &str = "token";
-const TEMPORARY: &str = ".token.tmp";
+const SLOT: &str = "slot";
+/// Each file's temporary, renamed over it.
+const TOKEN_TEMPORARY: &str = ".token.tmp";
+const SLOT_TEMPORARY: &str = ".slot.tmp";
 
 pub struct TokenFiles {
     dir: Option<PathBuf>,
@@ -44,65 +60,94 @@ impl TokenFiles {
         })
     }
 
-    pub fn path(&self, key: &GrantKey) -> Option<PathBuf> {
+    /// The Lease's directory, which holds its `token` and `slot` files.
+    pub fn lease_dir(&self, key: &GrantKey) -> Option<PathBuf> {
         let dir = self.dir.as_ref()?;
-        Some(dir.join(&key.namespace).join(&key.name).join(TOKEN))
+        Some(dir.join(&key.namespace).join(&key.name))
     }
 
-    pub async fn write(&self, key: &GrantKey, token: i64) {
-        let Some(path) = self.path(key) else { return };
-        let lock = self.lock.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            let _one = lock.lock().unwrap();
-            write_atomically(&path, format!("{token}\n").as_bytes()).map_err(|e| (path, e))
-        })
-        .await
-        .expect("a token file write does not panic");
-        if let Err((path, e)) = written {
-            tracing::warn!(path = %path.display(), error = %e, "cannot write the token file");
-        }
+    pub async fn write(&self, key: &GrantKey, token: i64, slot: i32) {
+        self.run(key, "write", move |dir| write_grant(dir, token, slot))
+            .await;
     }
 
-    /// Removes the file if it still holds `token` (a later grant's file stays).
-    pub async fn remove(&self, key: &GrantKey, token: i64) {
-        let Some(path) = self.path(key) else { return };
+    /// Removes the files if they still show this grant (a later grant's stay).
+    pub async fn remove(&self, key: &GrantKey, token: i64, slot: i32) {
+        self.run(key, "remove", move |dir| remove_grant(dir, token, slot))
+            .await;
+    }
+
+    /// Runs one file operation on the Lease's directory, on the blocking pool.
+    async fn run(
+        &self,
+        key: &GrantKey,
+        what: &'static str,
+        operation: impl FnOnce(&Path) -> io::Result<()> + Send + 'static,
+    ) {
+        let Some(dir) = self.lease_dir(key) else {
+            return;
+        };
         let lock = self.lock.clone();
-        let removed = tokio::task::spawn_blocking(move || {
+        let done = tokio::task::spawn_blocking(move || {
             let _one = lock.lock().unwrap();
-            let ours = std::fs::read_to_string(&path)
-                .map(|held| held.trim() == token.to_string())
-                .unwrap_or(false);
-            match ours {
-                true => std::fs::remove_file(&path).map_err(|e| (path, e)),
-                false => Ok(()),
-            }
+            operation(&dir).map_err(|e| (dir, e))
         })
         .await
-        .expect("a token file removal does not panic");
-        if let Err((path, e)) = removed {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove the token file");
+        .expect("a token file operation does not panic");
+        if let Err((dir, e)) = done {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot {what} the token files");
         }
     }
 }
 
-fn write_atomically(path: &Path, content: &[u8]) -> io::Result<()> {
-    let dir = path.parent().expect("a token file has a directory");
+/// Another grant's token goes first, so that no reader pairs it with this slot.
+fn write_grant(dir: &Path, token: i64, slot: i32) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let temporary = dir.join(TEMPORARY);
-    std::fs::write(&temporary, content)?;
-    std::fs::rename(&temporary, path)
+    remove_if_there(&dir.join(TOKEN))?;
+    write_atomically(dir, SLOT, SLOT_TEMPORARY, slot)?;
+    write_atomically(dir, TOKEN, TOKEN_TEMPORARY, token)
 }
 
-/// Removes `<dir>/<namespace>/<name>/token` (and its temporary) of every Lease, then
-/// each directory that this left empty.
+/// Removes `token` then `slot` when they show this grant, and a `slot` of this grant
+/// whose `token` a failed write left out.
+fn remove_grant(dir: &Path, token: i64, slot: i32) -> io::Result<()> {
+    let shows = |file: &str, value: String| match std::fs::read_to_string(dir.join(file)) {
+        Ok(held) => Some(held.trim() == value),
+        Err(_) => None,
+    };
+    let token_ours = shows(TOKEN, token.to_string());
+    if shows(SLOT, slot.to_string()) != Some(true) || token_ours == Some(false) {
+        return Ok(());
+    }
+    remove_if_there(&dir.join(TOKEN))?;
+    remove_if_there(&dir.join(SLOT))
+}
+
+fn write_atomically(
+    dir: &Path,
+    file: &str,
+    temporary: &str,
+    value: impl std::fmt::Display,
+) -> io::Result<()> {
+    let temporary = dir.join(temporary);
+    std::fs::write(&temporary, format!("{value}\n"))?;
+    std::fs::rename(&temporary, dir.join(file))
+}
+
+fn remove_if_there(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes `<dir>/<namespace>/<name>/{token,slot}` (and their temporaries) of every
+/// Lease, then each directory that this left empty.
 fn remove_left_behind(dir: &Path) -> io::Result<()> {
     for namespace in subdirectories(dir)? {
         for lease in subdirectories(&namespace)? {
-            for file in [TOKEN, TEMPORARY] {
-                match std::fs::remove_file(lease.join(file)) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
+            for file in [TOKEN, TOKEN_TEMPORARY, SLOT, SLOT_TEMPORARY] {
+                remove_if_there(&lease.join(file))?;
             }
             remove_if_empty(&lease)?;
         }
@@ -140,27 +185,72 @@ mod tests {
         }
     }
 
+    fn read(dir: &Path, file: &str) -> Option<String> {
+        std::fs::read_to_string(dir.join(file)).ok()
+    }
+
     #[tokio::test]
-    async fn a_file_lives_while_its_grant_does() {
+    async fn the_files_live_while_their_grant_does() {
         let dir = tempfile::tempdir().unwrap();
-        let stale = dir.path().join("leases/pay/old/token");
-        std::fs::create_dir_all(stale.parent().unwrap()).unwrap();
-        std::fs::write(&stale, "3\n").unwrap();
+        let stale = dir.path().join("leases/pay/old");
+        std::fs::create_dir_all(&stale).unwrap();
+        std::fs::write(stale.join(TOKEN), "3\n").unwrap();
+        std::fs::write(stale.join(SLOT), "1\n").unwrap();
 
         let files = TokenFiles::new(Some(dir.path().join("leases"))).unwrap();
         assert!(
             !stale.exists(),
             "a previous agent's files are removed at start"
         );
-        let path = files.path(&key()).unwrap();
-        files.write(&key(), 41).await;
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "41\n");
+        let lease = files.lease_dir(&key()).unwrap();
+        files.write(&key(), 41, 0).await;
+        assert_eq!(read(&lease, TOKEN).as_deref(), Some("41\n"));
+        assert_eq!(read(&lease, SLOT).as_deref(), Some("0\n"), "a lock's slot");
         // The next grant of the same Lease in this pod, before the old one's removal.
-        files.write(&key(), 42).await;
-        files.remove(&key(), 41).await;
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "42\n");
-        files.remove(&key(), 42).await;
-        assert!(!path.exists());
+        files.write(&key(), 42, 0).await;
+        files.remove(&key(), 41, 0).await;
+        assert_eq!(read(&lease, TOKEN).as_deref(), Some("42\n"));
+        assert_eq!(read(&lease, SLOT).as_deref(), Some("0\n"));
+        files.remove(&key(), 42, 0).await;
+        assert_eq!((read(&lease, TOKEN), read(&lease, SLOT)), (None, None));
+    }
+
+    /// Two sessions of the pod in two slots of one semaphore, granted by one write:
+    /// the same token, so the slot tells whose the files are.
+    #[tokio::test]
+    async fn grants_of_two_slots_with_one_token_keep_their_files_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = TokenFiles::new(Some(dir.path().to_path_buf())).unwrap();
+        let lease = files.lease_dir(&key()).unwrap();
+        files.write(&key(), 50, 1).await;
+        files.write(&key(), 50, 2).await;
+        assert_eq!(
+            read(&lease, SLOT).as_deref(),
+            Some("2\n"),
+            "the latest grant"
+        );
+        files.remove(&key(), 50, 1).await;
+        assert_eq!(read(&lease, TOKEN).as_deref(), Some("50\n"));
+        assert_eq!(
+            read(&lease, SLOT).as_deref(),
+            Some("2\n"),
+            "not slot 1's to remove"
+        );
+        files.remove(&key(), 50, 2).await;
+        assert_eq!((read(&lease, TOKEN), read(&lease, SLOT)), (None, None));
+    }
+
+    #[tokio::test]
+    async fn a_slot_whose_token_was_never_written_goes_with_its_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = TokenFiles::new(Some(dir.path().to_path_buf())).unwrap();
+        let lease = files.lease_dir(&key()).unwrap();
+        std::fs::create_dir_all(&lease).unwrap();
+        std::fs::write(lease.join(SLOT), "3\n").unwrap();
+        files.remove(&key(), 60, 4).await;
+        assert_eq!(read(&lease, SLOT).as_deref(), Some("3\n"), "another slot's");
+        files.remove(&key(), 60, 3).await;
+        assert_eq!(read(&lease, SLOT), None);
     }
 
     #[test]
@@ -170,6 +260,7 @@ mod tests {
         let token = leases.join("pay/old/token");
         std::fs::create_dir_all(token.parent().unwrap()).unwrap();
         std::fs::write(&token, "3\n").unwrap();
+        std::fs::write(leases.join("pay/old/slot"), "0\n").unwrap();
         let data = leases.join("pay/keep/report.csv");
         std::fs::create_dir_all(data.parent().unwrap()).unwrap();
         std::fs::write(&data, "a,b\n").unwrap();
@@ -178,6 +269,7 @@ mod tests {
 
         TokenFiles::new(Some(leases.clone())).unwrap();
         assert!(!token.exists(), "a previous agent's token file is removed");
+        assert!(!leases.join("pay/old/slot").exists(), "and its slot file");
         assert!(!leases.join("pay/old").exists(), "and its empty directory");
         assert_eq!(std::fs::read_to_string(&data).unwrap(), "a,b\n");
         assert_eq!(std::fs::read_to_string(&beside).unwrap(), "mine\n");

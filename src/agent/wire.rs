@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::crd::MAX_LEASE_DURATION_SECONDS;
+use crate::crd::{MAX_LEASE_DURATION_SECONDS, MAX_PERMITS};
 
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(5);
 pub const MIN_KEEPALIVE_MS: u64 = 1_000;
@@ -98,6 +98,8 @@ pub struct AcquireRequest {
     pub duration_secs: i64,
     pub holder_identity: Option<String>,
     pub wait: Duration,
+    /// Only this slot of a semaphore (the claim's `spec.slot`); None: any slot.
+    pub slot: Option<i32>,
 }
 
 pub fn session_request(headers: &HeaderMap, body: &[u8]) -> Result<SessionRequest, HttpError> {
@@ -118,6 +120,7 @@ pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireReques
         "durationSeconds",
         "holderIdentity",
         "waitMs",
+        "slot",
     ];
     let mut fields = FieldReader::new(headers, body, false, &known)?;
     let name = fields.string("name", 63)?.ok_or_else(|| {
@@ -146,6 +149,11 @@ pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireReques
     let wait = fields
         .integer("waitMs", 0, MAX_WAIT_MS)?
         .map_or(DEFAULT_WAIT, Duration::from_millis);
+    // Any slot a semaphore can have; one at or above the Lease's permits waits until
+    // they are raised, as the claim would (the agent does not read the Lease first).
+    let slot = fields
+        .integer("slot", 0, MAX_PERMITS as u64 - 1)?
+        .map(|s| s as i32);
     fields.finish()?;
     Ok(AcquireRequest {
         name,
@@ -153,6 +161,7 @@ pub fn acquire_request(headers: &HeaderMap, body: &[u8]) -> Result<AcquireReques
         duration_secs,
         holder_identity,
         wait,
+        slot,
     })
 }
 
@@ -322,6 +331,7 @@ mod tests {
                 duration_secs: DEFAULT_DURATION_SECS,
                 holder_identity: None,
                 wait: DEFAULT_WAIT,
+                slot: None,
             }
         );
         let request = acquire(
@@ -331,6 +341,30 @@ mod tests {
         assert_eq!(request.duration_secs, 6);
         assert_eq!(request.wait, Duration::ZERO);
         assert_eq!(request.namespace.as_deref(), Some("pay"));
+        assert_eq!(request.slot, None, "any slot");
+        for slot in [0, 5, 63] {
+            let request = acquire(&format!(r#"{{"name":"b","slot":{slot}}}"#)).unwrap();
+            assert_eq!(request.slot, Some(slot));
+        }
+        let request = acquire(r#"{"name":"b","slot":null}"#).unwrap();
+        assert_eq!(
+            request.slot, None,
+            "null is any slot, as for every optional field"
+        );
+    }
+
+    #[test]
+    fn a_slot_outside_0_to_63_names_the_field() {
+        for slot in ["64", "-1", "1.5", "\"2\"", "true", "4294967296"] {
+            let e = acquire(&format!(r#"{{"name":"a","slot":{slot}}}"#)).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{slot}");
+            assert_eq!(
+                (e.code, e.field.as_deref()),
+                ("invalid_field", Some("slot")),
+                "{slot}"
+            );
+            assert!(e.message.contains("from 0 to 63"), "{}", e.message);
+        }
     }
 
     #[test]

@@ -32,6 +32,10 @@ class FakeAgent:
         self.create_delay = 0.0
         self.acquire_delay = 0.0
         self.requests: List[Tuple[float, str, str]] = []
+        # The body of each acquire, as sent.
+        self.acquires: List[Dict[str, Any]] = []
+        # False: answer as an agent from before semaphores (no slot, no fenceKey).
+        self.slots = True
         self._grants: Dict[Tuple[str, str], Dict[str, Any]] = {}
         self._sessions: Dict[str, int] = {}
         self._token = 100
@@ -117,13 +121,19 @@ class FakeAgent:
         if rest == ["leases"] and h.command == "POST":
             time.sleep(self.acquire_delay)
             with self._lock:
+                self.acquires.append(body)
                 self._token += 1
                 key = (sid, body["name"])
+                namespace = body.get("namespace", NAMESPACE)
                 self._grants[key] = {
-                    "name": body["name"], "namespace": body.get("namespace", NAMESPACE), "state": "held",
+                    "name": body["name"], "namespace": namespace, "state": "held",
                     "token": self._token, "claim": f"{body['name']}-c{self._token}", "holderIdentity": "pod",
                     "durationSeconds": self.duration_seconds,
                 }
+                if self.slots:
+                    slot = body.get("slot", 0)
+                    fence_key = f"{namespace}/{body['name']}" + (f"#{slot}" if slot else "")
+                    self._grants[key].update(slot=slot, fenceKey=fence_key)
             return _json(h, 200, self._view(self._grants[key]))
         if len(rest) == 3 and rest[0] == "leases":
             doc = self._grants.get((sid, rest[2]))

@@ -49,6 +49,22 @@ def test_acquire_body():
     assert _api.acquire_body("b", "payments", 15, "pod-1", 0) == {
         "name": "b", "namespace": "payments", "durationSeconds": 15, "holderIdentity": "pod-1", "waitMs": 0,
     }
+    assert _api.acquire_body("b", None, None, None, 0, slot=0) == {"name": "b", "waitMs": 0, "slot": 0}
+    assert _api.acquire_body("b", None, None, None, 0, slot=63)["slot"] == 63
+
+
+@pytest.mark.parametrize(
+    "slot, error, what",
+    [
+        (64, ValueError, r"slot must be within 0\.\.63, not 64"),
+        (-1, ValueError, r"slot must be within 0\.\.63, not -1"),
+        (True, TypeError, "slot must be an int, not bool"),
+        ("2", TypeError, "slot must be an int, not str"),
+    ],
+)
+def test_a_slot_is_checked(slot, error, what):
+    with pytest.raises(error, match=what):
+        _api.acquire_body("b", None, None, None, 0, slot=slot)
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,9 @@ def test_request_bodies_send_only_the_specs_fields(spec):
     assert set(body) <= set(acquire["properties"]), set(body) - set(acquire["properties"])
     assert set(acquire["required"]) <= set(body)
     assert acquire["properties"]["waitMs"]["maximum"] == _api.MAX_WAIT_MS
+    assert set(_api.acquire_body("b", None, None, None, 0, slot=1)) <= set(acquire["properties"])
+    slot = acquire["properties"]["slot"]
+    assert (slot["minimum"], slot["maximum"]) == (0, _api.MAX_SLOT)
     duration = acquire["properties"]["durationSeconds"]
     assert (duration["minimum"], duration["maximum"]) == (1, 86_400)
     session = schema(spec, "SessionRequest")
@@ -87,7 +90,7 @@ def test_request_bodies_send_only_the_specs_fields(spec):
 def test_documents_the_client_reads(spec):
     grant = schema(spec, "Grant")
     read = {"name", "namespace", "state", "token", "validForMs", "lostReason", "lostMessage", "claim",
-            "holderIdentity", "durationSeconds"}
+            "holderIdentity", "durationSeconds", "slot", "fenceKey"}
     assert read <= set(grant["properties"]), read - set(grant["properties"])
     assert set(grant["properties"]["state"]["enum"]) == {"waiting", "held", "lost", "released"}
     session = schema(spec, "Session")

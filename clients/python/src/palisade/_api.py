@@ -16,6 +16,8 @@ URL_ENV = "PALISADE_AGENT_URL"
 
 # The agent's own bound on waitMs; a longer wait is a loop of such requests.
 MAX_WAIT_MS = 30_000
+# The highest slot of a semaphore (a Lease has at most 64 permits).
+MAX_SLOT = 63
 # The agent answers within waitMs + 11 s (its API server calls, retried once): a
 # request still unanswered a little later than that will not be.
 ANSWER_MARGIN_S = 12.0
@@ -120,9 +122,11 @@ def acquire_body(
     duration_seconds: Optional[int],
     holder_identity: Optional[str],
     wait_ms: int,
+    slot: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The AcquireRequest. Names are checked by the agent (its rules are the API
-    server's), so a bad one is an AgentError naming the field."""
+    server's), so a bad one is an AgentError naming the field; a slot outside a
+    semaphore's 0..63 is refused here, before any request."""
     body: Dict[str, Any] = {"name": _str(name, "name"), "waitMs": wait_ms}
     if namespace is not None:
         body["namespace"] = _str(namespace, "namespace")
@@ -130,6 +134,8 @@ def acquire_body(
         body["durationSeconds"] = _int(duration_seconds, "duration_seconds", 1, 86_400)
     if holder_identity is not None:
         body["holderIdentity"] = _str(holder_identity, "holder_identity")
+    if slot is not None:
+        body["slot"] = _int(slot, "slot", 0, MAX_SLOT)
     return body
 
 
@@ -172,6 +178,9 @@ class GrantInfo(NamedTuple):
     claim: Optional[str]
     holder_identity: Optional[str]
     duration_seconds: Optional[int]
+    # Absent from agents before semaphores (every grant was slot 0 of a lock).
+    slot: Optional[int] = None
+    fence_key: Optional[str] = None
 
     @property
     def key(self) -> Tuple[str, str]:
@@ -235,6 +244,8 @@ def parse_grant(doc: Any) -> GrantInfo:
         claim=_opt(doc, "claim", str),
         holder_identity=_opt(doc, "holderIdentity", str),
         duration_seconds=_opt(doc, "durationSeconds", int),
+        slot=_opt(doc, "slot", int),
+        fence_key=_opt(doc, "fenceKey", str),
     )
 
 

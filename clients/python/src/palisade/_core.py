@@ -80,6 +80,10 @@ class GrantBase:
         self.name: str = info.name
         self.namespace: str = info.namespace
         self.token: int = info.token
+        # The slot held (0 on a lock) and the key the fences use for it, as the agent
+        # says; an agent from before semaphores says neither: slot 0, a lock's key.
+        self.slot: int = info.slot or 0
+        self.fence_key: str = info.fence_key or f"{info.namespace}/{info.name}"
         self.claim: Optional[str] = info.claim
         self.holder_identity: Optional[str] = info.holder_identity
         self.duration_seconds: Optional[int] = info.duration_seconds
@@ -94,7 +98,8 @@ class GrantBase:
         self._lost_message: Optional[str] = None
 
     def __repr__(self) -> str:
-        return f"<{self._kind}.Grant {self.namespace}/{self.name} token={self.token} {self._state}>"
+        slot = f" slot={self.slot}" if self.slot else ""
+        return f"<{self._kind}.Grant {self.namespace}/{self.name}{slot} token={self.token} {self._state}>"
 
     @property
     def key(self) -> Tuple[str, str]:
@@ -392,11 +397,12 @@ class SessionBase:
         duration_seconds: Optional[int],
         holder_identity: Optional[str],
         timeout: Optional[float],
+        slot: Optional[int] = None,
     ) -> Flow[Any]:
         timeout = _api.check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         body = _api.acquire_body(
-            name, namespace, duration_seconds, holder_identity, _api.wait_ms_for(timeout)
+            name, namespace, duration_seconds, holder_identity, _api.wait_ms_for(timeout), slot
         )
         self._raise_if_ended()
         # A release of this Lease still under way would end the new grant.

@@ -178,10 +178,11 @@ class Session(_core.SessionBase):
         duration_seconds: Optional[int] = None,
         holder_identity: Optional[str] = None,
         timeout: Optional[float] = None,
+        slot: Optional[int] = None,
     ) -> Grant:
         """See ``palisade.Session.acquire``; cancelling it leaves the queue."""
         return await self._run(
-            self._acquire_flow(name, namespace, duration_seconds, holder_identity, timeout)
+            self._acquire_flow(name, namespace, duration_seconds, holder_identity, timeout, slot)
         )
 
     async def close(self) -> None:
@@ -366,11 +367,13 @@ def acquire(
     holder_identity: Optional[str] = None,
     timeout: Optional[float] = None,
     session: Optional[Session] = None,
+    slot: Optional[int] = None,
 ) -> _Acquiring:
     """Acquire ``name`` through ``session`` (default: the loop's default session):
     ``grant = await aio.acquire(...)`` or ``async with aio.acquire(...) as grant``."""
     options = dict(
-        namespace=namespace, duration_seconds=duration_seconds, holder_identity=holder_identity, timeout=timeout
+        namespace=namespace, duration_seconds=duration_seconds, holder_identity=holder_identity, timeout=timeout,
+        slot=slot,
     )
     return _Acquiring(session, name, options)
 

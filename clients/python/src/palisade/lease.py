@@ -61,6 +61,7 @@ def acquire(
     holder_identity: Optional[str] = None,
     timeout: Optional[float] = None,
     session: Optional[Session] = None,
+    slot: Optional[int] = None,
 ) -> Grant:
     """``(session or default_session()).acquire(...)``: see ``Session.acquire``. The
     Grant is a context manager that releases the Lease on exit; ``aio.acquire`` is
@@ -71,4 +72,5 @@ def acquire(
         duration_seconds=duration_seconds,
         holder_identity=holder_identity,
         timeout=timeout,
+        slot=slot,
     )

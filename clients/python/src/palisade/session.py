@@ -129,15 +129,18 @@ class Session(_core.SessionBase):
         duration_seconds: Optional[int] = None,
         holder_identity: Optional[str] = None,
         timeout: Optional[float] = None,
+        slot: Optional[int] = None,
     ) -> Grant:
         """Acquire the Lease ``name`` (in ``namespace``, default the agent's pod's) and
         return its Grant once held. Waits as long as it takes, or ``timeout`` seconds,
         then raises TimeoutError (and leaves the queue, as on Ctrl-C). ``duration_seconds``
-        is the Lease's duration if the agent creates it. Raises AgentError when the
-        agent refuses (e.g. a bad name: ``field == "name"``), LeaseLost when the
-        session ends while waiting."""
+        is the Lease's duration if the agent creates it. ``slot`` (0..63) asks for only
+        that slot of a semaphore; None takes any, the lowest free one (the grant's
+        ``slot`` and ``fence_key`` say which). Raises AgentError when the agent refuses
+        (e.g. a bad name: ``field == "name"``), LeaseLost when the session ends while
+        waiting, ValueError or TypeError for a bad argument, before any request."""
         return self._run(
-            self._acquire_flow(name, namespace, duration_seconds, holder_identity, timeout)
+            self._acquire_flow(name, namespace, duration_seconds, holder_identity, timeout, slot)
         )
 
     def close(self) -> None:

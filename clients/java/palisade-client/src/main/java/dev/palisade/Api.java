@@ -22,7 +22,8 @@ final class Api {
 
     /** The agent's Grant document. */
     record GrantInfo(String name, String namespace, String state, Long token, long validForMs, String lostReason,
-            String lostMessage, String claim, String claimUid, String holderIdentity, Integer durationSeconds) {
+            String lostMessage, String claim, String claimUid, String holderIdentity, Integer durationSeconds,
+            Integer slot, String fenceKey) {
         String key() {
             return key(namespace, name);
         }
@@ -49,6 +50,7 @@ final class Api {
         options.durationSeconds().ifPresent(d -> body.put("durationSeconds", d));
         options.holderIdentity().ifPresent(h -> body.put("holderIdentity", h));
         body.put("waitMs", waitMs);
+        options.slot().ifPresent(s -> body.put("slot", s));
         return body;
     }
 
@@ -93,12 +95,14 @@ final class Api {
         }
         Long validFor = opt(map, "validForMs", Long.class);
         Long duration = opt(map, "durationSeconds", Long.class);
+        Long slot = opt(map, "slot", Long.class);
         return new GrantInfo((String) map.get("name"), (String) map.get("namespace"), (String) map.get("state"),
                 opt(map, "token", Long.class), validFor == null ? 0 : validFor,
                 opt(map, "lostReason", String.class), opt(map, "lostMessage", String.class),
                 opt(map, "claim", String.class), opt(map, "claimUid", String.class),
                 opt(map, "holderIdentity", String.class),
-                duration == null ? null : (int) Math.min(Integer.MAX_VALUE, duration));
+                duration == null ? null : (int) Math.min(Integer.MAX_VALUE, duration),
+                slot == null ? null : (int) Math.min(Integer.MAX_VALUE, slot), opt(map, "fenceKey", String.class));
     }
 
     private static <T> T opt(Map<?, ?> map, String key, Class<T> kind) {

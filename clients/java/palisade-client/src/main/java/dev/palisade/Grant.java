@@ -29,6 +29,8 @@ public final class Grant implements AutoCloseable {
     private final String claim;
     private final String claimUid;
     private final String holderIdentity;
+    private final int slot;
+    private final String fenceKey;
     private final CompletableFuture<LostReason> lost = new CompletableFuture<>();
     private final Object lock = new Object();
     // Guarded by lock.
@@ -48,6 +50,9 @@ public final class Grant implements AutoCloseable {
         this.claim = info.claim();
         this.claimUid = info.claimUid();
         this.holderIdentity = info.holderIdentity();
+        // An agent from before semaphores names neither: every grant was slot 0 of a lock.
+        this.slot = info.slot() == null ? 0 : info.slot();
+        this.fenceKey = info.fenceKey() == null ? namespace + "/" + name : info.fenceKey();
         this.durationSeconds = info.durationSeconds();
         this.deadline = sent + info.validForMs() * 1_000_000L;
         this.deadlineSent = sent;
@@ -56,6 +61,22 @@ public final class Grant implements AutoCloseable {
     /** The fencing token: send it with every write the Lease protects. */
     public long token() {
         return token;
+    }
+
+    /**
+     * The slot held: 0 on a lock; on a semaphore (a Lease with spec.permits above 1) one
+     * of 0..permits-1, each with fencing tokens of its own.
+     */
+    public int slot() {
+        return slot;
+    }
+
+    /**
+     * The key the fences use for this grant's slot: {@code <namespace>/<name>} for slot 0
+     * (a lock's key), {@code <namespace>/<name>#<slot>} above; fence with it and {@link #token()}.
+     */
+    public String fenceKey() {
+        return fenceKey;
     }
 
     /** The Lease's name. */

@@ -26,6 +26,11 @@ class JsonTest {
         assertEquals(9007199254740993L, g.token());
         assertEquals(15, g.durationSeconds());
         assertNull(g.lostReason());
+        assertNull(g.slot(), "an agent from before semaphores names no slot");
+        Api.GrantInfo slot = Api.parseGrant(Json.parse(
+                "{\"name\":\"w\",\"namespace\":\"ns\",\"state\":\"held\",\"token\":4,\"slot\":2,\"fenceKey\":\"ns/w#2\"}"));
+        assertEquals(2, slot.slot());
+        assertEquals("ns/w#2", slot.fenceKey());
     }
 
     @Test
@@ -90,14 +95,14 @@ class JsonTest {
 
     @Test
     void theVerdictOnReports() {
-        Api.GrantInfo lost = new Api.GrantInfo("a", "n", "lost", 5L, 0, "Expired", "m", null, null, null, null);
+        Api.GrantInfo lost = new Api.GrantInfo("a", "n", "lost", 5L, 0, "Expired", "m", null, null, null, null, null, null);
         assertEquals(LostReason.EXPIRED, Api.judge(5, lost).reason());
         assertTrue(!Api.judge(6, lost).lost(), "an earlier grant's loss says nothing of this one");
-        Api.GrantInfo later = new Api.GrantInfo("a", "n", "held", 7L, 100, null, null, null, null, null, null);
+        Api.GrantInfo later = new Api.GrantInfo("a", "n", "held", 7L, 100, null, null, null, null, null, null, null, null);
         assertEquals(LostReason.SUPERSEDED, Api.judge(5, later).reason());
-        Api.GrantInfo waiting = new Api.GrantInfo("a", "n", "waiting", null, 0, null, null, null, null, null, null);
+        Api.GrantInfo waiting = new Api.GrantInfo("a", "n", "waiting", null, 0, null, null, null, null, null, null, null, null);
         assertTrue(!Api.judge(5, waiting).lost());
-        Api.GrantInfo released = new Api.GrantInfo("a", "n", "released", 5L, 0, null, null, null, null, null, null);
+        Api.GrantInfo released = new Api.GrantInfo("a", "n", "released", 5L, 0, null, null, null, null, null, null, null, null);
         assertEquals(LostReason.SESSION_ENDED, Api.judge(5, released).reason());
     }
 }

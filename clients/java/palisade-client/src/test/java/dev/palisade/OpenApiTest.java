@@ -132,12 +132,14 @@ class OpenApiTest {
     void requestBodiesSendOnlyTheSpecsFields() {
         Map<String, Object> acquire = properties("AcquireRequest");
         Map<String, Object> body = Api.acquireBody("b",
-                AcquireOptions.defaults().namespace("ns").durationSeconds(15).holderIdentity("pod"), 0);
+                AcquireOptions.defaults().namespace("ns").durationSeconds(15).holderIdentity("pod").slot(2), 0);
         assertTrue(acquire.keySet().containsAll(body.keySet()), body.keySet() + " vs " + acquire.keySet());
         assertTrue(body.keySet().containsAll(list(schema("AcquireRequest").get("required"), "required")));
         Map<String, Object> duration = map(acquire.get("durationSeconds"), "durationSeconds");
         assertEquals(List.of(1, 86_400), List.of(duration.get("minimum"), duration.get("maximum")));
         assertEquals(253, map(acquire.get("holderIdentity"), "holderIdentity").get("maxLength"));
+        Map<String, Object> slot = map(acquire.get("slot"), "slot");
+        assertEquals(List.of(0, AcquireOptions.MAX_SLOT), List.of(slot.get("minimum"), slot.get("maximum")));
         assertTrue(Api.MAX_WAIT_MS <= (Integer) map(acquire.get("waitMs"), "waitMs").get("maximum"));
         Map<String, Object> session = properties("SessionRequest");
         Map<String, Object> sbody = Api.sessionBody(
@@ -152,7 +154,7 @@ class OpenApiTest {
     void theDocumentsTheClientReads() {
         Map<String, Object> grant = properties("Grant");
         Set<String> read = Set.of("name", "namespace", "state", "token", "validForMs", "lostReason", "lostMessage",
-                "claim", "claimUid", "holderIdentity", "durationSeconds");
+                "claim", "claimUid", "holderIdentity", "durationSeconds", "slot", "fenceKey");
         assertTrue(grant.keySet().containsAll(read), read + " vs " + grant.keySet());
         assertEquals(Set.of(Api.WAITING, Api.HELD, Api.LOST, Api.RELEASED),
                 new HashSet<>(list(map(grant.get("state"), "state").get("enum"), "enum")));

@@ -29,6 +29,11 @@ class OptionsTest {
         assertEquals(86_400, d.durationSeconds(86_400).durationSeconds().orElseThrow());
         refused("durationSeconds", () -> d.durationSeconds(0));
         refused("durationSeconds", () -> d.durationSeconds(86_401));
+        assertEquals(0, d.slot(0).slot().orElseThrow());
+        assertEquals(63, d.slot(63).slot().orElseThrow());
+        assertTrue(d.slot().isEmpty(), "any slot");
+        refused("slot", () -> d.slot(64));
+        refused("slot", () -> d.slot(-1));
         refused("namespace", () -> d.namespace(""));
         refused("namespace", () -> d.namespace(null));
         refused("holderIdentity", () -> d.holderIdentity("x".repeat(254)));
@@ -63,6 +68,8 @@ class OptionsTest {
         assertEquals(Map.of(), Api.sessionBody(SessionOptions.defaults()));
         assertEquals(Map.of("name", "b", "namespace", "n", "durationSeconds", 5, "holderIdentity", "h", "waitMs", 10),
                 Api.acquireBody("b", AcquireOptions.defaults().namespace("n").durationSeconds(5).holderIdentity("h"), 10));
+        assertEquals(Map.of("name", "b", "waitMs", 0, "slot", 3),
+                Api.acquireBody("b", AcquireOptions.defaults().slot(3), 0));
     }
 
     @Test
