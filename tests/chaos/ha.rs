@@ -153,19 +153,41 @@ pub async fn pause_past_grant(
     let stopped = Instant::now();
     signal(pid, libc::SIGSTOP);
     tokio::time::sleep(pause).await;
+    let until = Instant::now() + within;
     let moved_on = lease_moved_on(ctx, held, within).await;
+    let written = moved_on && newer_token_written(procs, held, until).await;
     signal(pid, libc::SIGCONT);
     format!(
         "paused {} (token {}) for {} ms{}",
         held.identity,
         held.token,
         stopped.elapsed().as_millis(),
-        if moved_on {
-            ""
-        } else {
-            " (no newer grant was published)"
+        match (moved_on, written) {
+            (true, true) => "",
+            (true, false) => " (the new holder wrote nothing yet)",
+            (false, _) => " (no newer grant was published)",
         }
     )
+}
+
+/// Waits (until `until`) for the file fence to have admitted a token above `held`'s,
+/// so that the woken holder's next write meets a newer one: where the plane slows the
+/// new holder's start (its API server cut off), a holder woken at the grant alone
+/// would write first, be admitted, and show nothing. True at once for a Lease the
+/// file fence never saw (the operators').
+async fn newer_token_written(procs: &Processes, held: &HeldGrant, until: Instant) -> bool {
+    let Ok(store) = palisade::fence::FileStore::open(&procs.out.join("file-store")) else {
+        return false;
+    };
+    let fence = palisade::fence::Fence::new(store);
+    loop {
+        match fence.highest(&held.lease) {
+            Ok(None) => return true,
+            Ok(Some(mark)) if mark > held.token => return true,
+            _ if Instant::now() >= until => return false,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
 }
 
 /// Waits (at most `within`) until `held`'s Lease has a newer grant, read from etcd (a

@@ -297,10 +297,18 @@ impl Processes {
     /// release, and its pause proves nothing.
     pub fn writes_left(&self, identity: &str, token: u64) -> u64 {
         let path = self.out.join(format!("worker-{identity}.jsonl"));
-        let made = std::fs::read_to_string(path)
-            .unwrap_or_default()
+        let journal = std::fs::read_to_string(path).unwrap_or_default();
+        let events: Vec<serde_json::Value> = journal
             .lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect();
+        // Not in its write loop yet: a pause inside `acquire` makes it give up on the
+        // grant (its deadline passes), not write with a stale token.
+        if !events.iter().any(|e| e["kind"] == "grant" && e["token"] == token) {
+            return 0;
+        }
+        let made = events
+            .iter()
             .filter(|e| e["kind"] == "write" && e["token"] == token)
             .filter_map(|e| e["seq"].as_u64())
             .collect::<std::collections::HashSet<_>>()
