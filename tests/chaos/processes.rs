@@ -304,7 +304,10 @@ impl Processes {
             .collect();
         // Not in its write loop yet: a pause inside `acquire` makes it give up on the
         // grant (its deadline passes), not write with a stale token.
-        if !events.iter().any(|e| e["kind"] == "grant" && e["token"] == token) {
+        if !events
+            .iter()
+            .any(|e| e["kind"] == "grant" && e["token"] == token)
+        {
             return 0;
         }
         let made = events

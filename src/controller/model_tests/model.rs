@@ -531,43 +531,43 @@ fn change_world(world: &mut World, op: Op, start: Instant, now: Instant) {
         Op::Renew(i) => world.renew(i),
         Op::EarlyWrite(i) => world.early_write(i),
         Op::RenewAfterNextRead(i) => world.renew_after_read = Some(i),
-        Op::RecreateLease => {
-            // A claim granted on the old Lease may wait again on the new one.
-            world.mirror_ranks.clear();
-            world.lease_generation += 1;
-            let old = world.lease.take();
-            let rv = world.bump();
-            let new = LeaseBuilder::new(NAME)
-                .uid(&format!("L{}", world.lease_generation))
-                .resource_version(rv)
-                .generation(1)
-                .duration(2)
-                .permits(world.permits)
-                .build();
-            world.lease = Some(new.clone());
-            world.broadcast(Change::Lease(old, Some(new)));
-        }
-        Op::SetDuration(secs) => {
-            let rv = world.bump();
-            if let Some(l) = world.lease.as_mut() {
-                l.spec.lease_duration_seconds = secs;
-                l.metadata.resource_version = Some(rv.to_string());
-                let l = l.clone();
-                world.broadcast(Change::Lease(None, Some(l)));
-            }
-        }
+        Op::RecreateLease => recreate_lease(world),
+        Op::SetDuration(secs) => edit_lease(world, |l| l.spec.lease_duration_seconds = secs),
         Op::SetPermits(permits) => {
-            let rv = world.bump();
             world.permits = permits;
-            if let Some(l) = world.lease.as_mut() {
-                l.spec.permits = permits;
-                l.metadata.resource_version = Some(rv.to_string());
-                let l = l.clone();
-                world.broadcast(Change::Lease(None, Some(l)));
-            }
+            edit_lease(world, |l| l.spec.permits = permits);
         }
         Op::AdvanceMs(_) | Op::Sync(_) | Op::Relist(_) | Op::Decide(_) | Op::Finish(_) => {
             unreachable!("the controllers' steps are not changes of the world")
         }
+    }
+}
+
+/// The Lease deleted and created again under its name, with the same spec.
+fn recreate_lease(world: &mut World) {
+    // A claim granted on the old Lease may wait again on the new one.
+    world.mirror_ranks.clear();
+    world.lease_generation += 1;
+    let old = world.lease.take();
+    let rv = world.bump();
+    let new = LeaseBuilder::new(NAME)
+        .uid(&format!("L{}", world.lease_generation))
+        .resource_version(rv)
+        .generation(1)
+        .duration(2)
+        .permits(world.permits)
+        .build();
+    world.lease = Some(new.clone());
+    world.broadcast(Change::Lease(old, Some(new)));
+}
+
+/// Someone edits the Lease's spec.
+fn edit_lease(world: &mut World, edit: impl FnOnce(&mut Lease)) {
+    let rv = world.bump();
+    if let Some(l) = world.lease.as_mut() {
+        edit(l);
+        l.metadata.resource_version = Some(rv.to_string());
+        let l = l.clone();
+        world.broadcast(Change::Lease(None, Some(l)));
     }
 }
