@@ -176,7 +176,7 @@ pub async fn pause_past_grant(
 /// would write first, be admitted, and show nothing. True at once for a Lease the
 /// file fence never saw (the operators').
 async fn newer_token_written(procs: &Processes, held: &HeldGrant, until: Instant) -> bool {
-    let Ok(store) = palisade::fence::FileStore::open(&procs.out.join("file-store")) else {
+    let Ok(store) = palisade::fence::FileStore::open(procs.out.join("file-store")) else {
         return false;
     };
     let fence = palisade::fence::Fence::new(store);
