@@ -61,7 +61,10 @@ async fn three_permits_go_to_three_claims_in_their_own_slots_and_a_release_hands
     for name in ["w0", "w1", "w2", "w3"] {
         create_claim(&ns, name, "settle", None).await;
     }
-    let lease = wait_lease(&ns, "settle", "3 of 3 held", |l| held(l).len() == 3).await;
+    let lease = wait_lease(&ns, "settle", "3 of 3 held, 1 waiting", |l| {
+        held(l).len() == 3 && l.status.as_ref().and_then(|s| s.waiting_count) == Some(1)
+    })
+    .await;
     let status = lease.status.clone().unwrap();
     assert_eq!(status.held.as_deref(), Some("3/3"));
     assert_eq!(status.waiting_count, Some(1));
