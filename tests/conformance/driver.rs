@@ -1,12 +1,14 @@
 //! The conformance driver of the Rust client library (this binary, started as
 //! `conformance driver ...`). The protocol every driver follows is in
-//! tests/conformance/README.md: `granted T`, `write T` every 100 ms without looking
-//! at the grant, `lost R` and one more (stale) write, `released` on a clean exit.
+//! tests/conformance/README.md: `granted T slot=S fence-key=K`, `write T` every 100 ms
+//! without looking at the grant, `lost R` and one more (stale) write, `released` on a
+//! clean exit. `--permits N` creates the Lease as a semaphore of N, if it is new.
 
 use std::io::Write;
 use std::time::Duration;
 
 use palisade::client::{AcquireOptions, LeaseClient};
+use palisade::crd::LeaseSpec;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -14,6 +16,7 @@ pub struct DriverArgs {
     pub lease: String,
     pub namespace: Option<String>,
     pub duration_secs: i64,
+    pub permits: i32,
 }
 
 impl DriverArgs {
@@ -22,6 +25,7 @@ impl DriverArgs {
             lease: String::new(),
             namespace: None,
             duration_secs: 15,
+            permits: 1,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -32,6 +36,7 @@ impl DriverArgs {
                 "--duration-seconds" => {
                     parsed.duration_secs = value()?.parse().map_err(|e| format!("{e}"))?
                 }
+                "--permits" => parsed.permits = value()?.parse().map_err(|e| format!("{e}"))?,
                 // The agent's clients take it; the library has no session.
                 "--keepalive-ms" => drop(value()?),
                 other => return Err(format!("unknown flag {other}")),
@@ -54,7 +59,11 @@ pub async fn run(args: DriverArgs) -> i32 {
     let leases = LeaseClient::try_default(args.namespace.as_deref())
         .await
         .expect("a kubeconfig");
-    if let Err(e) = leases.ensure_lease(&args.lease, args.duration_secs).await {
+    let spec = LeaseSpec {
+        lease_duration_seconds: args.duration_secs,
+        permits: args.permits,
+    };
+    if let Err(e) = leases.ensure_lease_with(&args.lease, spec).await {
         eprintln!("driver: creating the Lease: {e}");
         return 1;
     }
@@ -66,7 +75,11 @@ pub async fn run(args: DriverArgs) -> i32 {
         }
     };
     let token = grant.token();
-    say(&format!("granted {token}"));
+    say(&format!(
+        "granted {token} slot={} fence-key={}",
+        grant.slot(),
+        grant.fence_key()
+    ));
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut stdin = BufReader::new(tokio::io::stdin()).lines();
     let mut writes = tokio::time::interval(Duration::from_millis(100));

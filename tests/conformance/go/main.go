@@ -3,7 +3,8 @@
 //
 //	palisade-conformance-go --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N] [--grants N]
 //
-// The agent is at PALISADE_AGENT_SOCKET. stdout: `granted <token>`, then `write
+// The agent is at PALISADE_AGENT_SOCKET. stdout: `granted <token> <claim uid>
+// slot=<slot> fence-key=<key>`, then `write
 // <token>` every 100 ms; on a loss `lost <reason>` (the agent's word, the session's
 // end, or the grant's local deadline passing while the agent is silent), one more
 // `write <token>` (the write in flight, which the fence must refuse) and exit 3; on a
@@ -145,8 +146,9 @@ func (h *holder) grant(ctx context.Context, more bool) (again bool, code int) {
 	}
 
 	token := grant.Token()
-	// The claim's UID too: the chaos suite's checker knows grants by it.
-	h.say("granted %d %s", token, grant.ClaimUID())
+	// The claim's UID too: the chaos suite's checker knows grants by it. Then the slot
+	// and its fence key, which the suite fences this grant's writes under.
+	h.say("granted %d %s slot=%d fence-key=%s", token, grant.ClaimUID(), grant.Slot(), grant.FenceKey())
 	lost := func(err error) (bool, int) {
 		var reason palisade.LostReason
 		if le := (*palisade.LostError)(nil); errors.As(err, &le) {

@@ -4,15 +4,15 @@
 //   palisade-conformance-java --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]
 //       [--grants N]
 //
-// The agent is at $PALISADE_AGENT_SOCKET. stdout: `granted <token> <claim UID>`, then `write
-// <token>` every 100 ms without looking at the grant; when the client reports the grant lost,
-// `lost <reason>`, one more `write <token>` (the write in flight, which the fence must refuse)
-// and exit 3; on a `release` line, stdin's end or SIGTERM, release, `released`, exit 0 (also
-// while still waiting in acquire: the wait is given up). With --grants N (default 1), a `release`
-// line before the N-th grant releases, says `released` and acquires the same Lease again in the
-// same session (a long-running service's next acquire, in a warm JVM); stdin's end and SIGTERM
-// still release and exit 0 at once. Diagnostics on stderr; exit 1 when no grant could be had, 2
-// on bad arguments.
+// The agent is at $PALISADE_AGENT_SOCKET. stdout: `granted <token> <claim UID> slot=<slot>
+// fence-key=<key>`, then `write <token>` every 100 ms without looking at the grant; when the
+// client reports the grant lost, `lost <reason>`, one more `write <token>` (the write in flight,
+// which the fence must refuse) and exit 3; on a `release` line, stdin's end or SIGTERM, release,
+// `released`, exit 0 (also while still waiting in acquire: the wait is given up). With --grants N
+// (default 1), a `release` line before the N-th grant releases, says `released` and acquires the
+// same Lease again in the same session (a long-running service's next acquire, in a warm JVM);
+// stdin's end and SIGTERM still release and exit 0 at once. Diagnostics on stderr; exit 1 when no
+// grant could be had, 2 on bad arguments.
 
 import dev.palisade.AcquireOptions;
 import dev.palisade.AgentException;
@@ -136,7 +136,9 @@ public final class Driver {
         }
 
         long token = grant.token();
-        say("granted " + token + " " + grant.claimUid());
+        // The slot and its key: the suite fences this grant's writes under that key.
+        say("granted " + token + " " + grant.claimUid() + " slot=" + grant.slot()
+                + " fence-key=" + grant.fenceKey());
         grant.lost().thenAccept(reason -> events.add(new Event(null, grant, reason)));
         String why = writeUntilEvent(grant, token);
         if (why == null) {

@@ -3,7 +3,7 @@
     python driver.py --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N]
 
 The agent's socket comes from $PALISADE_AGENT_SOCKET. The protocol: acquire (waiting
-as long as it takes), print ``granted T``, then ``write T`` every 100 ms without
+as long as it takes), print ``granted T slot=S fence-key=K``, then ``write T`` every 100 ms without
 looking at the grant (the suite's fence judges each write); when the client reports
 the grant lost, ``lost R`` and one more ``write T`` (the write that was in flight),
 exit 3; on a line ``release``, stdin's end or SIGTERM, release, print ``released``,
@@ -88,7 +88,8 @@ def main() -> int:
         print(f"driver: acquire: {e}", file=sys.stderr)
         return 1
 
-    say(f"granted {grant.token}")
+    # The slot and its key: the suite fences this grant's writes under that key.
+    say(f"granted {grant.token} slot={grant.slot} fence-key={grant.fence_key}")
     while True:
         # `lost` reads the grant's local deadline too: a stopped agent shows here in time.
         if grant.lost:
