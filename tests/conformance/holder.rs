@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use palisade::fence::{Fence, MemoryStore};
+use palisade::permits::fence_key;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
@@ -57,18 +58,31 @@ impl Client {
     }
 }
 
-/// What a holder said, or did.
+/// A grant, as its holder's `granted` line reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub token: u64,
+    /// 0 on a lock, and from a driver that names no slot.
+    pub slot: u32,
+    /// The key the client gives for the slot: the holder's writes are fenced under it.
+    pub fence_key: String,
+}
+
+/// What a holder said, or did, or what the suite did to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Said {
-    Granted(u64),
-    /// A write, and whether the fence admitted it.
+    Granted(Grant),
+    /// A write, fenced under its grant's key, and whether the fence admitted it.
     Wrote {
         token: u64,
+        fence_key: String,
         admitted: bool,
     },
     Lost(String),
     Released,
     Exited(Option<i32>),
+    /// The suite sent the driver this signal.
+    Signalled(i32),
 }
 
 #[derive(Debug, Clone)]
@@ -78,28 +92,33 @@ pub struct Entry {
     pub said: Said,
 }
 
-/// Everything the holders said, in arrival order, and the fence they wrote through.
+/// Everything the holders said, in arrival order, and the fence they wrote through:
+/// one fence, with a mark per key, so each slot of a semaphore is fenced on its own.
 #[derive(Clone)]
 pub struct Resource {
     log: Arc<Mutex<Vec<Entry>>>,
     fence: Arc<Fence<MemoryStore>>,
-    key: String,
+    /// Slot 0's key (a lock's): that of a grant whose line names no key.
+    lock_key: String,
 }
 
 impl Resource {
-    pub fn new(key: &str) -> Self {
+    pub fn new(namespace: &str, lease: &str) -> Self {
         Self {
             log: Arc::default(),
             fence: Arc::new(Fence::new(MemoryStore::default())),
-            key: key.to_string(),
+            lock_key: fence_key(namespace, lease, 0),
         }
     }
 
     fn record(&self, holder: &str, said: Said) {
         let said = match said {
-            Said::Wrote { token, .. } => Said::Wrote {
+            Said::Wrote {
+                token, fence_key, ..
+            } => Said::Wrote {
+                admitted: self.fence.admit(&fence_key, token).is_ok(),
                 token,
-                admitted: self.fence.admit(&self.key, token).is_ok(),
+                fence_key,
             },
             other => other,
         };
@@ -143,16 +162,16 @@ impl Resource {
         holder: &str,
         since: Instant,
         limit: Duration,
-    ) -> Result<(Instant, u64), String> {
+    ) -> Result<(Instant, Grant), String> {
         let e = self
             .wait_for(&format!("grant to {holder}"), since, limit, |e| {
                 e.holder == holder && matches!(e.said, Said::Granted(_))
             })
             .await?;
-        let Said::Granted(token) = e.said else {
+        let Said::Granted(grant) = e.said else {
             unreachable!()
         };
-        Ok((e.at, token))
+        Ok((e.at, grant))
     }
 
     /// Writes of `holder` after `since`: (admitted, refused).
@@ -188,9 +207,21 @@ pub struct Setup {
     pub keepalive_ms: u64,
 }
 
+/// What a holder's Lease and session are to be.
+#[derive(Debug, Clone, Copy)]
+pub struct Terms {
+    /// The agent clients' session keepalive.
+    pub keepalive_ms: u64,
+    /// spec.permits of the Lease: the library's driver and `palisade lock` create it
+    /// so (the agent creates locks only: the suite creates a semaphore for its clients).
+    pub permits: u32,
+}
+
 pub struct Holder {
     pub id: String,
     pid: i32,
+    /// Where the signals the suite sends it are recorded, between its lines.
+    resource: Resource,
     /// The driver's exit code once it exited (128+N for signal N); recorded as `Exited`.
     exit: watch::Receiver<Option<Option<i32>>>,
     /// Held open: a driver releases when its stdin ends.
@@ -211,7 +242,7 @@ impl Drop for Holder {
 }
 
 /// The shell loop `palisade lock` runs: the protocol of the drivers, in sh.
-const LOCK_SCRIPT: &str = r#"echo "granted $PALISADE_FENCING_TOKEN"
+const LOCK_SCRIPT: &str = r#"echo "granted $PALISADE_FENCING_TOKEN slot=$PALISADE_SLOT fence-key=$PALISADE_FENCE_KEY"
 trap 'echo released; exit 0' TERM
 while :; do echo "write $PALISADE_FENCING_TOKEN"; sleep 0.1; done"#;
 
@@ -223,24 +254,31 @@ impl Holder {
         id: &str,
         pod: Option<(String, String)>,
         resource: &Resource,
-        keepalive_ms: u64,
+        terms: Terms,
     ) -> Holder {
         let log = |what: &str| {
             std::fs::File::create(setup.out.join(format!("{id}.{what}.log"))).expect("a log file")
         };
         let duration = setup.duration_secs.to_string();
+        // Passed only for a semaphore: a lock's command lines stay as they were.
+        let permits: Vec<String> = match terms.permits {
+            1 => vec![],
+            n => vec!["--permits".into(), n.to_string()],
+        };
         let mut agent = None;
         let mut command = match client {
             Client::Rust => {
                 let mut c = Command::new(std::env::current_exe().unwrap());
                 c.args(["driver", "--lease", lease, "--namespace", &setup.namespace])
-                    .args(["--duration-seconds", &duration]);
+                    .args(["--duration-seconds", &duration])
+                    .args(&permits);
                 c
             }
             Client::Lock => {
                 let mut c = Command::new(env!("CARGO_BIN_EXE_palisade"));
                 c.args(["lock", "-n", &setup.namespace, "--duration"])
                     .arg(format!("{duration}s"))
+                    .args(&permits)
                     .args([lease, "--", "sh", "-c", LOCK_SCRIPT]);
                 c
             }
@@ -277,7 +315,7 @@ impl Holder {
                 c.args(["--lease", lease, "--namespace", &setup.namespace])
                     .args(["--duration-seconds", &duration])
                     .arg("--keepalive-ms")
-                    .arg(keepalive_ms.to_string())
+                    .arg(terms.keepalive_ms.to_string())
                     .env("PALISADE_AGENT_SOCKET", &socket);
                 c
             }
@@ -307,12 +345,13 @@ impl Holder {
         let stdout = driver.stdout.take().unwrap();
         let stdin = driver.stdin.take();
         let (exit_tx, exit) = watch::channel(None);
-        let (resource, who) = (resource.clone(), id.to_string());
+        let (log, who) = (resource.clone(), id.to_string());
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
+            let mut reader = LineReader::new(&log.lock_key);
             while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(said) = parse_line(&line) {
-                    resource.record(&who, said);
+                if let Some(said) = reader.said(&line) {
+                    log.record(&who, said);
                 }
             }
             // Its output ended: it exited (or closed stdout, and exits soon).
@@ -322,12 +361,13 @@ impl Holder {
                 .await
                 .ok()
                 .and_then(|s| s.code().or(s.signal().map(|n| 128 + n)));
-            resource.record(&who, Said::Exited(code));
+            log.record(&who, Said::Exited(code));
             exit_tx.send_replace(Some(code));
         });
         Holder {
             id: id.to_string(),
             pid,
+            resource: resource.clone(),
             exit,
             _stdin: stdin,
             agent,
@@ -336,10 +376,13 @@ impl Holder {
         }
     }
 
+    /// Signals the driver, recording it first: a holder the suite stops, asks to
+    /// release or kills is believed no more (its writes are the fence's to judge).
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on a child this process spawned; a pid is not reused before
-        // the reaper task above has waited for it, and signals after that are not sent.
         if self.exit.borrow().is_none() {
+            self.resource.record(&self.id, Said::Signalled(signal));
+            // SAFETY: kill(2) on a child this process spawned; a pid is not reused before
+            // the reaper task above has waited for it, and signals after that are not sent.
             unsafe { libc::kill(self.pid, signal) };
         }
     }
@@ -368,22 +411,55 @@ impl Holder {
     }
 }
 
-fn parse_line(line: &str) -> Option<Said> {
-    let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
-    match word {
-        // `granted <token>`, or `granted <token> <claim UID>`.
-        "granted" => rest
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-            .map(Said::Granted),
-        "write" => rest.trim().parse().ok().map(|token| Said::Wrote {
-            token,
-            admitted: false,
-        }),
-        "lost" => Some(Said::Lost(rest.to_string())),
-        "released" => Some(Said::Released),
-        _ => None,
+/// Reads a driver's lines. A write is fenced under the key of the grant before it:
+/// the drivers name the slot and key on the `granted` line only.
+struct LineReader {
+    lock_key: String,
+    fence_key: String,
+}
+
+impl LineReader {
+    fn new(lock_key: &str) -> Self {
+        Self {
+            lock_key: lock_key.to_string(),
+            fence_key: lock_key.to_string(),
+        }
+    }
+
+    fn said(&mut self, line: &str) -> Option<Said> {
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match word {
+            "granted" => {
+                let grant = self.grant(rest)?;
+                self.fence_key = grant.fence_key.clone();
+                Some(Said::Granted(grant))
+            }
+            "write" => rest.trim().parse().ok().map(|token| Said::Wrote {
+                token,
+                fence_key: self.fence_key.clone(),
+                admitted: false,
+            }),
+            "lost" => Some(Said::Lost(rest.to_string())),
+            "released" => Some(Said::Released),
+            _ => None,
+        }
+    }
+
+    /// `<token> [<claim UID>] [slot=<n> fence-key=<key>]`; without them, slot 0 (a lock's).
+    fn grant(&self, rest: &str) -> Option<Grant> {
+        let mut words = rest.split_whitespace();
+        let mut grant = Grant {
+            token: words.next()?.parse().ok()?,
+            slot: 0,
+            fence_key: self.lock_key.clone(),
+        };
+        for word in words {
+            if let Some(slot) = word.strip_prefix("slot=") {
+                grant.slot = slot.parse().ok()?;
+            } else if let Some(key) = word.strip_prefix("fence-key=") {
+                grant.fence_key = key.to_string();
+            }
+        }
+        Some(grant)
     }
 }

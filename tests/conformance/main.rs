@@ -14,6 +14,8 @@
 mod driver;
 mod holder;
 mod scenarios;
+mod semaphore;
+mod verdict;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

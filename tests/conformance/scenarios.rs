@@ -10,7 +10,9 @@ use kube::api::{Api, DeleteParams};
 use tokio::time::{Instant, sleep};
 
 use crate::Suite;
-use crate::holder::{Client, Holder, Resource, Said};
+use crate::holder::{Client, Grant, Holder, Resource, Said, Terms};
+use crate::semaphore;
+use crate::verdict::{self, LeaseTerms};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
@@ -21,10 +23,11 @@ pub enum Scenario {
     AgentFreeze,
     Outage,
     Release,
+    Semaphore,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Exclusion,
         Scenario::Kill,
         Scenario::Freeze,
@@ -32,6 +35,7 @@ impl Scenario {
         Scenario::AgentFreeze,
         Scenario::Outage,
         Scenario::Release,
+        Scenario::Semaphore,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +47,7 @@ impl Scenario {
             Scenario::AgentFreeze => "agent-freeze",
             Scenario::Outage => "api-outage",
             Scenario::Release => "release",
+            Scenario::Semaphore => "semaphore",
         }
     }
 
@@ -55,6 +60,7 @@ impl Scenario {
             Scenario::AgentFreeze => "agent frozen, keepalive 10 s",
             Scenario::Outage => "API server unreachable 3 s",
             Scenario::Release => "clean exit releases",
+            Scenario::Semaphore => "semaphore of 3, 6 contenders",
         }
     }
 
@@ -63,13 +69,18 @@ impl Scenario {
         let mut run = Run {
             suite,
             client,
-            lease: lease.clone(),
-            resource: Resource::new(&lease),
+            resource: Resource::new(&suite.setup.namespace, &lease),
+            lease,
             holders: Vec::new(),
-            keepalive_ms: suite.setup.keepalive_ms,
+            terms: Terms {
+                keepalive_ms: suite.setup.keepalive_ms,
+                permits: 1,
+            },
         };
-        if self == Scenario::AgentFreeze {
-            run.keepalive_ms = FROZEN_AGENT_KEEPALIVE_MS;
+        match self {
+            Scenario::AgentFreeze => run.terms.keepalive_ms = FROZEN_AGENT_KEEPALIVE_MS,
+            Scenario::Semaphore => run.terms.permits = semaphore::PERMITS,
+            _ => {}
         }
         let result = match self {
             Scenario::Exclusion => exclusion(&mut run).await,
@@ -79,24 +90,30 @@ impl Scenario {
             Scenario::AgentFreeze => agent_freeze(&mut run).await,
             Scenario::Outage => outage(&mut run).await,
             Scenario::Release => release(&mut run).await,
+            Scenario::Semaphore => semaphore::three_permits_six_contenders(&mut run).await,
         };
-        // No scenario may end with a stale write admitted, whatever else it checked.
-        run.no_stale_write_admitted().and(result)
+        // Whatever else a scenario checked: no stale write admitted, every grant in a
+        // slot of its own with increasing tokens, never more believers than permits.
+        let lease = LeaseTerms {
+            namespace: &suite.setup.namespace,
+            name: &run.lease,
+            permits: run.terms.permits,
+        };
+        verdict::check(&run.resource.entries(), &lease).and(result)
     }
 }
 
-struct Run<'a> {
-    suite: &'a Suite,
-    client: Client,
-    lease: String,
-    resource: Resource,
-    holders: Vec<Holder>,
-    /// The agent clients' session keepalive.
-    keepalive_ms: u64,
+pub struct Run<'a> {
+    pub suite: &'a Suite,
+    pub client: Client,
+    pub lease: String,
+    pub resource: Resource,
+    pub holders: Vec<Holder>,
+    pub terms: Terms,
 }
 
 impl Run<'_> {
-    fn duration(&self) -> Duration {
+    pub fn duration(&self) -> Duration {
         Duration::from_secs(self.suite.setup.duration_secs as u64)
     }
 
@@ -107,7 +124,7 @@ impl Run<'_> {
     }
 
     /// A new holder (index into `holders`), bound to a Pod object of its own.
-    async fn spawn(&mut self) -> usize {
+    pub async fn spawn(&mut self) -> usize {
         let id = format!("{}-{}", self.lease, self.holders.len());
         let pod = self.suite.pod(&id).await;
         let holder = Holder::spawn(
@@ -117,7 +134,7 @@ impl Run<'_> {
             &id,
             Some(pod),
             &self.resource,
-            self.keepalive_ms,
+            self.terms,
         )
         .await;
         self.holders.push(holder);
@@ -135,7 +152,7 @@ impl Run<'_> {
         Ok((a, token_a, b))
     }
 
-    fn id(&self, h: usize) -> String {
+    pub fn id(&self, h: usize) -> String {
         self.holders[h].id.clone()
     }
 
@@ -145,11 +162,22 @@ impl Run<'_> {
         since: Instant,
         limit: Duration,
     ) -> Result<(Instant, u64), String> {
+        let (at, grant) = self.granted_slot(h, since, limit).await?;
+        Ok((at, grant.token))
+    }
+
+    /// `h`'s grant: its token, slot and fence key.
+    pub async fn granted_slot(
+        &self,
+        h: usize,
+        since: Instant,
+        limit: Duration,
+    ) -> Result<(Instant, Grant), String> {
         self.resource.granted(&self.id(h), since, limit).await
     }
 
     /// Waits until `h` has made `n` admitted writes since `since`.
-    async fn admitted_writes(&self, h: usize, n: usize, since: Instant) -> Result<(), String> {
+    pub async fn admitted_writes(&self, h: usize, n: usize, since: Instant) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.resource.writes(&self.id(h), since).0 < n {
             if Instant::now() > deadline {
@@ -164,7 +192,7 @@ impl Run<'_> {
     }
 
     /// The holder was told it lost the grant: a `lost` line, or `palisade lock`'s exit 75.
-    async fn told_lost(
+    pub async fn told_lost(
         &self,
         h: usize,
         since: Instant,
@@ -184,38 +212,16 @@ impl Run<'_> {
     }
 
     /// Deletes the holder's Pod at once, as the kubelet reports a pod that died.
-    async fn delete_pod(&self, h: usize) {
+    pub async fn delete_pod(&self, h: usize) {
         let name = self.holders[h].pod.clone().expect("a pod");
         let pods: Api<Pod> = Api::namespaced(self.suite.kube.clone(), &self.suite.setup.namespace);
         pods.delete(&name, &DeleteParams::default().grace_period(0))
             .await
             .unwrap_or_else(|e| panic!("deleting pod {name}: {e}"));
     }
-
-    /// The fence's verdict over the whole run: after a grant's first admitted write,
-    /// no holder of an earlier grant had a write admitted.
-    fn no_stale_write_admitted(&self) -> Result<(), String> {
-        let mut highest = 0;
-        for e in self.resource.entries() {
-            if let Said::Wrote {
-                token,
-                admitted: true,
-            } = e.said
-            {
-                if token < highest {
-                    return Err(format!(
-                        "{} had a write with token {token} admitted after token {highest}",
-                        e.holder
-                    ));
-                }
-                highest = token;
-            }
-        }
-        Ok(())
-    }
 }
 
-fn ms(d: Duration) -> String {
+pub fn ms(d: Duration) -> String {
     format!("{} ms", d.as_millis())
 }
 
@@ -240,7 +246,7 @@ async fn exclusion(run: &mut Run<'_>) -> Result<String, String> {
                 live.contains(&e.holder) && matches!(e.said, Said::Granted(_))
             })
             .await?;
-        let Said::Granted(token) = e.said else {
+        let Said::Granted(Grant { token, .. }) = e.said else {
             unreachable!()
         };
         let h = (0..run.holders.len())
