@@ -342,33 +342,12 @@ impl Holder {
             .kill_on_drop(true);
         let mut driver = command.spawn().expect("spawning a driver");
         let pid = driver.id().expect("the driver runs") as i32;
-        let stdout = driver.stdout.take().unwrap();
         let stdin = driver.stdin.take();
-        let (exit_tx, exit) = watch::channel(None);
-        let (log, who) = (resource.clone(), id.to_string());
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            let mut reader = LineReader::new(&log.lock_key);
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(said) = reader.said(&line) {
-                    log.record(&who, said);
-                }
-            }
-            // Its output ended: it exited (or closed stdout, and exits soon).
-            use std::os::unix::process::ExitStatusExt;
-            let code = driver
-                .wait()
-                .await
-                .ok()
-                .and_then(|s| s.code().or(s.signal().map(|n| 128 + n)));
-            log.record(&who, Said::Exited(code));
-            exit_tx.send_replace(Some(code));
-        });
         Holder {
             id: id.to_string(),
             pid,
             resource: resource.clone(),
-            exit,
+            exit: record_lines(driver, resource.clone(), id.to_string()),
             _stdin: stdin,
             agent,
             pod: pod.map(|(name, _)| name),
@@ -409,6 +388,36 @@ impl Holder {
             Err(_) => Err(format!("{} did not exit within {limit:?}", self.id)),
         }
     }
+}
+
+/// Records the driver's lines as they arrive, then its exit; the receiver sees its
+/// exit code (128+N for signal N) once it exited.
+fn record_lines(
+    mut driver: Child,
+    resource: Resource,
+    who: String,
+) -> watch::Receiver<Option<Option<i32>>> {
+    let stdout = driver.stdout.take().expect("the driver's stdout");
+    let (exit_tx, exit) = watch::channel(None);
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        let mut reader = LineReader::new(&resource.lock_key);
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(said) = reader.said(&line) {
+                resource.record(&who, said);
+            }
+        }
+        // Its output ended: it exited (or closed stdout, and exits soon).
+        use std::os::unix::process::ExitStatusExt;
+        let code = driver
+            .wait()
+            .await
+            .ok()
+            .and_then(|s| s.code().or(s.signal().map(|n| 128 + n)));
+        resource.record(&who, Said::Exited(code));
+        exit_tx.send_replace(Some(code));
+    });
+    exit
 }
 
 /// Reads a driver's lines. A write is fenced under the key of the grant before it:
