@@ -99,13 +99,20 @@ async fn a_slots_object_is_judged_against_that_slots_token_and_keeps_its_slot() 
         )
         .await;
     let e = api_error(moved);
-    assert!(e.message.contains("changes the label palisade.dev/fenced-slot"), "{e:?}");
+    assert!(
+        e.message
+            .contains("changes the label palisade.dev/fenced-slot"),
+        "{e:?}"
+    );
     for bad in ["64", "x", "01"] {
         let e = api_error(
             cms.create(&PostParams::default(), &slot_cm("shard-bad", bad, "60"))
                 .await,
         );
-        assert!(e.message.contains("must be a semaphore slot"), "slot {bad}: {e:?}");
+        assert!(
+            e.message.contains("must be a semaphore slot"),
+            "slot {bad}: {e:?}"
+        );
     }
     unfence_and_delete(&cms, "shard-1").await;
 }
