@@ -379,6 +379,8 @@ test-bench-smoke: conformance-go-driver conformance-java-driver
 	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench fence_s3 -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench outbox -- --intents 200 --rounds 1 --out target/bench-smoke
+	cargo test --locked --bench semaphore -- --rounds 3 --contenders 6 --permits 3 --seconds 2 \
+		--out target/bench-smoke
 	$(CONFORMANCE_ENV) cargo test --locked --bench agent -- --rounds 4 --leases 3 --steady 2 --out target/bench-smoke
 	cargo test --locked --bench ha -- --rounds 3 --failovers 1 --out target/bench-smoke
 	PATH="$(PALISADE_BIN_DIR):$$PATH" cargo test --locked --bench operator -- --rounds 20 --kills 2 \
@@ -448,6 +450,8 @@ bench: cluster databases objectstores linkproxy conformance-go-driver conformanc
 	echo "make bench: the object-store fence done at $$SECONDS s"; \
 	cargo bench --locked --bench outbox -- --out $(BENCH_DIR) $(OUTBOX_BENCH_ARGS) || failed="$$failed outbox"; \
 	echo "make bench: the fenced outbox's relay done at $$SECONDS s"; \
+	cargo bench --locked --bench semaphore -- --out $(BENCH_DIR) $(SEMAPHORE_BENCH_ARGS) || failed="$$failed semaphore"; \
+	echo "make bench: semaphores done at $$SECONDS s"; \
 	$(CONFORMANCE_ENV) cargo bench --locked --bench agent -- --out $(BENCH_DIR) $(AGENT_BENCH_ARGS) || failed="$$failed agent"; \
 	echo "make bench: the agent against the library done at $$SECONDS s"; \
 	cargo bench --locked --bench ha -- --out $(BENCH_DIR) $(HA_BENCH_ARGS) || failed="$$failed ha"; \

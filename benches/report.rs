@@ -26,7 +26,7 @@ use plotters::style::{FontStyle, register_font};
 use schema::{
     Figure, HA_LEADER_MOVED, HA_ROWS, Latency, OPERATOR_ADMISSION_ADDED,
     OPERATOR_ADMISSION_CONFIGS, OPERATOR_ADMISSION_NO_POLICY_DIFFERENCE, OPERATOR_SCENARIOS,
-    OPERATOR_TO_LEADING, OTHER_SCENARIOS, SCENARIOS, Source,
+    OPERATOR_TO_LEADING, OTHER_SCENARIOS, SCENARIOS, SEMAPHORE_ROWS, Source,
 };
 use serde_json::json;
 
@@ -927,13 +927,15 @@ fn markdown(
     md += &ha_table(all_latency, figures);
     md += &operator_admission_table(all_latency, figures);
     md += &operator_failover_table(all_latency, figures);
+    md += &semaphore_table(all_latency, figures);
 
     md += "\n## Other figures\n\n| system (config) | figure | value | unit |\n|---|---|---|---|\n";
     // The HA and fenced-operator figures are in their own tables.
-    for f in figures
-        .iter()
-        .filter(|f| !f.name.starts_with("ha_") && !f.name.starts_with("operator_"))
-    {
+    for f in figures.iter().filter(|f| {
+        !f.name.starts_with("ha_")
+            && !f.name.starts_with("operator_")
+            && !f.name.starts_with("semaphore_")
+    }) {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} |",
@@ -1184,6 +1186,55 @@ fn ha_table(latency: &[Latency], figures: &[Figure]) -> String {
             md,
             "\nLeadership after the kill: {:.0} ({}), {}.",
             f.value, f.name, f.note
+        );
+    }
+    md
+}
+
+/// Semaphores: a slot's release handover beside a lock's (same run), and a contended
+/// semaphore's waits, grants/s and fairness.
+fn semaphore_table(latency: &[Latency], figures: &[Figure]) -> String {
+    let mut md = String::from(
+        "\n## Semaphores\n\nRelease handover, one at a time: from the holder's release to the waiter's \
+         acquire returning, on a lock and on slot 0 of a semaphore of 3 (slots 1 and 2 held), rounds \
+         interleaved. Contention: 100 tasks acquire any slot of a semaphore of 10, hold it 100 ms and \
+         release, for 30 s; a wait is from acquire called to its return. Milliseconds, nearest rank.\n\n\
+         | measurement | p50 | p95 | p99 | max | n |\n|---|---|---|---|---|---|\n",
+    );
+    let what = [
+        "release handover, lock",
+        "release handover, semaphore slot",
+        "wait for a permit, 100 contenders on 10",
+    ];
+    for ((scenario, config), what) in SEMAPHORE_ROWS.into_iter().zip(what) {
+        let found = latency
+            .iter()
+            .find(|l| l.system == "palisade" && l.scenario == scenario && l.config == config);
+        match found {
+            Some(l) if l.n > 0 => {
+                let _ = writeln!(
+                    md,
+                    "| {what} | {} | {} | {} | {} | {} |",
+                    ms(l.p50),
+                    ms(l.p95),
+                    ms(l.p99),
+                    ms(l.max),
+                    l.n
+                );
+            }
+            _ => {
+                let _ = writeln!(md, "| {what} | not measured | | | | |");
+            }
+        }
+    }
+    for f in figures.iter().filter(|f| f.name.starts_with("semaphore_")) {
+        let _ = write!(
+            md,
+            "\n{}: {} {} ({}).\n",
+            f.name,
+            figure_value(f),
+            f.unit,
+            f.note
         );
     }
     md

@@ -24,6 +24,9 @@ pub const FENCING_TOKEN_ANNOTATION: &str = "palisade.dev/fencing-token";
 pub const RENEWED_TOKEN_ANNOTATION: &str = "palisade.dev/renewed-token";
 /// Label that puts a Kubernetes object under fencing by the named Lease.
 pub const FENCED_BY_LABEL: &str = "palisade.dev/fenced-by";
+/// Label of an object fenced by a semaphore's slot other than 0: the slot, whose
+/// published token the object-fencing policy judges its writes against.
+pub const FENCED_SLOT_LABEL: &str = "palisade.dev/fenced-slot";
 /// Field manager of every write the controller makes.
 pub const CONTROLLER_MANAGER: &str = "palisade-controller";
 

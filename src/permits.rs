@@ -17,8 +17,11 @@
 //! (DESIGN rule 3 with the Lease's highest token in place of `fencingToken`), so a
 //! slot's tokens increase strictly across grants, failovers and re-creation by the
 //! same argument as a lock's; grants made by one write share that token, in
-//! different slots. Fences key a slot's marks apart ([`fence_key`]), so a holder of
-//! one slot never passes the fence of another.
+//! different slots. Fences key a slot's marks apart ([`fence_key`]): the holders of
+//! different slots, which hold at once, never refuse each other, and a stale holder
+//! of a slot meets its successor's mark. Fences compare tokens only, so the key is
+//! what keeps slots apart: a write under another slot's key is refused only when its
+//! token is lower. Every client hands a grant its own key.
 //!
 //! # The bound, 64
 //!

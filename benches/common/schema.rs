@@ -85,6 +85,15 @@ pub const OPERATOR_TO_LEADING: [&str; 2] = [
     "operator_failover_to_leading_p99",
 ];
 
+/// The rows of the semaphore bench (`benches/semaphore.rs`), each (scenario, config), in
+/// a table of their own: release handovers on a lock and on slot 0 of a semaphore of 3,
+/// interleaved in one run; and the waits of 100 contenders on a semaphore of 10.
+pub const SEMAPHORE_ROWS: [(&str, &str); 3] = [
+    ("slot-release", "lock"),
+    ("slot-release", "semaphore-3"),
+    ("semaphore-wait", "permits-10-contenders-100"),
+];
+
 /// The HA bench's figure: in how many failover rounds the standby led afterwards
 /// (its note says, per round, who led).
 pub const HA_LEADER_MOVED: &str = "ha_failover_leader_moved_rounds";
@@ -242,9 +251,10 @@ impl Source {
                 && !OTHER_SCENARIOS.contains(&l.scenario.as_str())
                 && !HA_ROWS.iter().any(|(s, _)| *s == l.scenario)
                 && !OPERATOR_SCENARIOS.contains(&l.scenario.as_str())
+                && !SEMAPHORE_ROWS.iter().any(|(s, _)| *s == l.scenario)
             {
                 out.push(format!(
-                    "{at}: scenario not one of {SCENARIOS:?}, {OTHER_SCENARIOS:?}, {HA_ROWS:?} or {OPERATOR_SCENARIOS:?}"
+                    "{at}: scenario not one of {SCENARIOS:?}, {OTHER_SCENARIOS:?}, {HA_ROWS:?}, {OPERATOR_SCENARIOS:?} or {SEMAPHORE_ROWS:?}"
                 ));
             }
             if l.scenario == OPERATOR_SCENARIOS[0]

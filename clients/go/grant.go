@@ -77,7 +77,8 @@ func (g *Grant) Slot() int { return g.slot }
 
 // FenceKey is the key the fences use for the grant's slot, as the agent gives it:
 // "<namespace>/<name>" for slot 0 (a lock's key), "<namespace>/<name>#<slot>" for the
-// others. Pass it to a fence with Token, so one slot's holder never passes another's.
+// others. Pass it to a fence with Token, so that holders of different slots never
+// refuse each other.
 func (g *Grant) FenceKey() string { return g.fenceKey }
 
 // Name and Namespace are the Lease's.

@@ -155,7 +155,7 @@ impl Grant {
 
     /// The key a fence keeps this grant's marks under ([`permits::fence_key`]):
     /// `<namespace>/<lease>` for slot 0 (a lock's key), `<namespace>/<lease>#<slot>`
-    /// for the others, so that the holder of one slot never passes another's fence.
+    /// for the others, so that the holders of different slots never refuse each other.
     pub fn fence_key(&self) -> String {
         permits::fence_key(&self.namespace, &self.lease, self.slot)
     }

@@ -40,14 +40,7 @@ async fn output(cmd: &mut Command) -> Output {
         .expect("palisade ran")
 }
 
-fn describe(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use support::cli::describe;
 
 /// Waits (bounded) until a file the command writes is there and not empty.
 async fn wait_file(path: &Path) -> String {

@@ -12,6 +12,7 @@
 
 mod deletes;
 mod labels;
+mod slots;
 mod subresources;
 mod tokens;
 

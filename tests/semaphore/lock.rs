@@ -24,14 +24,7 @@ async fn lock(ns: &str, args: &[&str], lease: &str, script: &str) -> Output {
         .expect("palisade ran")
 }
 
-fn describe(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use support::cli::describe;
 
 #[tokio::test]
 async fn lock_creates_a_semaphore_and_its_command_sees_the_slot_it_holds() {

@@ -51,3 +51,13 @@ pub fn fence(store: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> std::process:
         .output()
         .expect("run palisade fence")
 }
+
+/// A finished process's exit status and output, for an assertion's message.
+pub fn describe(out: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
