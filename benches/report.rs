@@ -1197,14 +1197,15 @@ fn semaphore_table(latency: &[Latency], figures: &[Figure]) -> String {
     let mut md = String::from(
         "\n## Semaphores\n\nRelease handover, one at a time: from the holder's release to the waiter's \
          acquire returning, on a lock and on slot 0 of a semaphore of 3 (slots 1 and 2 held), rounds \
-         interleaved. Contention: 100 tasks acquire any slot of a semaphore of 10, hold it 100 ms and \
-         release, for 30 s; a wait is from acquire called to its return. Milliseconds, nearest rank.\n\n\
+         interleaved. Contention (`make bench`: 100 tasks on a semaphore of 10): each task acquires \
+         any slot, holds it and releases, over and over; a wait is from acquire called to its \
+         return. Milliseconds, nearest rank.\n\n\
          | measurement | p50 | p95 | p99 | max | n |\n|---|---|---|---|---|---|\n",
     );
     let what = [
         "release handover, lock",
         "release handover, semaphore slot",
-        "wait for a permit, 100 contenders on 10",
+        "wait for a permit, contended",
     ];
     for ((scenario, config), what) in SEMAPHORE_ROWS.into_iter().zip(what) {
         let found = latency
@@ -1226,6 +1227,12 @@ fn semaphore_table(latency: &[Latency], figures: &[Figure]) -> String {
                 let _ = writeln!(md, "| {what} | not measured | | | | |");
             }
         }
+    }
+    if let Some(l) = latency
+        .iter()
+        .find(|l| l.system == "palisade" && l.scenario == SEMAPHORE_ROWS[2].0)
+    {
+        let _ = writeln!(md, "\nContended: {}.", l.note);
     }
     for f in figures.iter().filter(|f| f.name.starts_with("semaphore_")) {
         let _ = write!(

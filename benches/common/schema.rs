@@ -87,11 +87,12 @@ pub const OPERATOR_TO_LEADING: [&str; 2] = [
 
 /// The rows of the semaphore bench (`benches/semaphore.rs`), each (scenario, config), in
 /// a table of their own: release handovers on a lock and on slot 0 of a semaphore of 3,
-/// interleaved in one run; and the waits of 100 contenders on a semaphore of 10.
+/// interleaved in one run; and the waits of contenders on a semaphore (how many of
+/// each: the row's note and the source's parameters).
 pub const SEMAPHORE_ROWS: [(&str, &str); 3] = [
     ("slot-release", "lock"),
     ("slot-release", "semaphore-3"),
-    ("semaphore-wait", "permits-10-contenders-100"),
+    ("semaphore-wait", "contended"),
 ];
 
 /// The HA bench's figure: in how many failover rounds the standby led afterwards
