@@ -270,7 +270,7 @@ async fn report(
             c.grants as f64 / c.window.as_secs_f64(),
             "grants/s",
             format!(
-                "{} grants in {:.1} s; the floor with no overhead: {} permits / {} ms held = {:.0} grants/s",
+                "{} grants in {:.1} s; at most, with no overhead: {} permits / {} ms held = {:.0} grants/s",
                 c.grants,
                 c.window.as_secs_f64(),
                 args.permits,
