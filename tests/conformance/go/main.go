@@ -3,10 +3,10 @@
 //
 //	palisade-conformance-go --lease NAME [--namespace NS] [--duration-seconds N] [--keepalive-ms N] [--grants N]
 //
-// The agent is at PALISADE_AGENT_SOCKET. stdout: `granted <token>`, then `write
-// <token>` every 100 ms; on a loss `lost <reason>` (the agent's word, the session's
-// end, or the grant's local deadline passing while the agent is silent), one more
-// `write <token>` (the write in flight, which the fence must refuse) and exit 3; on a
+// The agent is at PALISADE_AGENT_SOCKET. stdout: `granted <token> <claim UID> <slot>
+// <fence key>`, then `write <token>` every 100 ms; on a loss `lost <reason>` (the
+// agent's word, the session's end, or the grant's local deadline passing while the
+// agent is silent), one more `write <token>` (the write in flight, which the fence must refuse) and exit 3; on a
 // `release` line, stdin EOF or SIGTERM the grant is released, `released`, exit 0.
 // With --grants N (default 1), a `release` line before the N-th grant releases, says
 // `released` and acquires the same Lease again, in the same session (a long-running
@@ -145,8 +145,9 @@ func (h *holder) grant(ctx context.Context, more bool) (again bool, code int) {
 	}
 
 	token := grant.Token()
-	// The claim's UID too: the chaos suite's checker knows grants by it.
-	h.say("granted %d %s", token, grant.ClaimUID())
+	// The claim's UID, slot and fence key too: the chaos suite's checker knows grants
+	// by the UID, and its stores key a semaphore's slots apart.
+	h.say("granted %d %s %d %s", token, grant.ClaimUID(), grant.Slot(), grant.FenceKey())
 	lost := func(err error) (bool, int) {
 		var reason palisade.LostReason
 		if le := (*palisade.LostError)(nil); errors.As(err, &le) {

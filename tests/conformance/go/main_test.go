@@ -170,7 +170,7 @@ func TestDriverSaysLostWhenTheFrozenAgentsDeadlinePasses(t *testing.T) {
 	f := startFakeAgent(t, 4000)
 	lines, status, stdin := driver("--lease", "l", "--duration-seconds", "6", "--keepalive-ms", "10000")
 	defer stdin.Close()
-	if l := next(t, lines, 5*time.Second); l != "granted 7 u" {
+	if l := next(t, lines, 5*time.Second); l != "granted 7 u 0 ns/l" {
 		t.Fatalf("first line %q", l)
 	}
 	f.freeze()
@@ -194,7 +194,7 @@ func TestDriverReleaseOfALostGrantSaysWhy(t *testing.T) {
 	f := startFakeAgent(t, 4000)
 	f.releaseErr = true
 	lines, status, stdin := driver("--lease", "l", "--duration-seconds", "6")
-	if l := next(t, lines, 5*time.Second); l != "granted 7 u" {
+	if l := next(t, lines, 5*time.Second); l != "granted 7 u 0 ns/l" {
 		t.Fatalf("first line %q", l)
 	}
 	io.WriteString(stdin, "release\n")
@@ -211,11 +211,11 @@ func TestDriverReleaseOfALostGrantSaysWhy(t *testing.T) {
 func TestDriverGrantsAgainAfterARelease(t *testing.T) {
 	f := startFakeAgent(t, 4000)
 	lines, status, stdin := driver("--lease", "l", "--grants", "3")
-	if l := next(t, lines, 5*time.Second); l != "granted 7 u" {
+	if l := next(t, lines, 5*time.Second); l != "granted 7 u 0 ns/l" {
 		t.Fatalf("first line %q", l)
 	}
 	io.WriteString(stdin, "release\n")
-	for _, want := range []string{"released", "granted 7 u"} {
+	for _, want := range []string{"released", "granted 7 u 0 ns/l"} {
 		if l := next(t, lines, 5*time.Second); l != want {
 			t.Fatalf("after the release line: %q, want %q", l, want)
 		}
