@@ -1,6 +1,8 @@
 //! The checker must be able to fail: each kind of violation, planted in an otherwise
 //! clean history, must be reported.
 
+mod slots;
+
 use std::collections::BTreeMap;
 
 use super::{Event, Expectations, JournalWrite, Outcome, check, check_with_stores};
@@ -25,6 +27,7 @@ pub fn self_check() -> Result<usize, String> {
     n += fx.database_stores()?;
     n += fx.lossy_store()?;
     n += fx.operators()?;
+    n += fx.semaphore()?;
     Ok(n)
 }
 
