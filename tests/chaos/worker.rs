@@ -315,7 +315,8 @@ pub async fn write_configmap(
 /// a write with our token and data that moves the object to `moved_to`, another Lease or
 /// slot (it would be judged against that one alone; the harness's watch then sees the
 /// labels changed).
-/// Every refusal by the fencing policies names the fencing token, and counts as stale.
+/// Every refusal by the fencing policies names the fencing token (a slot's move, the slot
+/// label), and counts as stale.
 async fn stale_writes(
     configmaps: &Api<ConfigMap>,
     worker: &str,
@@ -334,7 +335,12 @@ async fn stale_writes(
                 cm.and_then(|cm| cm.resource_version()?.parse().ok()),
                 String::new(),
             ),
-            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("fencing token") => {
+            // The slot's move is refused naming the slot label, not the token.
+            Err(kube::Error::Api(e))
+                if e.code == 403
+                    && (e.message.contains("fencing token")
+                        || e.message.contains("palisade.dev/fenced-slot")) =>
+            {
                 (Outcome::Stale, None, e.message)
             }
             Err(e) => (Outcome::Error, None, e.to_string()),
