@@ -2,8 +2,8 @@
 //! (the conformance suite's Go driver), as a Go service in a pod would: the agent and
 //! the driver are its children, in its process group, so a fault that freezes or
 //! kills the worker freezes or kills the whole "pod" (they die with it: PDEATHSIG).
-//! The driver prints `granted <token> <claim UID>`; this process does the writes
-//! with that token, exactly as `worker.rs` does, and records them in the history the
+//! The driver prints `granted <token> <claim UID> slot=<slot> fence-key=<key>`; this process does
+//! the writes with that token under that key, exactly as `worker.rs` does, and records them in the history the
 //! checker reads. Its renewals are the agent's, which the history does not see, so
 //! the renewal-contract check covers only the library's workers.
 
@@ -19,7 +19,7 @@ use tokio::process::Command;
 
 use crate::history::{Event, Recorder};
 use crate::rng::{Rng, now_ns};
-use crate::worker::{WorkerArgs, client_from, write_configmap, write_file};
+use crate::worker::{Held, WorkerArgs, client_from, write_configmap, write_file};
 
 /// Where the Go driver is (the Makefile builds it; `make chaos` and `make test` set it).
 pub const GO_DRIVER_ENV: &str = "PALISADE_CONFORMANCE_GO";
@@ -86,16 +86,14 @@ pub async fn run(args: WorkerArgs, palisade: PathBuf) {
         let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
         let granted = tokio::time::timeout(Duration::from_secs(30), async {
             while let Ok(Some(line)) = lines.next_line().await {
-                let mut words = line.split_whitespace();
-                if words.next() == Some("granted") {
-                    let token: u64 = words.next()?.parse().ok()?;
-                    return Some((token, words.next()?.to_string()));
+                if let Some(granted) = parse_granted(lease, &line) {
+                    return Some(granted);
                 }
             }
             None
         })
         .await;
-        let Ok(Some((token, claim_uid))) = granted else {
+        let Ok(Some((held, claim_uid))) = granted else {
             eprintln!(
                 "{}: no grant of {lease} through the agent within 30 s",
                 args.identity
@@ -107,7 +105,8 @@ pub async fn run(args: WorkerArgs, palisade: PathBuf) {
         history.record(&Event::Grant {
             worker: args.identity.clone(),
             lease: lease.clone(),
-            token,
+            slot: held.slot,
+            token: held.token,
             claim_uid,
             t_ns: now_ns(),
         });
@@ -115,11 +114,11 @@ pub async fn run(args: WorkerArgs, palisade: PathBuf) {
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         for _ in 0..args.writes_per_grant {
             seq += 1;
-            history.record(&write_file(&fence, &args.identity, lease, token, seq));
-            history.record(&write_configmap(&configmaps, &args.identity, lease, token, seq).await);
+            history.record(&write_file(&fence, &args.identity, &held, seq));
+            history.record(&write_configmap(&configmaps, &args.identity, &held, seq).await);
             if let Some(databases) = databases.as_mut() {
                 let hold = rng.millis(0, 100);
-                databases.write(&mut history, lease, token, seq, hold).await;
+                databases.write(&mut history, &held, seq, hold).await;
             }
             tokio::time::sleep(rng.millis(50, 250)).await;
         }
@@ -139,4 +138,24 @@ pub async fn run(args: WorkerArgs, palisade: PathBuf) {
         }
         tokio::time::sleep(rng.millis(0, 300)).await;
     }
+}
+
+/// The grant of a driver's `granted <token> <claim UID> slot=<slot> fence-key=<key>`
+/// line (tests/conformance/README.md), with its claim's UID.
+fn parse_granted(lease: &str, line: &str) -> Option<(Held, String)> {
+    let mut words = line.split_whitespace();
+    if words.next() != Some("granted") {
+        return None;
+    }
+    let token = words.next()?.parse().ok()?;
+    let claim_uid = words.next()?.to_string();
+    let slot = words.next()?.strip_prefix("slot=")?.parse().ok()?;
+    let key = words.next()?.strip_prefix("fence-key=")?.to_string();
+    let held = Held {
+        lease: lease.to_string(),
+        slot,
+        key,
+        token,
+    };
+    Some((held, claim_uid))
 }

@@ -1,5 +1,6 @@
 //! The suite's command-line arguments (`--duration 90s --seed 1 --workers 5 --leases 2
-//! --keep-cluster --ha`) and their parsing, with libtest's own flags ignored.
+//! --semaphores 1 --permits 2 --keep-cluster --ha`) and their parsing, with libtest's
+//! own flags ignored.
 
 use std::time::Duration;
 
@@ -7,7 +8,11 @@ pub struct Args {
     pub duration: Duration,
     pub seed: u64,
     pub workers: usize,
+    /// Lock Leases (`lease-<n>`).
     pub leases: usize,
+    /// Semaphore Leases (`sem-<n>`), of `permits` slots each.
+    pub semaphores: usize,
+    pub permits: i32,
     pub keep_cluster: bool,
     /// On the replicated control plane, with its faults (ha.rs).
     pub ha: bool,
@@ -31,6 +36,10 @@ pub fn parse_args(raw: &[String]) -> Result<Option<Args>, String> {
         seed: 1,
         workers: 5,
         leases: 2,
+        // Two permits: five workers over three Leases put more contenders than permits
+        // on the semaphore often enough (a third of them at any moment, on average).
+        semaphores: 1,
+        permits: 2,
         keep_cluster: false,
         ha: false,
     };
@@ -43,6 +52,8 @@ pub fn parse_args(raw: &[String]) -> Result<Option<Args>, String> {
             "--seed" => args.seed = parse_number("--seed", &value()?)?,
             "--workers" => args.workers = parse_number("--workers", &value()?)?,
             "--leases" => args.leases = parse_number("--leases", &value()?)?,
+            "--semaphores" => args.semaphores = parse_number("--semaphores", &value()?)?,
+            "--permits" => args.permits = parse_number("--permits", &value()?)?,
             "--keep-cluster" => args.keep_cluster = true,
             "--ha" => args.ha = true,
             "--test-threads" | "--skip" | "--format" | "--color" | "--logfile" | "-Z" => {
@@ -55,8 +66,15 @@ pub fn parse_args(raw: &[String]) -> Result<Option<Args>, String> {
     if !filters.is_empty() && !filters.iter().any(|f| "chaos".contains(f.as_str())) {
         return Ok(None);
     }
-    if args.workers < 2 || args.leases < 1 || args.workers < args.leases {
+    if args.workers < 2 || args.leases < 1 || args.workers < args.leases + args.semaphores {
         return Err("need at least 2 workers, 1 lease, and no more leases than workers".into());
+    }
+    if !(2..=palisade::permits::MAX_PERMITS).contains(&args.permits) {
+        return Err(format!(
+            "--permits {}: a semaphore has 2 to {} permits",
+            args.permits,
+            palisade::permits::MAX_PERMITS
+        ));
     }
     if args.duration < Duration::from_secs(30) {
         return Err("--duration: at least 30s (one round of every fault kind)".into());

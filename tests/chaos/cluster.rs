@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use palisade::client::LeaseClient;
+use palisade::crd::LeaseSpec;
 use serde_json::json;
 
 use crate::{dbstores, worker};
@@ -19,6 +20,53 @@ use crate::{dbstores, worker};
 pub const NAMESPACE: &str = "chaos";
 /// Lease duration of every Lease in the run.
 pub const LEASE_SECONDS: u64 = 2;
+
+/// A Lease the workers contend for: a lock (`lease-<n>`, one permit) or a semaphore
+/// (`sem-<n>`, `permits` slots, each fenced under a key of its own).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChaosLease {
+    pub name: String,
+    pub permits: i32,
+}
+
+impl ChaosLease {
+    /// The run's Leases: `locks` locks, then `semaphores` semaphores of `permits` each.
+    pub fn all(locks: usize, semaphores: usize, permits: i32) -> Vec<ChaosLease> {
+        let lock = |i| ChaosLease {
+            name: format!("lease-{i}"),
+            permits: 1,
+        };
+        let semaphore = |i| ChaosLease {
+            name: format!("sem-{i}"),
+            permits,
+        };
+        (0..locks)
+            .map(lock)
+            .chain((0..semaphores).map(semaphore))
+            .collect()
+    }
+
+    pub fn slots(&self) -> std::ops::Range<i32> {
+        0..self.permits
+    }
+}
+
+/// Every slot's fence key (`chaos/lease-0`, `chaos/sem-0#1`, ...): the keys the stores
+/// keep marks under.
+pub fn fence_keys(leases: &[ChaosLease]) -> Vec<String> {
+    leases
+        .iter()
+        .flat_map(|l| {
+            l.slots()
+                .map(|slot| palisade::permits::fence_key(NAMESPACE, &l.name, slot))
+        })
+        .collect()
+}
+
+/// The Leases' names, as the workers choose among them.
+pub fn names(leases: &[ChaosLease]) -> Vec<String> {
+    leases.iter().map(|l| l.name.clone()).collect()
+}
 
 // The suite's own control plane: ports apart from `make cluster`'s.
 const ETCD_PORT: u16 = 23791;
@@ -168,13 +216,13 @@ async fn etcd_call(port: u16, path: &str, body: &str) -> Result<serde_json::Valu
     serde_json::from_slice(&out.stdout).map_err(|e| format!("etcd on {port}: /v3/{path}: {e}"))
 }
 
-/// A fresh control plane and database servers, set up for a run with this many
-/// Leases: the admin client (straight to the API server), the servers and the
-/// Leases' names; `None` (the cause printed) when something failed.
+/// A fresh control plane and database servers, set up for a run with these Leases:
+/// the admin client (straight to the API server) and the servers; `None` (the cause
+/// printed) when something failed.
 pub async fn bring_up(
     plane: &ControlPlane,
-    lease_count: usize,
-) -> Option<(Client, dbstores::Servers, Vec<String>)> {
+    leases: &[ChaosLease],
+) -> Option<(Client, dbstores::Servers)> {
     // A fresh control plane: nothing left over from an earlier run.
     plane.down();
     if let Err(e) = plane.script(&["up"]) {
@@ -187,21 +235,20 @@ pub async fn bring_up(
         return None;
     }
     let admin = worker::client_from(&plane.kubeconfig()).await;
-    let leases: Vec<String> = (0..lease_count).map(|i| format!("lease-{i}")).collect();
-    if let Err(e) = set_up(&admin, plane, &leases).await {
+    if let Err(e) = set_up(&admin, plane, leases).await {
         eprintln!("chaos: set-up: {e}");
         return None;
     }
-    if let Err(e) = servers.create_marks(&leases).await {
+    if let Err(e) = servers.create_marks(&fence_keys(leases)).await {
         eprintln!("chaos: creating the Redis marks: {e}");
         return None;
     }
-    Some((admin, servers, leases))
+    Some((admin, servers))
 }
 
 /// CRDs, the namespace, the fencing admission policies (rendered from our chart), the
-/// Leases and one fenced ConfigMap per Lease.
-async fn set_up(admin: &Client, plane: &ControlPlane, leases: &[String]) -> Result<(), String> {
+/// Leases and one fenced ConfigMap per slot.
+async fn set_up(admin: &Client, plane: &ControlPlane, leases: &[ChaosLease]) -> Result<(), String> {
     support::apply_crds(admin, "palisade-chaos").await?;
     // First: the operators policy's RBAC has Roles in them.
     create_namespace(admin, NAMESPACE).await?;
@@ -272,30 +319,41 @@ async fn create_namespace(admin: &Client, name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The Leases, each with its fenced ConfigMap.
+/// The Leases, each slot with its fenced ConfigMap (labelled with its slot above 0).
 async fn create_leases(
     admin: &Client,
     configmaps: &Api<ConfigMap>,
-    leases: &[String],
+    leases: &[ChaosLease],
 ) -> Result<(), String> {
     let client = LeaseClient::new(admin.clone(), NAMESPACE);
     for lease in leases {
+        let spec = LeaseSpec {
+            lease_duration_seconds: LEASE_SECONDS as i64,
+            permits: lease.permits,
+        };
         client
-            .ensure_lease(lease, LEASE_SECONDS as i64)
+            .ensure_lease_with(&lease.name, spec)
             .await
-            .map_err(|e| format!("creating lease {lease}: {e}"))?;
-        let cm: ConfigMap = serde_json::from_value(json!({
-            "metadata": {
-                "name": worker::configmap_name(lease),
-                "labels": {"palisade.dev/fenced-by": lease},
-                "annotations": {"palisade.dev/fencing-token": "0"},
-            },
-        }))
-        .unwrap();
-        match configmaps.create(&PostParams::default(), &cm).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(format!("creating the fenced ConfigMap of {lease}: {e}")),
+            .map_err(|e| format!("creating lease {}: {e}", lease.name))?;
+        for slot in lease.slots() {
+            let cm: ConfigMap = serde_json::from_value(json!({
+                "metadata": {
+                    "name": worker::configmap_name(&lease.name, slot),
+                    "labels": worker::fenced_labels(&lease.name, slot),
+                    "annotations": {"palisade.dev/fencing-token": "0"},
+                },
+            }))
+            .unwrap();
+            match configmaps.create(&PostParams::default(), &cm).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => {
+                    return Err(format!(
+                        "creating the fenced ConfigMap of {}: {e}",
+                        crate::history::slot_key(&lease.name, slot)
+                    ));
+                }
+            }
         }
     }
     Ok(())

@@ -31,6 +31,7 @@ use palisade::fence::redis::{self as redis_fence, Error as RedisError, RedisFenc
 use crate::faults::Fault;
 use crate::history::{Event, JournalWrite, Outcome, Recorder};
 use crate::rng::now_ns;
+use crate::worker::Held;
 use crate::{mysql_store, outbox_store, s3_store};
 
 pub const PG_PORT: u16 = 25433;
@@ -251,7 +252,8 @@ impl Servers {
             .batch_execute(
                 "CREATE SCHEMA IF NOT EXISTS chaos;
                  CREATE TABLE IF NOT EXISTS chaos.writes (
-                   id bigserial PRIMARY KEY, lease text NOT NULL, token bigint NOT NULL,
+                   id bigserial PRIMARY KEY, lease text NOT NULL,
+                   slot integer NOT NULL DEFAULT 0, token bigint NOT NULL,
                    worker text NOT NULL, seq bigint NOT NULL)",
             )
             .await
@@ -283,26 +285,26 @@ impl Servers {
         }
     }
 
-    /// Each Lease's mark in every Redis store, created once before any worker
-    /// starts. In the lossy ones the harness plays an operator who ignored the
-    /// settings check (`RedisFence::create` refuses there): a plain SET NX.
-    pub async fn create_marks(&self, leases: &[String]) -> Result<(), String> {
+    /// Each slot's mark (under its fence key, `keys`) in every Redis store, created
+    /// once before any worker starts. In the lossy ones the harness plays an operator
+    /// who ignored the settings check (`RedisFence::create` refuses there): a plain SET NX.
+    pub async fn create_marks(&self, keys: &[String]) -> Result<(), String> {
         let mut conn = connect(&redis_url()).await?;
-        for lease in leases {
-            RedisFence::create(&mut conn, lease)
+        for key in keys {
+            RedisFence::create(&mut conn, key)
                 .await
-                .map_err(|e| format!("creating the mark of {lease}: {e}"))?;
+                .map_err(|e| format!("creating the mark of {key}: {e}"))?;
         }
         for lossy in LOSSY {
             let mut conn = connect(&lossy.url()).await?;
-            for lease in leases {
+            for key in keys {
                 let _: Option<String> = redis::cmd("SET")
-                    .arg(redis_fence::mark_key(lease))
+                    .arg(redis_fence::mark_key(key))
                     .arg("")
                     .arg("NX")
                     .query_async(&mut conn)
                     .await
-                    .map_err(|e| format!("creating the mark of {lease} in {}: {e}", lossy.store))?;
+                    .map_err(|e| format!("creating the mark of {key} in {}: {e}", lossy.store))?;
             }
         }
         Ok(())
@@ -322,8 +324,9 @@ impl Servers {
     }
 
     /// `evict_redis_marks`: lower `redis-lru`'s maxmemory below what it uses, so
-    /// `allkeys-lru` evicts, until no Lease has a mark (at most 5 s), then restore it.
-    pub async fn evict_marks(&self, leases: &[String]) -> Result<String, String> {
+    /// `allkeys-lru` evicts, until no fence key (`keys`) has a mark (at most 5 s), then
+    /// restore it.
+    pub async fn evict_marks(&self, keys: &[String]) -> Result<String, String> {
         let lossy = LOSSY[1];
         let mut conn = connect(&lossy.url()).await?;
         let config = |value: &str| {
@@ -335,13 +338,13 @@ impl Servers {
             .query_async(&mut conn)
             .await
             .map_err(|e| format!("squeezing {}: {e}", lossy.store))?;
-        let mut left = leases.len();
+        let mut left = keys.len();
         for _ in 0..100 {
             // Each command makes Redis evict first.
             left = 0;
-            for lease in leases {
+            for key in keys {
                 let exists: bool = redis::cmd("EXISTS")
-                    .arg(redis_fence::mark_key(lease))
+                    .arg(redis_fence::mark_key(key))
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| format!("reading {}: {e}", lossy.store))?;
@@ -375,10 +378,11 @@ impl Servers {
         }
     }
 
-    /// The commit order of each database store, as journal entries per store.
+    /// The commit order of each database store, as journal entries per store, for
+    /// the slots' fence keys `keys`.
     pub async fn journals(
         &self,
-        leases: &[String],
+        keys: &[String],
     ) -> Result<BTreeMap<String, Vec<JournalWrite>>, String> {
         let mut journals = BTreeMap::new();
         let (client, connection) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
@@ -387,7 +391,7 @@ impl Servers {
         tokio::spawn(connection);
         let rows = client
             .query(
-                "SELECT lease, token, worker, seq FROM chaos.writes ORDER BY id",
+                "SELECT lease, slot, token, worker, seq FROM chaos.writes ORDER BY id",
                 &[],
             )
             .await
@@ -396,27 +400,28 @@ impl Servers {
             .iter()
             .map(|r| JournalWrite {
                 lease: r.get(0),
-                token: r.get::<_, i64>(1) as u64,
-                worker: r.get(2),
-                seq: r.get::<_, i64>(3) as u64,
+                slot: r.get(1),
+                token: r.get::<_, i64>(2) as u64,
+                worker: r.get(3),
+                seq: r.get::<_, i64>(4) as u64,
             })
             .collect();
         journals.insert("postgres".to_string(), pg);
         journals.insert(
             "redis".to_string(),
-            redis_journal(&redis_url(), leases).await?,
+            redis_journal(&redis_url(), keys).await?,
         );
         journals.insert("mysql".to_string(), mysql_store::journal().await?);
         let location = s3_location().ok_or("the S3 store was not set up")?;
         journals.insert(
             s3_store::STORE.to_string(),
-            s3_store::final_objects(location, leases).await?,
+            s3_store::final_objects(location, keys).await?,
         );
         // What the lossy ones hold now: after a loss, only writes admitted since.
         for lossy in LOSSY {
             journals.insert(
                 lossy.store.to_string(),
-                redis_journal(&lossy.url(), leases).await?,
+                redis_journal(&lossy.url(), keys).await?,
             );
         }
         Ok(journals)
@@ -461,18 +466,18 @@ async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection, String>
         .map_err(|e| format!("connecting to Redis at {url}: {e}"))
 }
 
-/// The list the fencing script appended to, for each Lease in turn.
-async fn redis_journal(url: &str, leases: &[String]) -> Result<Vec<JournalWrite>, String> {
+/// The list the fencing script appended to, for each fence key in turn.
+async fn redis_journal(url: &str, keys: &[String]) -> Result<Vec<JournalWrite>, String> {
     let mut conn = connect(url).await?;
     let mut all = Vec::new();
-    for lease in leases {
+    for key in keys {
         let items: Vec<String> = redis::cmd("LRANGE")
-            .arg(redis_fence::data_key(lease, "journal"))
+            .arg(redis_fence::data_key(key, "journal"))
             .arg(0)
             .arg(-1)
             .query_async(&mut conn)
             .await
-            .map_err(|e| format!("reading the Redis journal of {lease} at {url}: {e}"))?;
+            .map_err(|e| format!("reading the Redis journal of {key} at {url}: {e}"))?;
         for item in items {
             all.push(
                 serde_json::from_str::<JournalWrite>(&item)
@@ -513,20 +518,13 @@ impl Stores {
         })
     }
 
-    /// Writes to both stores with `token` and records both outcomes. `hold` is how
-    /// long the PostgreSQL transaction stays open after its check (so a kill can
-    /// land inside it).
-    pub async fn write(
-        &mut self,
-        history: &mut Recorder,
-        lease: &str,
-        token: u64,
-        seq: u64,
-        hold: Duration,
-    ) {
+    /// Writes to every store with `held`'s token under its fence key and records the
+    /// outcomes. `hold` is how long the PostgreSQL transaction stays open after its
+    /// check (so a kill can land inside it).
+    pub async fn write(&mut self, history: &mut Recorder, held: &Held, seq: u64, hold: Duration) {
         let start_ns = now_ns();
         let result =
-            tokio::time::timeout(WRITE_TIMEOUT, self.write_postgres(lease, token, seq, hold)).await;
+            tokio::time::timeout(WRITE_TIMEOUT, self.write_postgres(held, seq, hold)).await;
         let (outcome, detail) = match result {
             Ok(Ok(())) => (Outcome::Accepted, String::new()),
             Ok(Err(e @ PgError::Stale(_))) => (Outcome::Stale, e.to_string()),
@@ -539,47 +537,30 @@ impl Stores {
                 (Outcome::Error, "timed out".into())
             }
         };
-        history.record(&self.event("postgres", lease, token, seq, start_ns, outcome, detail));
+        history.record(&self.event("postgres", held, seq, start_ns, outcome, detail));
 
         let url = self.redis_url.clone();
         let mut conn = self.redis.take();
         let event = self
-            .write_redis_store("redis", &url, &mut conn, lease, token, seq)
+            .write_redis_store("redis", &url, &mut conn, held, seq)
             .await;
         self.redis = conn;
         history.record(&event);
         for (i, lossy) in LOSSY.iter().enumerate() {
             let mut conn = self.lossy[i].take();
             let event = self
-                .write_redis_store(lossy.store, &lossy.url(), &mut conn, lease, token, seq)
+                .write_redis_store(lossy.store, &lossy.url(), &mut conn, held, seq)
                 .await;
             self.lossy[i] = conn;
             history.record(&event);
         }
         let start_ns = now_ns();
-        let (outcome, detail) = self
-            .mysql
-            .write(&self.identity, lease, token, seq, WRITE_TIMEOUT)
-            .await;
-        history.record(&self.event("mysql", lease, token, seq, start_ns, outcome, detail));
+        let write = held.journal(&self.identity, seq);
+        let (outcome, detail) = self.mysql.write(&held.key, &write, WRITE_TIMEOUT).await;
+        history.record(&self.event("mysql", held, seq, start_ns, outcome, detail));
         let start_ns = now_ns();
-        let write = JournalWrite {
-            lease: lease.to_string(),
-            token,
-            worker: self.identity.clone(),
-            seq,
-        };
-        let (outcome, detail) = self.s3.write(&write, WRITE_TIMEOUT).await;
-        let event = self.event(
-            s3_store::STORE,
-            lease,
-            token,
-            seq,
-            start_ns,
-            outcome,
-            detail,
-        );
-        history.record(&event);
+        let (outcome, detail) = self.s3.write(&held.key, &write, WRITE_TIMEOUT).await;
+        history.record(&self.event(s3_store::STORE, held, seq, start_ns, outcome, detail));
     }
 
     /// One write to one Redis store, its outcome as an event; drops the
@@ -589,16 +570,12 @@ impl Stores {
         store: &str,
         url: &str,
         conn: &mut Option<redis::aio::MultiplexedConnection>,
-        lease: &str,
-        token: u64,
+        held: &Held,
         seq: u64,
     ) -> Event {
         let start_ns = now_ns();
-        let result = tokio::time::timeout(
-            WRITE_TIMEOUT,
-            self.write_redis(url, conn, lease, token, seq),
-        )
-        .await;
+        let result =
+            tokio::time::timeout(WRITE_TIMEOUT, self.write_redis(url, conn, held, seq)).await;
         let (outcome, detail) = match result {
             Ok(Ok(())) => (Outcome::Accepted, String::new()),
             Ok(Err(e @ RedisError::Stale(_))) => (Outcome::Stale, e.to_string()),
@@ -612,15 +589,13 @@ impl Stores {
                 (Outcome::Error, "timed out".into())
             }
         };
-        self.event(store, lease, token, seq, start_ns, outcome, detail)
+        self.event(store, held, seq, start_ns, outcome, detail)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn event(
         &self,
         store: &str,
-        lease: &str,
-        token: u64,
+        held: &Held,
         seq: u64,
         start_ns: u64,
         outcome: Outcome,
@@ -628,9 +603,10 @@ impl Stores {
     ) -> Event {
         Event::Write {
             worker: self.identity.clone(),
-            lease: lease.to_string(),
+            lease: held.lease.clone(),
+            slot: held.slot,
             store: store.into(),
-            token,
+            token: held.token,
             seq,
             start_ns,
             end_ns: now_ns(),
@@ -642,8 +618,7 @@ impl Stores {
 
     async fn write_postgres(
         &mut self,
-        lease: &str,
-        token: u64,
+        held: &Held,
         seq: u64,
         hold: Duration,
     ) -> Result<(), PgError> {
@@ -657,20 +632,22 @@ impl Stores {
         }
         let client = self.pg.as_mut().expect("connected above");
         let tx = client.transaction().await.map_err(PgError::Database)?;
-        pg_fence::admit(&tx, lease, token).await?;
+        pg_fence::admit(&tx, &held.key, held.token).await?;
         tx.execute(
-            "INSERT INTO chaos.writes (lease, token, worker, seq) VALUES ($1, $2, $3, $4)",
-            &[&lease, &(token as i64), &self.identity, &(seq as i64)],
+            "INSERT INTO chaos.writes (lease, slot, token, worker, seq) \
+             VALUES ($1, $2, $3, $4, $5)",
+            &[
+                &held.lease,
+                &held.slot,
+                &(held.token as i64),
+                &self.identity,
+                &(seq as i64),
+            ],
         )
         .await
         .map_err(PgError::Database)?;
-        let write = JournalWrite {
-            lease: lease.to_string(),
-            token,
-            worker: self.identity.clone(),
-            seq,
-        };
-        outbox_store::enqueue(&tx, &write)
+        let write = held.journal(&self.identity, seq);
+        outbox_store::enqueue(&tx, &held.key, &write)
             .await
             .map_err(|e| match e {
                 palisade::outbox::Error::Stale(stale) => PgError::Stale(stale),
@@ -687,8 +664,7 @@ impl Stores {
         &self,
         url: &str,
         conn: &mut Option<redis::aio::MultiplexedConnection>,
-        lease: &str,
-        token: u64,
+        held: &Held,
         seq: u64,
     ) -> Result<(), RedisError> {
         if conn.is_none() {
@@ -700,19 +676,14 @@ impl Stores {
             *conn = Some(connected);
         }
         let conn = conn.as_mut().expect("connected above");
-        let payload = serde_json::to_string(&JournalWrite {
-            lease: lease.to_string(),
-            token,
-            worker: self.identity.clone(),
-            seq,
-        })
-        .expect("serializes");
-        let journal = redis_fence::data_key(lease, "journal");
+        let payload =
+            serde_json::to_string(&held.journal(&self.identity, seq)).expect("serializes");
+        let journal = redis_fence::data_key(&held.key, "journal");
         self.fence
             .admit(
                 conn,
-                lease,
-                token,
+                &held.key,
+                held.token,
                 Write::Push {
                     key: &journal,
                     value: &payload,

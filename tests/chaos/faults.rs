@@ -11,7 +11,7 @@ use kube::api::Api;
 use palisade::crd::Lease;
 use support::proxy::{Mode, Proxy};
 
-use crate::cluster::{ControlPlane, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
+use crate::cluster::{ChaosLease, ControlPlane, HA_APISERVERS, LEASE_SECONDS, NAMESPACE};
 use crate::dbstores;
 use crate::ha::{self, HaFault};
 use crate::history::{Event, Recorder};
@@ -208,7 +208,7 @@ impl Schedule {
 pub struct FaultContext<'a> {
     pub admin: &'a Client,
     pub plane: &'a ControlPlane,
-    pub leases: &'a [String],
+    pub leases: &'a [ChaosLease],
     /// One per API server the replicas (and the workers) are pinned to.
     pub controller_proxies: &'a [Proxy],
     pub worker_proxies: &'a [Proxy],
@@ -223,39 +223,55 @@ pub async fn pick_holder(
     pick_grant(ctx, procs, rng).await.map(|g| g.identity)
 }
 
-/// A grant held by one of our live workers.
+/// A grant held by one of our live workers: a slot of a Lease (a lock's is slot 0).
 pub struct HeldGrant {
     pub identity: String,
     pub namespace: &'static str,
     pub lease: String,
+    pub slot: i32,
+    /// The slot's fence key: the stores' key for its marks.
+    pub fence_key: String,
     pub claim_uid: String,
     pub token: u64,
 }
 
-/// [`pick_holder`], with the Lease and the claim.
+/// The grants our live workers hold, in Lease and slot order: every slot of every
+/// Lease, read straight from the API server.
+async fn held_grants(ctx: &FaultContext<'_>, procs: &Processes) -> Vec<HeldGrant> {
+    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
+    let mut held = Vec::new();
+    for lease in ctx.leases {
+        // Bounded: behind a partitioned etcd member a read can hang for long.
+        let Ok(Ok(l)) = tokio::time::timeout(Duration::from_secs(2), api.get(&lease.name)).await
+        else {
+            continue;
+        };
+        for row in l.status.unwrap_or_default().slot_rows() {
+            if let Some(h) = row.holder
+                && procs.worker_pid(&h.identity).is_some()
+            {
+                held.push(HeldGrant {
+                    identity: h.identity,
+                    namespace: NAMESPACE,
+                    lease: lease.name.clone(),
+                    slot: row.slot,
+                    fence_key: palisade::permits::fence_key(NAMESPACE, &lease.name, row.slot),
+                    claim_uid: h.claim_uid,
+                    token: row.fencing_token.unwrap_or(0) as u64,
+                });
+            }
+        }
+    }
+    held
+}
+
+/// [`pick_holder`], with the Lease, the slot and the claim: any slot's holder.
 pub async fn pick_grant(
     ctx: &FaultContext<'_>,
     procs: &Processes,
     rng: &mut Rng,
 ) -> Option<HeldGrant> {
-    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
-    let mut holders = Vec::new();
-    for lease in ctx.leases {
-        // Bounded: behind a partitioned etcd member a read can hang for long.
-        if let Ok(Ok(l)) = tokio::time::timeout(Duration::from_secs(2), api.get(lease)).await
-            && let Some(status) = l.status
-            && let Some(h) = status.holder
-            && procs.worker_pid(&h.identity).is_some()
-        {
-            holders.push(HeldGrant {
-                identity: h.identity,
-                namespace: NAMESPACE,
-                lease: lease.clone(),
-                claim_uid: h.claim_uid,
-                token: status.fencing_token.unwrap_or(0) as u64,
-            });
-        }
-    }
+    let mut holders = held_grants(ctx, procs).await;
     if holders.is_empty() {
         return None;
     }
@@ -263,24 +279,24 @@ pub async fn pick_grant(
     Some(holders.swap_remove(i))
 }
 
-/// The current holders that are live workers, in Lease order, polled until every
-/// Lease has one (or until one and a half seconds have passed): a storm should catch
-/// every grant, not the moment between a release and the next grant.
+/// The current holders that are live workers (of every slot), in Lease order, polled
+/// until every Lease has one (or until one and a half seconds have passed): a storm
+/// should catch every grant, not the moment between a release and the next grant.
 async fn all_holders(ctx: &FaultContext<'_>, procs: &Processes) -> Vec<String> {
-    let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), NAMESPACE);
     let mut holders = Vec::new();
     for _ in 0..15 {
+        let held = held_grants(ctx, procs).await;
         holders.clear();
-        for lease in ctx.leases {
-            if let Ok(Ok(l)) = tokio::time::timeout(Duration::from_secs(2), api.get(lease)).await
-                && let Some(h) = l.status.and_then(|s| s.holder)
-                && procs.worker_pid(&h.identity).is_some()
-                && !holders.contains(&h.identity)
-            {
-                holders.push(h.identity);
+        for grant in &held {
+            if !holders.contains(&grant.identity) {
+                holders.push(grant.identity.clone());
             }
         }
-        if holders.len() == ctx.leases.len() {
+        let every_lease_held = ctx
+            .leases
+            .iter()
+            .all(|l| held.iter().any(|g| g.lease == l.name));
+        if every_lease_held {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -402,6 +418,7 @@ async fn flap_leadership(
         .map_err(|e| format!("opening the expectations file: {e}"))?
         .record(&Event::Silenced {
             lease: held.lease,
+            slot: held.slot,
             claim_uid: held.claim_uid,
             t_ns: silenced,
             within_ns: (lease + SILENCED_EXPIRY_SLACK).as_nanos() as u64,
@@ -648,7 +665,7 @@ async fn inject_db(
         }
         Fault::EvictRedisMarks => {
             dbstores::Servers::new(&ctx.plane.root)
-                .evict_marks(ctx.leases)
+                .evict_marks(&crate::cluster::fence_keys(ctx.leases))
                 .await?
         }
         Fault::KillWorkerInTransaction => {

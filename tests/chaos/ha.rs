@@ -137,9 +137,9 @@ pub const MOVED_ON_WAIT: Duration = Duration::from_secs(15);
 /// The same for the operators' leader paused beside an HA fault.
 const OPERATOR_MOVED_ON_WAIT: Duration = Duration::from_secs(5);
 
-/// SIGSTOPs `held`'s worker for `pause` and then until a newer grant of its Lease is
-/// published (at most `within` more), then SIGCONTs it: it wakes deposed. What it
-/// did, for the log.
+/// SIGSTOPs `held`'s worker for `pause` and then until a newer grant of its slot of
+/// its Lease is published (at most `within` more), then SIGCONTs it: it wakes deposed.
+/// What it did, for the log.
 pub async fn pause_past_grant(
     ctx: &FaultContext<'_>,
     procs: &Processes,
@@ -158,8 +158,9 @@ pub async fn pause_past_grant(
     let written = moved_on && newer_token_written(procs, held, until).await;
     signal(pid, libc::SIGCONT);
     format!(
-        "paused {} (token {}) for {} ms{}",
+        "paused {} ({}, token {}) for {} ms{}",
         held.identity,
+        crate::history::slot_key(&held.lease, held.slot),
         held.token,
         stopped.elapsed().as_millis(),
         match (moved_on, written) {
@@ -170,18 +171,18 @@ pub async fn pause_past_grant(
     )
 }
 
-/// Waits (until `until`) for the file fence to have admitted a token above `held`'s,
-/// so that the woken holder's next write meets a newer one: where the plane slows the
-/// new holder's start (its API server cut off), a holder woken at the grant alone
-/// would write first, be admitted, and show nothing. True at once for a Lease the
-/// file fence never saw (the operators').
+/// Waits (until `until`) for the file fence to have admitted a token above `held`'s
+/// under its slot's fence key, so that the woken holder's next write meets a newer one:
+/// where the plane slows the new holder's start (its API server cut off), a holder
+/// woken at the grant alone would write first, be admitted, and show nothing. True at
+/// once for a key the file fence never saw (the operators').
 async fn newer_token_written(procs: &Processes, held: &HeldGrant, until: Instant) -> bool {
     let Ok(store) = palisade::fence::FileStore::open(procs.out.join("file-store")) else {
         return false;
     };
     let fence = palisade::fence::Fence::new(store);
     loop {
-        match fence.highest(&held.lease) {
+        match fence.highest(&held.fence_key) {
             Ok(None) => return true,
             Ok(Some(mark)) if mark > held.token => return true,
             _ if Instant::now() >= until => return false,
@@ -190,16 +191,20 @@ async fn newer_token_written(procs: &Processes, held: &HeldGrant, until: Instant
     }
 }
 
-/// Waits (at most `within`) until `held`'s Lease has a newer grant, read from etcd (a
-/// GET without resourceVersion). False: none was published.
+/// Waits (at most `within`) until `held`'s slot of its Lease has a newer grant, read
+/// from etcd (a GET without resourceVersion): other slots' grants leave it holding.
+/// False: none was published.
 async fn lease_moved_on(ctx: &FaultContext<'_>, held: &HeldGrant, within: Duration) -> bool {
     let api: Api<Lease> = Api::namespaced(ctx.admin.clone(), held.namespace);
     let until = Instant::now() + within;
     while Instant::now() < until {
         if let Ok(Ok(lease)) =
             tokio::time::timeout(Duration::from_secs(2), api.get(&held.lease)).await
-            && let Some(token) = lease.status.and_then(|s| s.fencing_token)
-            && token as u64 > held.token
+            && let Some(status) = lease.status
+            && let Some(row) = status.slot_rows().into_iter().find(|r| r.slot == held.slot)
+            && row
+                .fencing_token
+                .is_some_and(|token| token as u64 > held.token)
         {
             return true;
         }

@@ -40,7 +40,12 @@
 //! (watch_caches.rs judges what it saw), and the rounds add the faults of ha.rs.
 //!
 //! A test binary without libtest's harness: `cargo test` runs it with no arguments
-//! (the short run); the flags are `--duration 90s --seed 1 --workers 5 --leases 2`.
+//! (the short run; `chaos self-check` runs only the checker's self-check, which every
+//! run begins with); the flags are `--duration 90s --seed 1 --workers 5 --leases 2
+//! --semaphores 1 --permits 2`: the locks `lease-0`, `lease-1` and the semaphore
+//! `sem-0`, whose slots each hold a grant with a token of their own; every store keys
+//! a slot's writes apart (the grant's fence key, `chaos/sem-0#1`; a fenced ConfigMap
+//! per slot, labelled `palisade.dev/fenced-slot`).
 //! The same binary is each worker process, of three kinds:
 //!
 //! - `chaos worker ...` (`w<n>`, worker.rs): holds the Leases through the client
@@ -85,7 +90,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use args::{Args, parse_args};
-use cluster::{ControlPlane, HA_APISERVERS, LEASE_SECONDS, kubeconfig_via};
+use cluster::{ChaosLease, ControlPlane, HA_APISERVERS, LEASE_SECONDS, kubeconfig_via};
 use faults::{FaultContext, Schedule, inject};
 use history::{Event, Recorder};
 use processes::{Processes, WorkerTemplate};
@@ -116,6 +121,13 @@ fn main() -> ExitCode {
         runtime.block_on(operator_worker::run(args));
         return ExitCode::SUCCESS;
     }
+    // The checker's self-check alone: no cluster, no stores, nothing started.
+    if raw.first().map(String::as_str) == Some("self-check") {
+        return match self_check() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(()) => ExitCode::FAILURE,
+        };
+    }
     if raw.iter().any(|a| a == "--list") {
         println!("chaos: test");
         return ExitCode::SUCCESS;
@@ -135,14 +147,8 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    match history::self_check().and_then(|n| {
-        Ok(n + watch_caches::self_check()? + s3_store::self_check()? + outbox_store::self_check()?)
-    }) {
-        Ok(n) => println!("chaos: checker self-check: {n} planted violations all reported"),
-        Err(e) => {
-            eprintln!("chaos: checker self-check failed: {e}");
-            return ExitCode::FAILURE;
-        }
+    if self_check().is_err() {
+        return ExitCode::FAILURE;
     }
     let plane = ControlPlane::new(args.ha);
     let started = Instant::now();
@@ -169,12 +175,30 @@ fn main() -> ExitCode {
     }
 }
 
+/// The checker's rules must be able to fail: each planted violation is reported (and
+/// clean histories are not flagged). Says how it went.
+fn self_check() -> Result<(), ()> {
+    match history::self_check().and_then(|n| {
+        Ok(n + watch_caches::self_check()? + s3_store::self_check()? + outbox_store::self_check()?)
+    }) {
+        Ok(n) => {
+            println!("chaos: checker self-check: {n} planted violations all reported");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("chaos: checker self-check failed: {e}");
+            Err(())
+        }
+    }
+}
+
 /// One run on `plane`: set-up, the workers and replicas, faults for `args.duration`,
 /// healing, then the verdict. True: it passed.
 async fn run(args: &Args, plane: &ControlPlane) -> bool {
     let started = Instant::now();
     let out = history_dir(args, plane);
-    let Some((admin, servers, leases)) = cluster::bring_up(plane, args.leases).await else {
+    let leases = ChaosLease::all(args.leases, args.semaphores, args.permits);
+    let Some((admin, servers)) = cluster::bring_up(plane, &leases).await else {
         return false;
     };
 
@@ -217,7 +241,7 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         controller_kubeconfigs,
         worker_kubeconfigs,
         WorkerTemplate {
-            leases: leases.clone(),
+            leases: cluster::names(&leases),
             store: store.clone(),
             seed: args.seed,
             operator_token,
@@ -330,11 +354,14 @@ fn history_dir(args: &Args, plane: &ControlPlane) -> PathBuf {
         .join(format!("target/chaos/seed-{}-{unix}", args.seed));
     std::fs::create_dir_all(&out).expect("creating the history directory");
     println!(
-        "chaos: seed {}, {} s of faults, {} workers, {} leases{}; history in {}",
+        "chaos: seed {}, {} s of faults, {} workers, {} leases and {} semaphores of {} \
+         permits{}; history in {}",
         args.seed,
         args.duration.as_secs(),
         args.workers,
         args.leases,
+        args.semaphores,
+        args.permits,
         if args.ha {
             ", on the HA control plane"
         } else {

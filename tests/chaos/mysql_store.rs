@@ -50,7 +50,7 @@ pub async fn set_up() -> Result<(), String> {
         "CREATE DATABASE IF NOT EXISTS chaos".to_string(),
         "CREATE TABLE IF NOT EXISTS chaos.writes (
            id BIGINT AUTO_INCREMENT PRIMARY KEY, lease VARCHAR(255) NOT NULL,
-           token BIGINT NOT NULL, worker VARCHAR(255) NOT NULL, seq BIGINT NOT NULL)
+           slot INT NOT NULL DEFAULT 0, token BIGINT NOT NULL, worker VARCHAR(255) NOT NULL, seq BIGINT NOT NULL)
          ENGINE=InnoDB"
             .to_string(),
         format!("CREATE USER IF NOT EXISTS '{APP_ROLE}'@'127.0.0.1'"),
@@ -68,14 +68,15 @@ pub async fn set_up() -> Result<(), String> {
 /// The commit order of `chaos.writes`.
 pub async fn journal() -> Result<Vec<JournalWrite>, String> {
     let mut conn = connect(&admin_url()).await?;
-    let rows: Vec<(String, i64, String, i64)> = conn
-        .query("SELECT lease, token, worker, seq FROM chaos.writes ORDER BY id")
+    let rows: Vec<(String, i32, i64, String, i64)> = conn
+        .query("SELECT lease, slot, token, worker, seq FROM chaos.writes ORDER BY id")
         .await
         .map_err(|e| format!("reading chaos.writes in MariaDB: {e}"))?;
     Ok(rows
         .into_iter()
-        .map(|(lease, token, worker, seq)| JournalWrite {
+        .map(|(lease, slot, token, worker, seq)| JournalWrite {
             lease,
+            slot,
             token: token as u64,
             worker,
             seq: seq as u64,
@@ -98,16 +99,15 @@ impl Writer {
         })
     }
 
-    /// One fenced write: its outcome and, when not accepted, why.
+    /// One fenced write of `write` under fence key `key`: its outcome and, when not
+    /// accepted, why.
     pub async fn write(
         &mut self,
-        identity: &str,
-        lease: &str,
-        token: u64,
-        seq: u64,
+        key: &str,
+        write: &JournalWrite,
         timeout: Duration,
     ) -> (Outcome, String) {
-        match tokio::time::timeout(timeout, self.try_write(identity, lease, token, seq)).await {
+        match tokio::time::timeout(timeout, self.try_write(key, write)).await {
             Ok(Ok(())) => (Outcome::Accepted, String::new()),
             Ok(Err(WriteError::Fence(e @ MyError::Stale(_)))) => (Outcome::Stale, e.to_string()),
             Ok(Err(e)) => {
@@ -121,13 +121,7 @@ impl Writer {
         }
     }
 
-    async fn try_write(
-        &mut self,
-        identity: &str,
-        lease: &str,
-        token: u64,
-        seq: u64,
-    ) -> Result<(), WriteError> {
+    async fn try_write(&mut self, key: &str, write: &JournalWrite) -> Result<(), WriteError> {
         if self.conn.is_none() {
             self.conn = Some(connect(&self.url).await.map_err(WriteError::Other)?);
         }
@@ -136,12 +130,18 @@ impl Writer {
             .start_transaction(TxOpts::default())
             .await
             .map_err(|e| WriteError::Other(e.to_string()))?;
-        my_fence::admit(&mut tx, lease, token)
+        my_fence::admit(&mut tx, key, write.token)
             .await
             .map_err(WriteError::Fence)?;
         tx.exec_drop(
-            "INSERT INTO chaos.writes (lease, token, worker, seq) VALUES (?, ?, ?, ?)",
-            (lease, token as i64, identity, seq as i64),
+            "INSERT INTO chaos.writes (lease, slot, token, worker, seq) VALUES (?, ?, ?, ?, ?)",
+            (
+                &write.lease,
+                write.slot,
+                write.token as i64,
+                &write.worker,
+                write.seq as i64,
+            ),
         )
         .await
         .map_err(|e| WriteError::Other(e.to_string()))?;

@@ -41,7 +41,9 @@ pub async fn observe(admin: Client, out: PathBuf, server: Option<u8>) {
         let t_ns = now_ns();
         match event {
             Ok((Some(watcher::Event::Apply(l) | watcher::Event::InitApply(l)), _)) => {
-                lease_log.record(&lease_seen(&l, t_ns, server));
+                for seen in lease_seen(&l, t_ns, server) {
+                    lease_log.record(&seen);
+                }
             }
             Ok((_, Some(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)))) => {
                 let Some(lease) = cm.labels().get("palisade.dev/fenced-by").cloned() else {
@@ -52,8 +54,14 @@ pub async fn observe(admin: Client, out: PathBuf, server: Option<u8>) {
                     .get("palisade.dev/fencing-token")
                     .and_then(|t| t.parse().ok())
                     .unwrap_or(0);
+                // A label that is no slot would have been refused: -1 shows it.
+                let slot = cm
+                    .labels()
+                    .get("palisade.dev/fenced-slot")
+                    .map_or(0, |s| s.parse().unwrap_or(-1));
                 cm_log.record(&Event::ConfigMapSeen {
                     lease,
+                    slot,
                     name: cm.name_any(),
                     rv: rv_of(&cm),
                     token,
@@ -106,7 +114,11 @@ pub async fn observe_operator_objects(admin: Client, out: PathBuf, server: Optio
     while let Some(seen) = all.next().await {
         let t_ns = now_ns();
         match seen {
-            Ok(Seen::Lease(lease)) => lease_log.record(&lease_seen(&lease, t_ns, server)),
+            Ok(Seen::Lease(lease)) => {
+                for seen in lease_seen(&lease, t_ns, server) {
+                    lease_log.record(&seen);
+                }
+            }
             Ok(Seen::Object(object, rv, Some(token))) => log.record(&Event::OperatorObjectSeen {
                 object,
                 rv,
@@ -119,17 +131,23 @@ pub async fn observe_operator_objects(admin: Client, out: PathBuf, server: Optio
     }
 }
 
-/// What the checker needs of a version of a Lease.
-fn lease_seen(lease: &Lease, t_ns: u64, server: Option<u8>) -> Event {
+/// What the checker needs of a version of a Lease: each slot it records (a lock's
+/// one), with its holder and token.
+fn lease_seen(lease: &Lease, t_ns: u64, server: Option<u8>) -> Vec<Event> {
     let status = lease.status.clone().unwrap_or_default();
-    Event::LeaseSeen {
-        lease: lease.name_any(),
-        rv: rv_of(lease),
-        holder_uid: status.holder.map(|h| h.claim_uid).unwrap_or_default(),
-        token: status.fencing_token.unwrap_or(0) as u64,
-        t_ns,
-        server,
-    }
+    status
+        .slot_rows()
+        .into_iter()
+        .map(|row| Event::LeaseSeen {
+            lease: lease.name_any(),
+            slot: row.slot,
+            rv: rv_of(lease),
+            holder_uid: row.holder.map(|h| h.claim_uid).unwrap_or_default(),
+            token: row.fencing_token.unwrap_or(0) as u64,
+            t_ns,
+            server,
+        })
+        .collect()
 }
 
 fn rv_of<K: ResourceExt>(object: &K) -> u64 {

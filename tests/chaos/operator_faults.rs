@@ -34,6 +34,8 @@ pub async fn operator_grant(
                 identity: holder.identity,
                 namespace: OPERATOR_NAMESPACE,
                 lease: OPERATOR_LEASE.into(),
+                slot: 0,
+                fence_key: palisade::permits::fence_key(OPERATOR_NAMESPACE, OPERATOR_LEASE, 0),
                 claim_uid: holder.claim_uid,
                 token: status.fencing_token.unwrap_or(0) as u64,
             });

@@ -9,8 +9,9 @@
 //! Judged after the run, once every relay has had time to deliver
 //! ([`Relays::judge`]): the intents are exactly the committed writes (no stale
 //! holder's intent inserted: it would need its transaction to commit, which the fence
-//! refuses), every intent was delivered, and the provider executed each one exactly
-//! once and nothing else.
+//! refuses), each under its write's fence key (a semaphore's slots keyed apart), every
+//! intent was delivered, and the provider executed each one exactly once and nothing
+//! else.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::CommandExt;
@@ -46,13 +47,15 @@ pub async fn install(admin: &Client, app_role: &str) -> Result<(), String> {
         .map_err(|e| format!("granting {app_role} the outbox: {e}"))
 }
 
-/// The intent of a worker's write, in the write's transaction.
+/// The intent of a worker's write, in the write's transaction, under its slot's fence
+/// key `key`.
 pub async fn enqueue(
     tx: &Transaction<'_>,
+    key: &str,
     write: &JournalWrite,
 ) -> Result<String, palisade::outbox::Error> {
     let payload = serde_json::to_value(write).expect("serializes");
-    palisade::outbox::enqueue(tx, &write.lease, write.token, &payload).await
+    palisade::outbox::enqueue(tx, key, write.token, &payload).await
 }
 
 /// The relays, the provider they deliver to, and what they need to start again.
@@ -169,13 +172,13 @@ impl Relays {
     }
 }
 
-/// (intent id, the write it carries, its state).
-type Intent = (String, JournalWrite, String);
+/// (intent id, the write it carries, its state, the fence key it was enqueued under).
+type Intent = (String, JournalWrite, String, String);
 
 async fn pending_and_intents(admin: &Client) -> Result<(usize, Vec<Intent>), String> {
     let rows = admin
         .query(
-            "SELECT id::text, payload::text, state FROM palisade.outbox",
+            "SELECT id::text, payload::text, state, key FROM palisade.outbox",
             &[],
         )
         .await
@@ -184,9 +187,9 @@ async fn pending_and_intents(admin: &Client) -> Result<(usize, Vec<Intent>), Str
     for row in rows {
         let payload: String = row.get(1);
         let write = serde_json::from_str(&payload).map_err(|e| format!("{payload}: {e}"))?;
-        intents.push((row.get(0), write, row.get(2)));
+        intents.push((row.get(0), write, row.get(2), row.get(3)));
     }
-    let pending = intents.iter().filter(|(_, _, s)| s == "pending").count();
+    let pending = intents.iter().filter(|(_, _, s, _)| s == "pending").count();
     Ok((pending, intents))
 }
 
@@ -196,15 +199,24 @@ fn judge_intents(
     keys: &HashMap<String, KeyRecord>,
 ) -> Vec<String> {
     let mut violations = Vec::new();
-    let identify = |w: &JournalWrite| (w.worker.clone(), w.seq, w.lease.clone(), w.token);
+    let identify = |w: &JournalWrite| (w.worker.clone(), w.seq, w.lease.clone(), w.slot, w.token);
     let committed: BTreeSet<_> = writes.iter().map(identify).collect();
     let mut seen = BTreeMap::new();
-    for (id, write, state) in intents {
+    for (id, write, state, key) in intents {
+        if *key != write.fence_key() {
+            violations.push(format!(
+                "outbox: intent {id} was enqueued under key {key}, not its write's slot's {}",
+                write.fence_key()
+            ));
+        }
         if !committed.contains(&identify(write)) {
             violations.push(format!(
                 "outbox: intent {id} (write {} of {} with token {} on {}) has no committed \
                  write: an intent inserted without its fenced write",
-                write.seq, write.worker, write.token, write.lease
+                write.seq,
+                write.worker,
+                write.token,
+                crate::history::slot_key(&write.lease, write.slot)
             ));
         }
         if let Some(other) = seen.insert(identify(write), id) {
@@ -222,7 +234,7 @@ fn judge_intents(
             missing.1, missing.0
         ));
     }
-    for (id, _, _) in intents {
+    for (id, _, _, _) in intents {
         match keys.get(id).map(|k| k.executions) {
             Some(1) => {}
             executions => violations.push(format!(
@@ -231,7 +243,7 @@ fn judge_intents(
             )),
         }
     }
-    let known: BTreeSet<&str> = intents.iter().map(|(id, _, _)| id.as_str()).collect();
+    let known: BTreeSet<&str> = intents.iter().map(|(id, _, _, _)| id.as_str()).collect();
     for key in keys.keys().filter(|k| !known.contains(k.as_str())) {
         violations.push(format!(
             "outbox: the provider executed {key}, which is no intent"
@@ -245,11 +257,16 @@ fn judge_intents(
 pub fn self_check() -> Result<usize, String> {
     let write = |seq| JournalWrite {
         lease: "l".into(),
+        slot: 0,
         token: 10,
         worker: "a".into(),
         seq,
     };
-    let intent = |id: &str, seq, state: &str| (id.to_string(), write(seq), state.to_string());
+    let intent = |id: &str, seq, state: &str| {
+        let write = write(seq);
+        let key = write.fence_key();
+        (id.to_string(), write, state.to_string(), key)
+    };
     let executed = |ids: &[(&str, u32)]| -> HashMap<String, KeyRecord> {
         ids.iter()
             .map(|(id, executions)| {
@@ -275,7 +292,9 @@ pub fn self_check() -> Result<usize, String> {
         &'a [(&'a str, u32)],
         &'a str,
     );
-    let cases: [Case; 5] = [
+    let mut misfiled = intent("i2", 2, "delivered");
+    misfiled.3 = palisade::permits::fence_key(crate::cluster::NAMESPACE, "l", 1);
+    let cases: [Case; 6] = [
         (
             "an intent without its write",
             vec![
@@ -307,6 +326,13 @@ pub fn self_check() -> Result<usize, String> {
             &writes,
             &[("i1", 1)],
             "ended pending",
+        ),
+        (
+            "an intent under another slot's key",
+            vec![clean[0].clone(), misfiled],
+            &writes,
+            &[("i1", 1), ("i2", 1)],
+            "not its write's slot's",
         ),
         (
             "an execution of no intent",

@@ -1,4 +1,5 @@
-//! An S3 object per Lease as a fenced store in the chaos run: SeaweedFS, started by
+//! An S3 object per slot's fence key (`chaos/lease-0`, `chaos/sem-0#1`: the key is the
+//! object's name) as a fenced store in the chaos run: SeaweedFS, started by
 //! tests/objectstores/objectstores.sh on ports and in a state directory of the run's
 //! own (`target/chaos-objectstores`), from the venv `make objectstores-venv` makes.
 //!
@@ -16,16 +17,11 @@ use std::time::Duration;
 
 use palisade::fence::s3::{Error as S3Error, S3Config, S3Fence};
 
-use crate::history::{Event, JournalWrite, Outcome};
+use crate::history::{Event, JournalWrite, Outcome, slot_key};
 
 /// How workers learn the endpoint and the bucket: `<endpoint> <bucket>`.
 pub const S3_ENV: &str = "PALISADE_CHAOS_S3";
 pub const STORE: &str = "s3";
-
-/// The object that Lease `lease` fences.
-fn key(lease: &str) -> String {
-    format!("chaos/{lease}")
-}
 
 fn fence(endpoint: &str, bucket: &str) -> Result<S3Fence, String> {
     let mut config = S3Config::from_env(bucket).map_err(|e| e.to_string())?;
@@ -80,24 +76,25 @@ pub async fn set_up(root: &Path, run: &str) -> Result<String, String> {
     Ok(format!("{endpoint} {bucket}"))
 }
 
-/// What each Lease's object holds after the run, as a one-entry journal.
-pub async fn final_objects(location: &str, leases: &[String]) -> Result<Vec<JournalWrite>, String> {
+/// What the object of each fence key (`keys`) holds after the run, as a one-entry
+/// journal.
+pub async fn final_objects(location: &str, keys: &[String]) -> Result<Vec<JournalWrite>, String> {
     let (endpoint, bucket) = location
         .split_once(' ')
         .ok_or_else(|| format!("{S3_ENV} {location:?} is not `<endpoint> <bucket>`"))?;
     let fence = fence(endpoint, bucket)?;
     let mut objects = Vec::new();
-    for lease in leases {
+    for key in keys {
         if let Some(object) = fence
-            .get(&key(lease))
+            .get(key)
             .await
-            .map_err(|e| format!("reading the object of {lease}: {e}"))?
+            .map_err(|e| format!("reading the object of {key}: {e}"))?
         {
             let write: JournalWrite = serde_json::from_slice(&object.payload)
-                .map_err(|e| format!("the object of {lease}: {e}"))?;
-            if write.token != object.token {
+                .map_err(|e| format!("the object of {key}: {e}"))?;
+            if write.token != object.token || write.fence_key() != *key {
                 return Err(format!(
-                    "the object of {lease} holds write {} of {} with token {} under the \
+                    "the object of {key} holds write {} of {} with token {} under the \
                      fence's token {}",
                     write.seq, write.worker, write.token, object.token
                 ));
@@ -108,13 +105,15 @@ pub async fn final_objects(location: &str, leases: &[String]) -> Result<Vec<Jour
     Ok(objects)
 }
 
-/// Each Lease's object holds the highest token any S3 write was acknowledged with.
+/// Each slot's object holds the highest token any S3 write under its key was
+/// acknowledged with.
 pub fn final_object_violations(events: &[Event], objects: &[JournalWrite]) -> Vec<String> {
-    let mut highest: BTreeMap<&str, (u64, &str, u64)> = BTreeMap::new();
+    let mut highest: BTreeMap<(&str, i32), (u64, &str, u64)> = BTreeMap::new();
     for e in events {
         if let Event::Write {
             worker,
             lease,
+            slot,
             store,
             token,
             seq,
@@ -123,23 +122,26 @@ pub fn final_object_violations(events: &[Event], objects: &[JournalWrite]) -> Ve
         } = e
             && store == STORE
         {
-            let entry = highest.entry(lease).or_insert((*token, worker, *seq));
+            let entry = highest
+                .entry((lease, *slot))
+                .or_insert((*token, worker, *seq));
             if *token > entry.0 {
                 *entry = (*token, worker, *seq);
             }
         }
     }
     let mut violations = Vec::new();
-    for (lease, (token, worker, seq)) in highest {
-        let held = objects.iter().find(|w| w.lease == lease);
+    for ((lease, slot), (token, worker, seq)) in highest {
+        let held = objects.iter().find(|w| w.lease == lease && w.slot == slot);
         if held.is_none_or(|w| w.token < token) {
             violations.push(format!(
-                "s3 store, key {lease}: the object holds {}, below write {seq} of {worker} \
+                "s3 store, key {}: the object holds {}, below write {seq} of {worker} \
                  with token {token}, which was acknowledged: a stale write overwrote it",
                 held.map_or("nothing".to_string(), |w| format!(
                     "write {} of {} with token {}",
                     w.seq, w.worker, w.token
-                ))
+                )),
+                slot_key(lease, slot)
             ));
         }
     }
@@ -161,12 +163,16 @@ impl Writer {
         })
     }
 
-    /// One fenced write of the object of `write.lease`: its outcome and, when not
-    /// accepted, why.
-    pub async fn write(&self, write: &JournalWrite, timeout: Duration) -> (Outcome, String) {
+    /// One fenced write of `write` to the object of fence key `key`: its outcome and,
+    /// when not accepted, why.
+    pub async fn write(
+        &self,
+        key: &str,
+        write: &JournalWrite,
+        timeout: Duration,
+    ) -> (Outcome, String) {
         let body = serde_json::to_vec(write).expect("serializes");
-        let key = key(&write.lease);
-        let put = self.fence.put(&key, write.token, body);
+        let put = self.fence.put(key, write.token, body);
         match tokio::time::timeout(timeout, put).await {
             Ok(Ok(_)) => (Outcome::Accepted, String::new()),
             Ok(Err(e @ S3Error::Stale(_))) => (Outcome::Stale, e.to_string()),
@@ -177,11 +183,13 @@ impl Writer {
 }
 
 /// The final-object rule must be able to fail: an object below an acknowledged token
-/// is reported, and one at it is not. Returns how many violations were planted.
+/// of its slot is reported, and one at it is not (another slot's object below it is
+/// no matter). Returns how many violations were planted.
 pub fn self_check() -> Result<usize, String> {
-    let acknowledged = |token| Event::Write {
+    let acknowledged = |slot, token| Event::Write {
         worker: "b".into(),
         lease: "l".into(),
+        slot,
         store: STORE.into(),
         token,
         seq: 1,
@@ -191,24 +199,36 @@ pub fn self_check() -> Result<usize, String> {
         rv: None,
         detail: String::new(),
     };
-    let held = |token| JournalWrite {
+    let held = |slot, token| JournalWrite {
         lease: "l".into(),
+        slot,
         token,
         worker: "a".into(),
         seq: 7,
     };
-    let events = [acknowledged(10), acknowledged(20)];
-    let clean = final_object_violations(&events, &[held(20)]);
+    let events = [
+        acknowledged(0, 10),
+        acknowledged(0, 20),
+        acknowledged(1, 15),
+    ];
+    let clean = final_object_violations(&events, &[held(0, 20), held(1, 15)]);
     if !clean.is_empty() {
-        return Err(format!("a clean S3 object was flagged: {clean:?}"));
+        return Err(format!("clean S3 objects were flagged: {clean:?}"));
     }
     for (name, objects) in [
-        ("an object below its highest write", vec![held(10)]),
-        ("no object", vec![]),
+        (
+            "an object below its highest write",
+            vec![held(0, 10), held(1, 15)],
+        ),
+        ("no object", vec![held(1, 15)]),
+        (
+            "a slot's object below its highest write",
+            vec![held(0, 20), held(1, 10)],
+        ),
     ] {
         if final_object_violations(&events, &objects).is_empty() {
             return Err(format!("planted S3 violation \"{name}\" was not reported"));
         }
     }
-    Ok(2)
+    Ok(3)
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::cluster::LEASE_SECONDS;
+use crate::cluster::{ChaosLease, LEASE_SECONDS, fence_keys};
 use crate::history::{self, Expectations, JournalWrite, Verdict};
 use crate::operator_worker::{state_object, status_object};
 use crate::processes::{ELECTION_LEASE, ELECTION_RETRY};
@@ -39,7 +39,7 @@ pub struct Stores<'a> {
 pub async fn judge(
     out: &Path,
     stores: &Stores<'_>,
-    leases: &[String],
+    leases: &[ChaosLease],
     started: Instant,
     seed: u64,
     ha: bool,
@@ -63,7 +63,7 @@ pub async fn judge(
             return false;
         }
     };
-    let db_journals = match servers.journals(leases).await {
+    let db_journals = match servers.journals(&fence_keys(leases)).await {
         Ok(journals) => journals,
         Err(e) => {
             eprintln!("chaos: reading the database stores' commit order: {e}");
@@ -98,11 +98,13 @@ pub async fn judge(
     }
     println!(
         "chaos: accepted writes {:?}, stale rejected {:?}, unknown outcomes {}, \
-         recovery after healing (ms) {:?}, {} history events, {:.0} s in all",
+         recovery after healing (ms) {:?}, most holders at once {:?}, {} history events, \
+         {:.0} s in all",
         verdict.accepted,
         verdict.stale_rejected,
         verdict.unknown_outcomes,
         verdict.recovery_ms,
+        verdict.most_held,
         events.len(),
         started.elapsed().as_secs_f64()
     );
@@ -112,6 +114,7 @@ pub async fn judge(
         return false;
     }
     if !proves_something(&verdict, out, ha)
+        || !semaphores_prove_something(&verdict, leases, out)
         || !operators_prove_something(&verdict, out)
         || (ha && !every_ha_kind_met_a_stale_write(&verdict, out))
     {
@@ -160,6 +163,25 @@ fn proves_something(verdict: &Verdict, out: &Path, ha: bool) -> bool {
             out.display()
         );
         return false;
+    }
+    true
+}
+
+/// A run in which no semaphore ever had two holders at once proves nothing about
+/// semaphores: false, and says which.
+fn semaphores_prove_something(verdict: &Verdict, leases: &[ChaosLease], out: &Path) -> bool {
+    for lease in leases.iter().filter(|l| l.permits > 1) {
+        let most = verdict.most_held.get(&lease.name).copied().unwrap_or(0);
+        if most < 2 {
+            println!(
+                "chaos: FAILED: semaphore {} ({} permits) never had two holders at once (at \
+                 most {most}), so this run proves nothing about semaphores (history in {})",
+                lease.name,
+                lease.permits,
+                out.display()
+            );
+            return false;
+        }
     }
     true
 }

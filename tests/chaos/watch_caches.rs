@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::history::{Event, Outcome};
+use crate::history::{Event, Outcome, slot_key};
 
 /// How long after a server showed the harness a grant its admission may still judge
 /// by the previous one.
@@ -43,10 +43,12 @@ pub struct CacheLag {
 
 /// Adds a violation for each break of the rules above; returns the lag.
 pub fn check(events: &[Event], violations: &mut Vec<String>) -> CacheLag {
-    let mut by_lease: BTreeMap<&str, Vec<Seen>> = BTreeMap::new();
+    // Per slot of a Lease: a semaphore's slots each have their own tokens.
+    let mut by_lease: BTreeMap<(&str, i32), Vec<Seen>> = BTreeMap::new();
     for e in events {
         if let Event::LeaseSeen {
             lease,
+            slot,
             rv,
             token,
             t_ns,
@@ -54,7 +56,7 @@ pub fn check(events: &[Event], violations: &mut Vec<String>) -> CacheLag {
             ..
         } = e
         {
-            by_lease.entry(lease).or_default().push(Seen {
+            by_lease.entry((lease, *slot)).or_default().push(Seen {
                 t_ns: *t_ns,
                 server: *server,
                 rv: *rv,
@@ -63,11 +65,15 @@ pub fn check(events: &[Event], violations: &mut Vec<String>) -> CacheLag {
         }
     }
     let mut lags = Vec::new();
-    for (lease, seen) in by_lease.iter_mut() {
+    for ((lease, slot), seen) in by_lease.iter_mut() {
         seen.sort_by_key(|s| s.t_ns);
-        never_back_in_time(lease, seen, violations);
-        no_lower_token_at_a_fresher_version(lease, seen, violations);
-        lags.extend(lags_of(seen));
+        let key = slot_key(lease, *slot);
+        never_back_in_time(&key, seen, violations);
+        no_lower_token_at_a_fresher_version(&key, seen, violations);
+        // Every version shows slot 0: its lag, once.
+        if *slot == 0 {
+            lags.extend(lags_of(seen));
+        }
     }
     no_stale_write_past_a_servers_sight(events, &by_lease, violations);
     lags.sort_unstable();
@@ -117,7 +123,7 @@ fn no_lower_token_at_a_fresher_version(lease: &str, seen: &[Seen], violations: &
 /// [`SIGHT_MARGIN_NS`] before the write was sent.
 fn no_stale_write_past_a_servers_sight(
     events: &[Event],
-    by_lease: &BTreeMap<&str, Vec<Seen>>,
+    by_lease: &BTreeMap<(&str, i32), Vec<Seen>>,
     violations: &mut Vec<String>,
 ) {
     let pins: BTreeMap<&str, u8> = events
@@ -131,6 +137,7 @@ fn no_stale_write_past_a_servers_sight(
         let Event::Write {
             worker,
             lease,
+            slot,
             store,
             token,
             seq,
@@ -145,15 +152,16 @@ fn no_stale_write_past_a_servers_sight(
             continue;
         };
         let newer = by_lease
-            .get(lease.as_str())
+            .get(&(lease.as_str(), *slot))
             .and_then(|seen| seen.iter().find(|s| s.server == server && s.token > *token));
         if store == "configmap"
             && let Some(newer) = newer
             && newer.t_ns + SIGHT_MARGIN_NS < *start_ns
         {
             violations.push(format!(
-                "configmap of {lease}: write {seq} of {worker} with token {token} accepted \
+                "configmap of {}: write {seq} of {worker} with token {token} accepted \
                  through kube-apiserver-{server} {} ms after that server showed token {}",
+                slot_key(lease, *slot),
                 (start_ns - newer.t_ns) / 1_000_000,
                 newer.token
             ));
@@ -183,19 +191,24 @@ fn lags_of(seen: &[Seen]) -> Vec<u64> {
 /// Planted violations the rules must report, and a clean history they must not:
 /// how many were planted.
 pub fn self_check() -> Result<usize, String> {
-    let seen = |t_ns: u64, server: u8, rv: u64, token: u64| Event::LeaseSeen {
+    let seen_slot = |slot: i32, t_ns: u64, server: u8, rv: u64, token: u64| Event::LeaseSeen {
         lease: "l".into(),
+        slot,
         rv,
         holder_uid: format!("u{token}"),
         token,
         t_ns,
         server: Some(server),
     };
+    let seen = |t_ns, server, rv, token| seen_slot(0, t_ns, server, rv, token);
     // Server 1 lags server 0 by 5 ns: clean, and the lag is measured.
     // Server 0 shows version 200 again in a relist, 5 s later: not lag.
+    // Slot 1's token is above slot 0's, at the same versions: no slot's token went down.
     let clean = vec![
         seen(10, 0, 100, 1),
+        seen_slot(1, 10, 0, 100, 3),
         seen(15, 1, 100, 1),
+        seen_slot(1, 15, 1, 100, 3),
         seen(20, 0, 200, 2),
         seen(25, 1, 200, 2),
         seen(5_000_000_025, 0, 200, 2),
@@ -210,9 +223,10 @@ pub fn self_check() -> Result<usize, String> {
         worker: "a".into(),
         server: 0,
     };
-    let write = |start_ns: u64| Event::Write {
+    let write_slot = |slot: i32, start_ns: u64| Event::Write {
         worker: "a".into(),
         lease: "l".into(),
+        slot,
         store: "configmap".into(),
         token: 1,
         seq: 1,
@@ -222,11 +236,14 @@ pub fn self_check() -> Result<usize, String> {
         rv: Some(start_ns),
         detail: String::new(),
     };
+    let write = |start_ns| write_slot(0, start_ns);
+    // Within the margin; and a write of slot 1 after slot 0's newer grant.
     let within_sight = vec![
         pinned(),
         seen(10, 0, 200, 2),
         seen(15, 1, 200, 2),
         write(10 + SIGHT_MARGIN_NS),
+        write_slot(1, 11 + SIGHT_MARGIN_NS),
     ];
     let mut v = Vec::new();
     check(&within_sight, &mut v);
@@ -235,7 +252,7 @@ pub fn self_check() -> Result<usize, String> {
             "a write within the margin of its server's sight was judged {v:?}"
         ));
     }
-    let planted: [(&str, Vec<Event>); 3] = [
+    let planted: [(&str, Vec<Event>); 4] = [
         (
             "a server going back in time",
             vec![seen(10, 0, 200, 2), seen(20, 0, 100, 1)],
@@ -247,6 +264,10 @@ pub fn self_check() -> Result<usize, String> {
         (
             "a stale write accepted by a server that had seen the newer grant",
             vec![pinned(), seen(10, 0, 200, 2), write(11 + SIGHT_MARGIN_NS)],
+        ),
+        (
+            "a lower token of a slot at a fresher version",
+            vec![seen_slot(1, 10, 0, 200, 5), seen_slot(1, 20, 1, 300, 4)],
         ),
     ];
     for (what, events) in &planted {

@@ -92,9 +92,47 @@ pub async fn client_from(kubeconfig: &std::path::Path) -> Client {
     Client::try_from(config).expect("client")
 }
 
-/// The ConfigMap a Lease fences.
-pub fn configmap_name(lease: &str) -> String {
-    format!("fenced-{lease}")
+/// The ConfigMap a slot of a Lease fences: `fenced-<lease>` for slot 0 (a lock's),
+/// `fenced-<lease>-slot-<n>` for the others.
+pub fn configmap_name(lease: &str, slot: i32) -> String {
+    if slot == 0 {
+        format!("fenced-{lease}")
+    } else {
+        format!("fenced-{lease}-slot-{slot}")
+    }
+}
+
+/// The labels that fence an object by a slot of a Lease: `palisade.dev/fenced-by`, and
+/// `palisade.dev/fenced-slot` above slot 0.
+pub fn fenced_labels(lease: &str, slot: i32) -> serde_json::Value {
+    if slot == 0 {
+        json!({"palisade.dev/fenced-by": lease})
+    } else {
+        json!({"palisade.dev/fenced-by": lease, "palisade.dev/fenced-slot": slot.to_string()})
+    }
+}
+
+/// A grant as a worker writes with it: its Lease, its slot, the slot's fence key (the
+/// key of every store) and its token.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub lease: String,
+    pub slot: i32,
+    pub key: String,
+    pub token: u64,
+}
+
+impl Held {
+    /// The journal entry of write `seq` of `worker` with this grant.
+    pub fn journal(&self, worker: &str, seq: u64) -> JournalWrite {
+        JournalWrite {
+            lease: self.lease.clone(),
+            slot: self.slot,
+            token: self.token,
+            worker: worker.to_string(),
+            seq,
+        }
+    }
 }
 
 pub async fn run(args: WorkerArgs) {
@@ -127,19 +165,25 @@ pub async fn run(args: WorkerArgs) {
                 continue;
             }
         };
-        let token = grant.token() as u64;
+        let held = Held {
+            lease: lease.clone(),
+            slot: grant.slot(),
+            key: grant.fence_key(),
+            token: grant.token() as u64,
+        };
         history.record(&Event::Grant {
             worker: args.identity.clone(),
             lease: lease.clone(),
-            token,
+            slot: held.slot,
+            token: held.token,
             claim_uid: grant.claim_uid().to_string(),
             t_ns: now_ns(),
         });
         for _ in 0..args.writes_per_grant {
             seq += 1;
-            let event = write_file(&fence, &args.identity, lease, token, seq);
+            let event = write_file(&fence, &args.identity, &held, seq);
             history.record(&event);
-            let event = write_configmap(&configmaps, &args.identity, lease, token, seq).await;
+            let event = write_configmap(&configmaps, &args.identity, &held, seq).await;
             let lost = matches!(
                 event,
                 Event::Write {
@@ -150,26 +194,13 @@ pub async fn run(args: WorkerArgs) {
             history.record(&event);
             if let Some(databases) = databases.as_mut() {
                 let hold = rng.millis(0, 100);
-                databases.write(&mut history, lease, token, seq, hold).await;
+                databases.write(&mut history, &held, seq, hold).await;
             }
             if lost && stale_rounds > 0 && rng.range(0, 2) == 0 {
                 stale_rounds -= 1;
-                // Where the stale holder tries to move the object: another Lease (its
-                // token may well be lower than ours) or one that does not exist.
-                let others: Vec<&String> = args.leases.iter().filter(|l| *l != lease).collect();
-                let moved_to = match rng.range(0, others.len() as u64 + 1) as usize {
-                    i if i < others.len() => others[i].clone(),
-                    _ => format!("{lease}-gone"),
-                };
-                for event in stale_writes(
-                    &configmaps,
-                    &args.identity,
-                    lease,
-                    token,
-                    &moved_to,
-                    &mut seq,
-                )
-                .await
+                let moved_to = move_target(&args.leases, &held, &mut rng);
+                for event in
+                    stale_writes(&configmaps, &args.identity, &held, &moved_to, &mut seq).await
                 {
                     history.record(&event);
                 }
@@ -183,22 +214,24 @@ pub async fn run(args: WorkerArgs) {
     }
 }
 
-pub fn write_file(
-    fence: &Fence<FileStore>,
-    worker: &str,
-    lease: &str,
-    token: u64,
-    seq: u64,
-) -> Event {
-    let payload = serde_json::to_string(&JournalWrite {
-        lease: lease.to_string(),
-        token,
-        worker: worker.to_string(),
-        seq,
-    })
-    .expect("serializes");
+/// Where a stale holder tries to move its object, as (Lease, slot): another Lease's
+/// first slot (its token may well be lower than ours), another slot of its own Lease
+/// (slot 0 from a semaphore's other slots, else slot 1: its token may be lower, or it
+/// may not exist), or a Lease that does not exist.
+fn move_target(leases: &[String], held: &Held, rng: &mut Rng) -> (String, i32) {
+    let others: Vec<&String> = leases.iter().filter(|l| **l != held.lease).collect();
+    match rng.range(0, others.len() as u64 + 2) as usize {
+        i if i < others.len() => (others[i].clone(), 0),
+        i if i == others.len() => (held.lease.clone(), if held.slot == 0 { 1 } else { 0 }),
+        _ => (format!("{}-gone", held.lease), 0),
+    }
+}
+
+/// One write to the file fence, under the grant's fence key.
+pub fn write_file(fence: &Fence<FileStore>, worker: &str, held: &Held, seq: u64) -> Event {
+    let payload = serde_json::to_string(&held.journal(worker, seq)).expect("serializes");
     let start_ns = now_ns();
-    let result = fence.admit_write(lease, token, &payload);
+    let result = fence.admit_write(&held.key, held.token, &payload);
     let end_ns = now_ns();
     let (outcome, detail) = match result {
         Ok(_) => (Outcome::Accepted, String::new()),
@@ -207,9 +240,10 @@ pub fn write_file(
     };
     Event::Write {
         worker: worker.to_string(),
-        lease: lease.to_string(),
+        lease: held.lease.clone(),
+        slot: held.slot,
         store: "file".into(),
-        token,
+        token: held.token,
         seq,
         start_ns,
         end_ns,
@@ -220,14 +254,14 @@ pub fn write_file(
 }
 
 /// A merge patch without a resourceVersion: the only thing between a stale
-/// writer and the object is the admission policy.
+/// writer and the object (its slot's) is the admission policy.
 pub async fn write_configmap(
     configmaps: &Api<ConfigMap>,
     worker: &str,
-    lease: &str,
-    token: u64,
+    held: &Held,
     seq: u64,
 ) -> Event {
+    let token = held.token;
     let patch = json!({
         "metadata": {"annotations": {"palisade.dev/fencing-token": token.to_string(),
                                      "palisade.dev/write-id": format!("{worker}-{seq}")}},
@@ -237,7 +271,7 @@ pub async fn write_configmap(
     let result = tokio::time::timeout(
         WRITE_TIMEOUT,
         configmaps.patch(
-            &configmap_name(lease),
+            &configmap_name(&held.lease, held.slot),
             &PatchParams::default(),
             &Patch::Merge(&patch),
         ),
@@ -260,7 +294,8 @@ pub async fn write_configmap(
     };
     Event::Write {
         worker: worker.to_string(),
-        lease: lease.to_string(),
+        lease: held.lease.clone(),
+        slot: held.slot,
         store: "configmap".into(),
         token,
         seq,
@@ -277,18 +312,20 @@ pub async fn write_configmap(
 /// stale write the checker reports: a merge patch that leaves the token annotation
 /// untouched (it would inherit the object's token); deleting the object (a delete is a
 /// write too: it destroys the newer holder's data); creating it again with our token; and
-/// a write with our token and data that moves the object to Lease `moved_to` (it would be
-/// judged against that Lease alone; the harness's watch then sees the label changed).
-/// Every refusal by the fencing policies names the fencing token, and counts as stale.
+/// a write with our token and data that moves the object to `moved_to`, another Lease or
+/// slot (it would be judged against that one alone; the harness's watch then sees the
+/// labels changed).
+/// Every refusal by the fencing policies names the fencing token (a slot's move, the slot
+/// label), and counts as stale.
 async fn stale_writes(
     configmaps: &Api<ConfigMap>,
     worker: &str,
-    lease: &str,
-    token: u64,
-    moved_to: &str,
+    held: &Held,
+    moved_to: &(String, i32),
     seq: &mut u64,
 ) -> Vec<Event> {
-    let name = configmap_name(lease);
+    let token = held.token;
+    let name = configmap_name(&held.lease, held.slot);
     let mut events = Vec::new();
     let mut record = |seq: u64, start_ns: u64, result: Result<Option<ConfigMap>, kube::Error>| {
         let end_ns = now_ns();
@@ -298,14 +335,20 @@ async fn stale_writes(
                 cm.and_then(|cm| cm.resource_version()?.parse().ok()),
                 String::new(),
             ),
-            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("fencing token") => {
+            // The slot's move is refused naming the slot label, not the token.
+            Err(kube::Error::Api(e))
+                if e.code == 403
+                    && (e.message.contains("fencing token")
+                        || e.message.contains("palisade.dev/fenced-slot")) =>
+            {
                 (Outcome::Stale, None, e.message)
             }
             Err(e) => (Outcome::Error, None, e.to_string()),
         };
         events.push(Event::Write {
             worker: worker.to_string(),
-            lease: lease.to_string(),
+            lease: held.lease.clone(),
+            slot: held.slot,
             store: "configmap".into(),
             token,
             seq,
@@ -336,7 +379,7 @@ async fn stale_writes(
     let recreated: ConfigMap = serde_json::from_value(json!({
         "metadata": {
             "name": name,
-            "labels": {"palisade.dev/fenced-by": lease},
+            "labels": fenced_labels(&held.lease, held.slot),
             "annotations": {"palisade.dev/fencing-token": token.to_string(),
                             "palisade.dev/write-id": format!("{worker}-{seq}")},
         },
@@ -351,8 +394,12 @@ async fn stale_writes(
     }
 
     *seq += 1;
+    let (to_lease, to_slot) = moved_to;
+    // A merge patch: null removes the slot label (slot 0).
+    let to_slot = (*to_slot != 0).then(|| to_slot.to_string());
     let moved = json!({
-        "metadata": {"labels": {"palisade.dev/fenced-by": moved_to},
+        "metadata": {"labels": {"palisade.dev/fenced-by": to_lease,
+                                "palisade.dev/fenced-slot": to_slot},
                      "annotations": {"palisade.dev/fencing-token": token.to_string(),
                                      "palisade.dev/write-id": format!("{worker}-{seq}")}},
         "data": {"writer": worker, "seq": seq.to_string(), "token": token.to_string()},

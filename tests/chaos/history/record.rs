@@ -13,6 +13,9 @@ pub enum Event {
     Grant {
         worker: String,
         lease: String,
+        /// The semaphore slot it holds (a lock's, and histories before slots: 0).
+        #[serde(default, skip_serializing_if = "is_slot_zero")]
+        slot: i32,
         token: u64,
         claim_uid: String,
         t_ns: u64,
@@ -21,6 +24,9 @@ pub enum Event {
     Write {
         worker: String,
         lease: String,
+        /// The slot of the grant it writes for: the store's key is the slot's fence key.
+        #[serde(default, skip_serializing_if = "is_slot_zero")]
+        slot: i32,
         store: String,
         token: u64,
         seq: u64,
@@ -33,9 +39,12 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         detail: String,
     },
-    /// The harness's watch saw this version of a Lease.
+    /// The harness's watch saw this version of a Lease: one event for each slot the
+    /// version records (a lock has slot 0 only), its holder and its token.
     LeaseSeen {
         lease: String,
+        #[serde(default, skip_serializing_if = "is_slot_zero")]
+        slot: i32,
         rv: u64,
         holder_uid: String,
         token: u64,
@@ -48,6 +57,9 @@ pub enum Event {
     ConfigMapSeen {
         /// The value of its label `palisade.dev/fenced-by`.
         lease: String,
+        /// The value of its label `palisade.dev/fenced-slot` (none: 0).
+        #[serde(default, skip_serializing_if = "is_slot_zero")]
+        slot: i32,
         /// The ConfigMap's name (histories written before it was recorded have none).
         #[serde(default, skip_serializing_if = "String::is_empty")]
         name: String,
@@ -68,6 +80,9 @@ pub enum Event {
     /// must name another holder, or none, within `within_ns`.
     Silenced {
         lease: String,
+        /// The slot it held: only that slot must move on.
+        #[serde(default, skip_serializing_if = "is_slot_zero")]
+        slot: i32,
         claim_uid: String,
         t_ns: u64,
         within_ns: u64,
@@ -186,11 +201,35 @@ pub fn read_dir(dir: &Path) -> Result<Vec<Event>, String> {
     Ok(events)
 }
 
-/// One write the file fence accepted, in the order of its journal.
+/// One write a store accepted, in the order of its journal: its Lease and slot (the
+/// store's key is the slot's fence key, [`JournalWrite::fence_key`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JournalWrite {
     pub lease: String,
+    #[serde(default, skip_serializing_if = "is_slot_zero")]
+    pub slot: i32,
     pub token: u64,
     pub worker: String,
     pub seq: u64,
+}
+
+impl JournalWrite {
+    /// The key every store keeps this write's marks under: its slot's fence key.
+    pub fn fence_key(&self) -> String {
+        palisade::permits::fence_key(crate::cluster::NAMESPACE, &self.lease, self.slot)
+    }
+}
+
+/// How the checker names a slot's key: the Lease for slot 0, `lease#slot` otherwise
+/// (the fence key without the namespace, every Lease of the run being in one).
+pub fn slot_key(lease: &str, slot: i32) -> String {
+    if slot == 0 {
+        lease.to_string()
+    } else {
+        format!("{lease}#{slot}")
+    }
+}
+
+fn is_slot_zero(slot: &i32) -> bool {
+    *slot == 0
 }

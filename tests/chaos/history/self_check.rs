@@ -1,9 +1,12 @@
 //! The checker must be able to fail: each kind of violation, planted in an otherwise
 //! clean history, must be reported.
 
+mod slots;
+
 use std::collections::BTreeMap;
 
 use super::{Event, Expectations, JournalWrite, Outcome, check, check_with_stores};
+use crate::cluster::ChaosLease;
 
 /// Plants each kind of violation in an otherwise clean history and makes sure it is
 /// reported. Run before every chaos run; returns how many were planted.
@@ -24,6 +27,7 @@ pub fn self_check() -> Result<usize, String> {
     n += fx.database_stores()?;
     n += fx.lossy_store()?;
     n += fx.operators()?;
+    n += fx.semaphore()?;
     Ok(n)
 }
 
@@ -72,7 +76,10 @@ impl Fixture {
             clean,
             clean_journal: vec![jw(10, "a"), jw(20, "b")],
             expect: Expectations {
-                leases: vec!["l".into()],
+                leases: vec![ChaosLease {
+                    name: "l".into(),
+                    permits: 1,
+                }],
                 liveness_ns: 100,
                 holder_deadline_ns: 20,
             },
@@ -446,9 +453,14 @@ fn op_seen(rv: u64, token: u64) -> Event {
 }
 
 fn grant(w: &str, token: u64, uid: &str, t_ns: u64) -> Event {
+    slot_grant("l", 0, w, token, uid, t_ns)
+}
+
+fn slot_grant(lease: &str, slot: i32, w: &str, token: u64, uid: &str, t_ns: u64) -> Event {
     Event::Grant {
         worker: w.into(),
-        lease: "l".into(),
+        lease: lease.into(),
+        slot,
         token,
         claim_uid: uid.into(),
         t_ns,
@@ -456,9 +468,22 @@ fn grant(w: &str, token: u64, uid: &str, t_ns: u64) -> Event {
 }
 
 fn write(w: &str, store: &str, token: u64, start_ns: u64, outcome: Outcome) -> Event {
+    slot_write(("l", 0), w, store, token, start_ns, outcome)
+}
+
+/// A write of `w` to slot `at` (Lease, slot).
+fn slot_write(
+    at: (&str, i32),
+    w: &str,
+    store: &str,
+    token: u64,
+    start_ns: u64,
+    outcome: Outcome,
+) -> Event {
     Event::Write {
         worker: w.into(),
-        lease: "l".into(),
+        lease: at.0.into(),
+        slot: at.1,
         store: store.into(),
         token,
         seq: start_ns,
@@ -471,8 +496,14 @@ fn write(w: &str, store: &str, token: u64, start_ns: u64, outcome: Outcome) -> E
 }
 
 fn seen(rv: u64, uid: &str, token: u64) -> Event {
+    slot_seen(("l", 0), rv, uid, token)
+}
+
+/// The harness's watch saw version `rv` of slot `at` (Lease, slot).
+fn slot_seen(at: (&str, i32), rv: u64, uid: &str, token: u64) -> Event {
     Event::LeaseSeen {
-        lease: "l".into(),
+        lease: at.0.into(),
+        slot: at.1,
         rv,
         holder_uid: uid.into(),
         token,
@@ -483,9 +514,16 @@ fn seen(rv: u64, uid: &str, token: u64) -> Event {
 
 /// Lease `lease`'s label on Lease `l`'s ConfigMap, at version `rv` with `token`.
 fn configmap_seen(lease: &str, rv: u64, token: u64) -> Event {
+    slot_configmap_seen(("l", 0), (lease, 0), rv, token)
+}
+
+/// The labels `labels` (Lease, slot) on the ConfigMap of slot `of`, at version `rv`
+/// with `token`.
+fn slot_configmap_seen(of: (&str, i32), labels: (&str, i32), rv: u64, token: u64) -> Event {
     Event::ConfigMapSeen {
-        lease: lease.into(),
-        name: crate::worker::configmap_name("l"),
+        lease: labels.0.into(),
+        slot: labels.1,
+        name: crate::worker::configmap_name(of.0, of.1),
         rv,
         token,
         t_ns: rv,
@@ -493,8 +531,13 @@ fn configmap_seen(lease: &str, rv: u64, token: u64) -> Event {
 }
 
 fn jw(token: u64, w: &str) -> JournalWrite {
+    slot_jw(("l", 0), token, w)
+}
+
+fn slot_jw(at: (&str, i32), token: u64, w: &str) -> JournalWrite {
     JournalWrite {
-        lease: "l".into(),
+        lease: at.0.into(),
+        slot: at.1,
         token,
         worker: w.into(),
         seq: 0,
@@ -514,8 +557,13 @@ fn renewal(uid: &str, send_ns: u64, status: u16, phase: &str) -> Event {
 }
 
 fn silenced(uid: &str, t_ns: u64, within_ns: u64) -> Event {
+    slot_silenced(("l", 0), uid, t_ns, within_ns)
+}
+
+fn slot_silenced(at: (&str, i32), uid: &str, t_ns: u64, within_ns: u64) -> Event {
     Event::Silenced {
-        lease: "l".into(),
+        lease: at.0.into(),
+        slot: at.1,
         claim_uid: uid.into(),
         t_ns,
         within_ns,
