@@ -28,7 +28,8 @@
 #      fence, or refused otherwise.
 # palisade must have every one that would change something refused (0 accepted, more than
 # 0 refused by the fence: with none the round proves nothing and is repeated, MAX_ROUNDS
-# at most); client-go's accepted ones are counted, not required (0 can happen by timing).
+# at most, as is a round whose new leader lost the Lease too); client-go's accepted ones
+# are counted, not required (0 can happen by timing).
 # Both must end with every ChaosPod owning its Pod, made after step 4, its lastRun
 # that Pod's creation and its nextStop after it (as the leader writes them), and no Pod
 # without its ChaosPod; with palisade no object's last change is the old leader's. Prints
@@ -420,7 +421,12 @@ freeze_round() {
   wait_for 60 "thawed $old to exit once it saw it lost the Lease" restarted_since "$old" "$before"
   sleep 3
   step "thawed as every ChaosPod's nextStop passed: $old exited (restarts $before -> $(restarts "$old")); $(holder) leads"
-  [[ $(holder) == "$new" ]] || fail "the Lease moved on again, from $new to $(holder): the counts would mix leaders"
+  # Under load a new leader can lose the Lease as well (client-go's renewal deadline):
+  # its counts would mix three leaders, so the round counts nothing and the next one runs.
+  if [[ $(holder) != "$new" ]]; then
+    step "the Lease moved on again, from $new to $(holder): the counts would mix leaders, so this round counts nothing"
+    return 0
+  fi
   local verdict
   all=("${cps[@]/%/=$kicked}")
   wait_for 60 "every ChaosPod's Pod made again, and every ChaosPod and Pod as the leader makes them" converged "${all[@]}"
