@@ -354,7 +354,7 @@ fn history_dir(args: &Args, plane: &ControlPlane) -> PathBuf {
         .join(format!("target/chaos/seed-{}-{unix}", args.seed));
     std::fs::create_dir_all(&out).expect("creating the history directory");
     println!(
-        "chaos: seed {}, {} s of faults, {} workers, {} leases and {} semaphores of {} \
+        "chaos: seed {}, {} s of faults, {} workers, {} locks and {} semaphore(s) of {} \
          permits{}; history in {}",
         args.seed,
         args.duration.as_secs(),
