@@ -375,7 +375,7 @@ test-bench-smoke: conformance-go-driver conformance-java-driver
 	@rm -rf target/bench-smoke
 	cargo test --locked --bench handover -- --rounds 3 --expiry-lanes 2 --expiry-rounds 1 \
 		--steady 1 --warmup 0 --baseline 1 --out target/bench-smoke
-	cargo test --locked --bench scale -- --sizes 20 --out target/bench-smoke
+	cargo test --locked --bench scale -- --sizes 20 --storm-duration 5 --out target/bench-smoke
 	cargo test --locked --bench fence_db -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench fence_s3 -- --rounds 5 --out target/bench-smoke
 	cargo test --locked --bench outbox -- --intents 200 --rounds 1 --out target/bench-smoke
@@ -428,7 +428,7 @@ test-one:
 BENCH_DIR := target/bench
 # The scale bench's own defaults: 1,000 and 10,000 Leases; failover (20 kills, and 5
 # with the old 15s/10s/2s timings) at 1,000; a storm at each size with bare-claim waiters,
-# and at 1,000 a second one with library waiters.
+# and at 1,000 a second one with library waiters and a third on 1,000 semaphores of 3.
 SCALE_ARGS ?=
 RUST_PEERS_TARGET := $(CURDIR)/target/rust-peers
 bench: cluster databases objectstores linkproxy conformance-go-driver conformance-java-driver

@@ -26,7 +26,7 @@ use plotters::style::{FontStyle, register_font};
 use schema::{
     Figure, HA_LEADER_MOVED, HA_ROWS, Latency, OPERATOR_ADMISSION_ADDED,
     OPERATOR_ADMISSION_CONFIGS, OPERATOR_ADMISSION_NO_POLICY_DIFFERENCE, OPERATOR_SCENARIOS,
-    OPERATOR_TO_LEADING, OTHER_SCENARIOS, SCENARIOS, SEMAPHORE_ROWS, Source,
+    OPERATOR_TO_LEADING, OTHER_SCENARIOS, SCENARIOS, SEMAPHORE_ROWS, Source, StormWaiters,
 };
 use serde_json::json;
 
@@ -1069,30 +1069,48 @@ fn storm_table(latency: &[Latency], figures: &[Figure]) -> String {
          server's own rate for the controller's kind of write, a status PUT of the whole Lease conditioned on \
          its resourceVersion, one per Lease, 16 in flight, no controller: median (min to max) of three passes \
          interleaved with the storms. Waiters: bare claims (re-grant = the Lease write, as the bench's watch \
-         saw it) or the client library's (`acquire` returning: all on one client, as the agent serves its callers; the head waiter writes before the grant, or confirms after it when that write is too old).\n\n\
+         saw it) or the client library's (`acquire` returning: all on one client, as the agent serves its callers; the head waiter writes before the grant, or confirms after it when that write is too old). \
+         On semaphores (`--storm-permits`, 3), every slot's holder is silent and a bare claim waits for each slot: a \
+         re-grant is one slot's, and one Lease write may re-grant several; their floor is the same write of those \
+         Leases, the fraction re-grants over it.\n\n\
          | Leases | waiters | last past due | p50 / p99 past due (ms) | floor (writes/s) | ours (grants/s) | fraction of floor | saturated |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
-    let mut rows: Vec<(usize, bool, &Latency)> = latency
+    let mut rows: Vec<(usize, StormWaiters, &Latency)> = latency
         .iter()
         .filter(|l| l.system == "palisade" && l.scenario == OTHER_SCENARIOS[1])
-        .filter_map(|l| schema::storm_size(&l.config).map(|(n, lib)| (n, lib, l)))
+        .filter_map(|l| schema::storm_size(&l.config).map(|(n, w)| (n, w, l)))
         .collect();
-    rows.sort_by_key(|(n, lib, _)| (*n, *lib));
+    rows.sort_by_key(|(n, w, _)| (*n, *w));
     if rows.is_empty() {
         md += "| - | - | not measured | | | | | |\n";
     }
-    for (n, library, l) in rows {
+    for (n, waiters, l) in rows {
         let fig = |name: &str| {
             figures
                 .iter()
                 .find(|f| f.system == "palisade" && f.name == format!("leases_{n}_{name}"))
         };
         let val = |name: &str| fig(name).map_or("-".to_string(), |f| value(f.value));
-        let (kind, prefix, rate) = if library {
-            ("library", "storm_library", "storm_library_acquires_per_s")
-        } else {
-            ("bare claims", "storm", "storm_regrants_per_s")
+        let (kind, prefix, rate, floor_prefix) = match waiters {
+            StormWaiters::Bare => (
+                "bare claims",
+                "storm",
+                "storm_regrants_per_s",
+                "storm_floor",
+            ),
+            StormWaiters::Library => (
+                "library",
+                "storm_library",
+                "storm_library_acquires_per_s",
+                "storm_floor",
+            ),
+            StormWaiters::Semaphore => (
+                "bare claims on semaphores, a waiter per slot",
+                "storm_semaphore",
+                "storm_semaphore_regrants_per_s",
+                "storm_semaphore_floor",
+            ),
         };
         // The verdict in the rate's note: "saturated: WHO. CPU over ...".
         let saturated = fig(rate)
@@ -1107,18 +1125,17 @@ fn storm_table(latency: &[Latency], figures: &[Figure]) -> String {
         }
         let floor = format!(
             "{} ({} to {})",
-            val("storm_floor_status_writes_per_s"),
-            val("storm_floor_min_status_writes_per_s"),
-            val("storm_floor_max_status_writes_per_s"),
+            val(&format!("{floor_prefix}_status_writes_per_s")),
+            val(&format!("{floor_prefix}_min_status_writes_per_s")),
+            val(&format!("{floor_prefix}_max_status_writes_per_s")),
         );
-        let ours = if library {
-            format!(
+        let ours = match waiters {
+            StormWaiters::Bare => val(rate),
+            _ => format!(
                 "{} (Lease writes {}/s)",
                 val(rate),
-                val("storm_library_lease_writes_per_s")
-            )
-        } else {
-            val(rate)
+                val(&format!("{prefix}_lease_writes_per_s"))
+            ),
         };
         let _ = writeln!(
             md,

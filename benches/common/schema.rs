@@ -32,7 +32,9 @@ pub const SCENARIOS: [&str; 3] = ["release", "pod-deletion", "expiry-past-durati
 /// the bench's watch saw it; config `default`/`before`/`tuned`) and
 /// `storm-past-duration` (N holders silent at once: each re-grant past its due
 /// instant, /readyz + D, signed; config `N` with bare-claim waiters, the Lease write as
-/// the bench's watch saw it, or `N-library` with library waiters, `acquire` returning).
+/// the bench's watch saw it, `N-library` with library waiters, `acquire` returning, or
+/// `N-semaphore`: N semaphores, every slot's holder silent, a bare claim waiting per
+/// slot, each slot's re-grant as the bench's watch saw it).
 pub const OTHER_SCENARIOS: [&str; 2] = ["failover", "storm-past-duration"];
 
 /// The rows of the HA bench (`benches/ha/`, source `ha`), each (scenario, config),
@@ -285,7 +287,7 @@ impl Source {
             }
             if l.scenario == "storm-past-duration" && storm_size(&l.config).is_none() {
                 out.push(format!(
-                    "{at}: a storm row's config is its number of Leases, or that and `-library`"
+                    "{at}: a storm row's config is its number of Leases, or that and `-library` or `-semaphore`"
                 ));
             }
             if l.n == 0 {
@@ -319,13 +321,28 @@ impl Source {
     }
 }
 
-/// A storm row's number of Leases and whether its waiters were the library's: config
-/// `N` or `N-library`.
-pub fn storm_size(config: &str) -> Option<(usize, bool)> {
-    match config.strip_suffix("-library") {
-        Some(n) => Some((n.parse().ok()?, true)),
-        None => Some((config.parse().ok()?, false)),
-    }
+/// The waiters of a storm row, in table order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StormWaiters {
+    /// Bare claims on locks (config `N`).
+    Bare,
+    /// The client library's `acquire` on locks (config `N-library`).
+    Library,
+    /// Bare claims, one per slot, on semaphores (config `N-semaphore`).
+    Semaphore,
+}
+
+/// A storm row's number of Leases and its waiters: config `N`, `N-library` or
+/// `N-semaphore`.
+pub fn storm_size(config: &str) -> Option<(usize, StormWaiters)> {
+    let (n, waiters) = if let Some(n) = config.strip_suffix("-library") {
+        (n, StormWaiters::Library)
+    } else if let Some(n) = config.strip_suffix("-semaphore") {
+        (n, StormWaiters::Semaphore)
+    } else {
+        (config, StormWaiters::Bare)
+    };
+    Some((n.parse().ok()?, waiters))
 }
 
 /// min <= p50 <= p95 <= p99 <= max, and the mean within min..=max (to rounding).

@@ -277,7 +277,7 @@ async fn kill_round(
     let until = t_kill + cfg.bound;
     let granted = loop {
         match tokio::time::timeout_at(until.into(), watch.rx.recv()).await {
-            Ok(Some((l, h, at))) if l == lease && h.as_ref() == Some(waiter) => break at,
+            Ok(Some(seen)) if seen.lease == lease && seen.held_by(waiter) => break seen.at,
             Ok(Some(_)) => {}
             Ok(None) => bail!("the Lease watch ended"),
             Err(_) => bail!(

@@ -5,15 +5,16 @@
 //! `cargo bench --bench scale -- [--sizes N,...] [--out DIR] [--timeout SECS]
 //! [--lease-duration SECS] [--inflight N] [--steady SECS] [--handover SECS]
 //! [--failover-at N] [--failover-kills K] [--failover-before-kills K]
-//! [--storm-duration SECS] [--storm-library-max N]
-//! [--controller-bin PATH]`; smoke run (debug build, figures
+//! [--storm-duration SECS] [--storm-library-max N] [--storm-permits N]
+//! [--storm-semaphore-max N] [--controller-bin PATH]`; smoke run (debug build, figures
 //! mean nothing): `cargo test --bench scale -- --sizes 20`. Needs the cluster of
 //! `make cluster`. Writes `DIR/scale.json` (figures named `leases_<N>_...`; latency
 //! rows `failover` and `storm-past-duration`) and prints them as a table, and the
 //! time each phase took.
 //!
 //! Modules: one per phase below (`setup`, `initial_grant`, `renewals`, `resync`,
-//! `failover`, `handover`, `storm` with `storm_floor`, `storm_run`, `storm_library`), `run` (one size: the phases in order, and their
+//! `failover`, `handover`, `storm` with `storm_floor`, `storm_run`, `storm_library`,
+//! `storm_semaphore`), `run` (one size: the phases in order, and their
 //! helpers), `controller` (the controller under test), `renewer` (the holders'
 //! renewals), `procs` (CPU and memory from /proc), `output` (the figures).
 //! `--controller-bin` runs another palisade binary as the controller (an older
@@ -139,8 +140,18 @@
 //!    hold three watches each while waiting, their Lease, their claim and the
 //!    holder's claim, 30,000 on a 2-core API server, and the phase must stay within
 //!    minutes).
-//! 8. The namespace's claims, Leases and Events are deleted with the namespace
-//!    (waited for, at most 3 minutes; also on failure).
+//! 8. **Storm on semaphores** (`storm_semaphore`, up to `--storm-semaphore-max`,
+//!    1,000): the same storm on N semaphores of `--storm-permits` (3) permits, in a
+//!    namespace of their own (`<namespace>-sem`): N Leases, then a holder claim per
+//!    slot (`h-i-k`), then a waiter claim per slot (`w-i-k`), all bare claims for any
+//!    slot; a controller grants every slot to its holder and goes; each holder renews
+//!    once naming its slot's token; the spec's duration is set to D; then floor, storm,
+//!    floor, floor (the floor's passes on these Leases, every slot's recorded duration
+//!    set to D by the first). A re-grant is one slot's, the Lease naming its waiter as
+//!    the bench's watch saw it; one Lease write may re-grant several slots, so the
+//!    Lease writes that granted are counted too (config `N-semaphore`).
+//! 9. The namespaces' claims, Leases and Events are deleted with the namespaces
+//!    (waited for, at most 3 minutes each; also on failure).
 //!
 //! What the numbers mean: everything shares one machine (2 cores on the
 //! development machine): etcd, kube-apiserver, kube-controller-manager, the bench,
@@ -175,6 +186,7 @@ mod storm;
 mod storm_floor;
 mod storm_library;
 mod storm_run;
+mod storm_semaphore;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -208,10 +220,11 @@ use renewer::*;
 use resync::resync;
 use run::*;
 use setup::setup;
-use storm::storm;
+use storm::*;
 use storm_floor::*;
 use storm_library::*;
 use storm_run::*;
+use storm_semaphore::*;
 
 struct Args {
     sizes: Vec<usize>,
@@ -226,6 +239,8 @@ struct Args {
     failover_before_kills: Option<usize>,
     storm_duration: Option<i64>,
     storm_library_max: usize,
+    storm_permits: i32,
+    storm_semaphore_max: usize,
 }
 
 /// Scale of palisade: many Leases on one controller (`make bench`; needs `make cluster`).
@@ -269,6 +284,12 @@ struct Cli {
     /// (`LeaseClient::acquire`, all in this process).
     #[arg(long, default_value_t = 1000)]
     storm_library_max: usize,
+    /// The permits of each semaphore in the storm on semaphores.
+    #[arg(long, default_value_t = 3)]
+    storm_permits: i32,
+    /// The largest size at which the storm runs on semaphores too (0: never).
+    #[arg(long, default_value_t = 1000)]
+    storm_semaphore_max: usize,
     /// The palisade binary to run as the controller (default: the one built with this
     /// bench). One without the `--leader-elect-*` flags needs `--failover-at 0`.
     #[arg(long)]
@@ -294,6 +315,8 @@ fn args() -> Args {
         failover_before_kills: c.failover_before_kills,
         storm_duration: c.storm_duration,
         storm_library_max: c.storm_library_max,
+        storm_permits: c.storm_permits,
+        storm_semaphore_max: c.storm_semaphore_max,
     };
     if let Some(bin) = c.controller_bin {
         assert!(
@@ -314,6 +337,11 @@ fn args() -> Args {
     assert!(
         a.storm_duration.is_none_or(|d| (3..=3_600).contains(&d)),
         "--storm-duration: 3..=3600"
+    );
+    assert!(
+        (2..=palisade::permits::MAX_PERMITS).contains(&a.storm_permits),
+        "--storm-permits: 2..={}",
+        palisade::permits::MAX_PERMITS
     );
     a
 }
@@ -361,7 +389,8 @@ async fn main() -> ExitCode {
             _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
         };
         // The controller (kill_on_drop) and the renewer (aborted on drop) are gone by now.
-        let cleanup = cleanup(&client, &ns).await;
+        let cleanup =
+            cleanup(&client, &ns).await + cleanup(&client, &semaphore_namespace(&ns)).await;
         println!(
             "scale: {n} Leases done in {:.0} s (cleanup {:.0} s)",
             size_started.elapsed().as_secs_f64(),

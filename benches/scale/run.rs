@@ -99,6 +99,11 @@ pub(crate) async fn run_size(
     let t = Instant::now();
     storm(&size, &mut procs, api_capacity, report).await?;
     phase("storm", t);
+    if n <= args.storm_semaphore_max {
+        let t = Instant::now();
+        semaphore_storm(client, &size, &mut procs, api_capacity, report).await?;
+        phase("semaphore storm", t);
+    }
     Ok(())
 }
 
@@ -406,12 +411,27 @@ pub(crate) fn crossing(timeline: &[(f64, f64)], level: f64) -> Option<f64> {
     Some(t0 + (t1 - t0) * (level - v0) / (v1 - v0).max(1e-9))
 }
 
-/// The namespace's Leases as this bench's watch sees them: (name, holder claim, when
-/// the event arrived). The arrival time includes the watch's delay, which is part of
-/// every figure timed from it.
+/// The namespace's Leases as this bench's watch sees them ([`LeaseSeen`]). The
+/// arrival time includes the watch's delay, which is part of every figure timed from
+/// it.
 pub(crate) struct LeaseWatch {
-    pub(crate) rx: tokio::sync::mpsc::UnboundedReceiver<(String, Option<String>, Instant)>,
+    pub(crate) rx: tokio::sync::mpsc::UnboundedReceiver<LeaseSeen>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// A Lease as the bench's watch saw it.
+pub(crate) struct LeaseSeen {
+    pub(crate) lease: String,
+    /// Each held slot and its holder's claim, in slot order (a lock: slot 0 alone).
+    pub(crate) holders: Vec<(i32, String)>,
+    pub(crate) at: Instant,
+}
+
+impl LeaseSeen {
+    /// Whether `claim` holds one of the Lease's slots.
+    pub(crate) fn held_by(&self, claim: &str) -> bool {
+        self.holders.iter().any(|(_, h)| h == claim)
+    }
 }
 
 impl Drop for LeaseWatch {
@@ -434,11 +454,14 @@ impl LeaseWatch {
                 let at = Instant::now();
                 match ev {
                     Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => {
-                        let holder = l.status.and_then(|s| s.holder).map(|h| h.claim);
-                        if tx
-                            .send((l.metadata.name.unwrap_or_default(), holder, at))
-                            .is_err()
-                        {
+                        let holders = l.status.map_or_else(Vec::new, |s| {
+                            s.slot_rows()
+                                .into_iter()
+                                .filter_map(|row| Some((row.slot, row.holder?.claim)))
+                                .collect()
+                        });
+                        let lease = l.metadata.name.unwrap_or_default();
+                        if tx.send(LeaseSeen { lease, holders, at }).is_err() {
                             return;
                         }
                     }

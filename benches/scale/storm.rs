@@ -51,7 +51,7 @@ pub(crate) async fn storm(
             missing.push(i);
             format!("s-{i:05}")
         };
-        expected.insert(name, waiter);
+        expected.insert(name, vec![waiter]);
     }
     let t = Instant::now();
     stream::iter(missing.iter().copied())
@@ -68,38 +68,13 @@ pub(crate) async fn storm(
         .await
         .context("creating the storm's waiter claims")?;
     let created_s = t.elapsed().as_secs_f64();
-    // Each holder's last renewal, as the client library sends every one: it names
-    // the grant renewed ("Expiry is one write", src/controller/index/holder.rs).
-    let held: Vec<(String, String, i64)> = holders.into_values().flatten().collect();
-    stream::iter(held)
-        .map(|(claim, uid, token)| {
-            let claims = claims.clone();
-            async move {
-                with_retry(|| renew(claims.clone(), claim.clone(), uid.clone(), Some(token))).await
-            }
-        })
-        .buffer_unordered(s.args.inflight)
-        .try_collect::<Vec<_>>()
+    last_renewals(s, holders.into_values().flatten().collect())
         .await
         .context("the holders' last renewals")?;
 
     // 2. The spec's duration, so that the re-grants' own duration is short too (not
     // timed: the floor's passes set the grants' recorded one).
-    let t = Instant::now();
-    stream::iter(0..n)
-        .map(|i| {
-            let leases = leases.clone();
-            async move {
-                let patch = Patch::Merge(json!({"spec": {"leaseDurationSeconds": d}}));
-                let (pp, name) = (PatchParams::default(), lease_name(i));
-                with_retry(|| leases.patch(&name, &pp, &patch)).await
-            }
-        })
-        .buffer_unordered(s.args.inflight)
-        .try_collect::<Vec<_>>()
-        .await
-        .context("setting the storm's lease duration")?;
-    let spec_s = t.elapsed().as_secs_f64();
+    let spec_s = set_spec_duration(s, d).await?;
     println!(
         "scale: storm at {n}: {} waiters created in {created_s:.1} s, spec durations set in {spec_s:.1} s",
         missing.len(),
@@ -129,7 +104,7 @@ pub(crate) async fn storm(
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let floor = floor_figures(s, d, &floors, report);
+    let floor = floor_figures(s, d, "storm_floor", &floors, report);
     storm_figures(s, d, "bare", &bare, floor, api_capacity, report);
     if let Some(library) = library {
         storm_figures(s, d, "library", &library, floor, api_capacity, report);
@@ -146,24 +121,7 @@ async fn library_storm(
     watch: &mut LeaseWatch,
     d: i64,
 ) -> Result<StormOutcome> {
-    let held: Vec<(String, String, i64)> = list_leases(&s.leases)
-        .await?
-        .into_values()
-        .filter_map(|l| {
-            let st = l.status?;
-            let h = st.holder?;
-            Some((h.claim, h.claim_uid, st.fencing_token?))
-        })
-        .collect();
-    stream::iter(held)
-        .map(|(claim, uid, token)| {
-            let claims = s.claims.clone();
-            async move {
-                with_retry(|| renew(claims.clone(), claim.clone(), uid.clone(), Some(token))).await
-            }
-        })
-        .buffer_unordered(s.args.inflight)
-        .try_collect::<Vec<_>>()
+    last_renewals(s, held_grants(&s.leases).await?)
         .await
         .context("the holders' last renewals before the library storm")?;
     let t = Instant::now();
@@ -187,8 +145,64 @@ async fn library_storm(
     outcome
 }
 
-/// The floor's figures: median, min and max of the passes. Returns the median.
-fn floor_figures(s: &Size<'_>, d: i64, floors: &[FloorPass], report: &mut Report) -> f64 {
+/// Every held grant of the namespace's Leases, every slot: (claim, claim UID, token).
+pub(crate) async fn held_grants(leases: &Api<Lease>) -> Result<Vec<(String, String, i64)>> {
+    Ok(list_leases(leases)
+        .await?
+        .into_values()
+        .filter_map(|l| l.status)
+        .flat_map(|st| st.slot_rows())
+        .filter_map(|row| {
+            let h = row.holder?;
+            Some((h.claim, h.claim_uid, row.fencing_token?))
+        })
+        .collect())
+}
+
+/// Each holder's last renewal, as the client library sends every one: it names the
+/// grant renewed ("Expiry is one write", src/controller/index/holder.rs).
+pub(crate) async fn last_renewals(s: &Size<'_>, held: Vec<(String, String, i64)>) -> Result<()> {
+    stream::iter(held)
+        .map(|(claim, uid, token)| {
+            let claims = s.claims.clone();
+            async move {
+                with_retry(|| renew(claims.clone(), claim.clone(), uid.clone(), Some(token))).await
+            }
+        })
+        .buffer_unordered(s.args.inflight)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
+}
+
+/// Sets every Lease's `leaseDurationSeconds` to `d`; returns the seconds it took.
+pub(crate) async fn set_spec_duration(s: &Size<'_>, d: i64) -> Result<f64> {
+    let t = Instant::now();
+    stream::iter(0..s.n)
+        .map(|i| {
+            let leases = s.leases.clone();
+            async move {
+                let patch = Patch::Merge(json!({"spec": {"leaseDurationSeconds": d}}));
+                let (pp, name) = (PatchParams::default(), lease_name(i));
+                with_retry(|| leases.patch(&name, &pp, &patch)).await
+            }
+        })
+        .buffer_unordered(s.args.inflight)
+        .try_collect::<Vec<_>>()
+        .await
+        .context("setting the storm's lease duration")?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// The floor's figures (`<prefix>_status_writes_per_s`): median, min and max of the
+/// passes. Returns the median.
+pub(crate) fn floor_figures(
+    s: &Size<'_>,
+    d: i64,
+    prefix: &str,
+    floors: &[FloorPass],
+    report: &mut Report,
+) -> f64 {
     let n = s.n;
     let (min, median, max, pass) = spread(floors);
     let rates = floors
@@ -197,12 +211,17 @@ fn floor_figures(s: &Size<'_>, d: i64, floors: &[FloorPass], report: &mut Report
         .collect::<Vec<_>>()
         .join(", ");
     let how = format!(
-        "the API server's own rate for the controller's kind of write, one per Lease: a status PUT of the whole Lease (holder, fencingToken, grants, acquireTime, waiting, conditions as a grant writes them; the grant's recorded duration {d} s and a fresh acquireTime) conditioned on its resourceVersion, 16 in flight (the controller's --concurrency), no controller running, the bench's Lease watch open as in the storms; {} passes of {n} writes, interleaved with the storms (floor, bare storm, floor, library storm, floor): {rates} writes/s",
-        floors.len()
+        "the API server's own rate for the controller's kind of write, one per Lease: a status PUT of the whole Lease (holder, fencingToken, grants, acquireTime, waiting, conditions as a grant writes them, and every slot's row on a semaphore; the grants' recorded duration {d} s and a fresh acquireTime) conditioned on its resourceVersion, 16 in flight (the controller's --concurrency), no controller running, the bench's Lease watch open as in the storms; {} passes of {n} writes, {}: {rates} writes/s",
+        floors.len(),
+        if prefix == "storm_floor" {
+            "interleaved with the storms (floor, bare storm, floor, library storm, floor)"
+        } else {
+            "around the semaphore storm (floor, storm, floor, floor)"
+        }
     );
     report.fig(
         n,
-        "storm_floor_status_writes_per_s",
+        &format!("{prefix}_status_writes_per_s"),
         median,
         "writes/s",
         format!(
@@ -212,14 +231,14 @@ fn floor_figures(s: &Size<'_>, d: i64, floors: &[FloorPass], report: &mut Report
     );
     report.fig(
         n,
-        "storm_floor_min_status_writes_per_s",
+        &format!("{prefix}_min_status_writes_per_s"),
         min,
         "writes/s",
         format!("the slowest pass: {how}"),
     );
     report.fig(
         n,
-        "storm_floor_max_status_writes_per_s",
+        &format!("{prefix}_max_status_writes_per_s"),
         max,
         "writes/s",
         format!("the fastest pass: {how}"),
@@ -227,8 +246,9 @@ fn floor_figures(s: &Size<'_>, d: i64, floors: &[FloorPass], report: &mut Report
     median
 }
 
-/// One storm's figures and latency row (config `N`, bare claims; `N-library`).
-fn storm_figures(
+/// One storm's figures and latency row (config `N`, bare claims; `N-library`;
+/// `N-semaphore`).
+pub(crate) fn storm_figures(
     s: &Size<'_>,
     d: i64,
     kind: &str,
@@ -238,12 +258,25 @@ fn storm_figures(
     report: &mut Report,
 ) {
     let n = s.n;
+    let semaphore_what;
     let (prefix, config, what) = match kind {
         "bare" => (
             "storm",
             n.to_string(),
             "re-grant = the Lease naming the waiter (a bare claim), as the bench's Lease watch saw it (its delay included)",
         ),
+        "semaphore" => {
+            semaphore_what = format!(
+                "semaphores of {} permits, every slot's holder silent and a bare claim waiting per slot: {} grants; re-grant = the Lease naming a waiter in any slot, as the bench's Lease watch saw it (its delay included); one Lease write may re-grant several slots",
+                s.args.storm_permits,
+                o.regrants.len()
+            );
+            (
+                "storm_semaphore",
+                format!("{n}-semaphore"),
+                semaphore_what.as_str(),
+            )
+        }
         _ => (
             "storm_library",
             format!("{n}-library"),
@@ -260,10 +293,12 @@ fn storm_figures(
     };
     let last_past = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max) / 1e3;
     let (rate, span) = first_to_last(&o.regrants);
-    let (write_rate, write_span) = first_to_last(&o.writes);
+    let (write_rate, write_span) = first_to_last(&o.lease_writes);
     let how = format!(
-        "{n} holders silent at once (each had renewed its grant once, naming its token as the client library does, then none renews), each Lease with one waiter; lease duration {d} s; {what}; one replica, leader election off. Past-due delays are counted from /readyz + {d} s (a restarted controller gives every held grant a fresh full duration, DESIGN rule 4): the latest the due instant can be, since the controller starts the holders' clocks during its initial list, at most {:.2} s (spawn to /readyz) earlier, so the delays are short by up to that much and early re-grants come out negative; {}",
-        o.sync_secs, o.notes
+        "{} holders silent at once (each had renewed its grant once, naming its token as the client library does, then none renews), each with one waiter; lease duration {d} s; {what}; one replica, leader election off. Past-due delays are counted from /readyz + {d} s (a restarted controller gives every held grant a fresh full duration, DESIGN rule 4): the latest the due instant can be, since the controller starts the holders' clocks during its initial list, at most {:.2} s (spawn to /readyz) earlier, so the delays are short by up to that much and early re-grants come out negative; {}",
+        o.regrants.len() + o.failed.len(),
+        o.sync_secs,
+        o.notes
     ) + &failed;
     report.latency(schema::Latency::of(
         "palisade",
@@ -275,19 +310,22 @@ fn storm_figures(
     let name = |f: &str| format!("{prefix}_{f}");
     report.fig(
         n,
-        &name(if kind == "bare" {
-            "last_regrant_past_duration"
-        } else {
+        &name(if kind == "library" {
             "last_acquire_past_duration"
+        } else {
+            "last_regrant_past_duration"
         }),
         last_past,
         "s",
-        format!("the last of the {n} re-grants past /readyz + {d} s (signed). {how}"),
+        format!(
+            "the last of the {} re-grants past /readyz + {d} s (signed). {how}",
+            o.regrants.len()
+        ),
     );
     let verdict = o.window.verdict(s.cores, o.api_writes_per_s, api_capacity);
     report.fig(
         n,
-        &name(if kind == "bare" { "regrants_per_s" } else { "acquires_per_s" }),
+        &name(if kind == "library" { "acquires_per_s" } else { "regrants_per_s" }),
         rate,
         "grants/s",
         format!(
@@ -303,7 +341,11 @@ fn storm_figures(
             &name("lease_writes_per_s"),
             write_rate,
             "writes/s",
-            format!("the library storm's Lease writes (the Lease naming the library waiter, as the bench's watch saw it), first to last over {write_span:.2} s"),
+            format!(
+                "the {kind} storm's Lease writes that granted waiters (as the bench's watch saw them), first to last over {write_span:.2} s: {} writes for {} grants",
+                o.lease_writes.len(),
+                o.regrants.len()
+            ),
         );
     }
     report.fig(

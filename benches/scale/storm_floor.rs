@@ -30,10 +30,10 @@ pub(crate) async fn list_leases(leases: &Api<Lease>) -> Result<HashMap<String, L
 }
 
 /// One pass: every Lease's status replaced as a grant replaces it (a PUT of the whole
-/// object, conditioned on its resourceVersion; holder, token, grants, waiting and
-/// conditions as they are), with the grant's recorded duration set to `duration` and a
-/// fresh acquireTime, so every write changes the object. 16 in flight, the
-/// controller's --concurrency. Fails if a write is refused or changes nothing.
+/// object, conditioned on its resourceVersion; holder, token, grants, waiting,
+/// conditions and a semaphore's slots as they are), with every grant's recorded
+/// duration set to `duration` and a fresh acquireTime, so every write changes the
+/// object. 16 in flight, the controller's --concurrency. Fails if a write is refused or changes nothing.
 pub(crate) async fn floor_pass(
     leases: &Api<Lease>,
     n: usize,
@@ -56,7 +56,8 @@ pub(crate) async fn floor_pass(
             async move {
                 let (name, was) = (l.name_any(), l.metadata.resource_version.clone());
                 let status = l.status.get_or_insert_with(Default::default);
-                if let Some(h) = status.holder.as_mut() {
+                let slots = status.slots.iter_mut().filter_map(|s| s.holder.as_mut());
+                for h in status.holder.iter_mut().chain(slots) {
                     h.lease_duration_seconds = Some(duration);
                 }
                 status.acquire_time = Some(MicroTime(Timestamp::now()));

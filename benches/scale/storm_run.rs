@@ -4,14 +4,15 @@ use super::*;
 
 /// What one storm saw.
 pub(crate) struct StormOutcome {
-    /// Per Lease (index order): when the re-grant was seen: bare claims, the bench's
-    /// watch seeing the Lease name the waiter; library waiters, `acquire` returning
-    /// (those whose `acquire` failed are missing: see `failed`).
+    /// Per waiter, when its grant was seen: bare claims, the bench's watch seeing the
+    /// Lease name the waiter in a slot; library waiters, `acquire` returning (those
+    /// whose `acquire` failed are missing: see `failed`).
     pub(crate) regrants: Vec<Instant>,
     /// Library waiters whose `acquire` failed after the Lease write named them: why.
     pub(crate) failed: Vec<String>,
-    /// Per Lease: when the bench's watch saw the Lease name the waiter (the Lease write).
-    pub(crate) writes: Vec<Instant>,
+    /// Per Lease write that granted waiters (one on a lock; one or more slots' on a
+    /// semaphore): when the bench's watch saw it.
+    pub(crate) lease_writes: Vec<Instant>,
     /// /readyz + D: the latest the due instant can be.
     pub(crate) due: Instant,
     /// From the controller's spawn to /readyz: the due instant is at most this much
@@ -26,15 +27,16 @@ pub(crate) struct StormOutcome {
 
 /// Who the storm waits for.
 pub(crate) enum Waiters<'a> {
-    /// Bare claims: Lease name -> the waiter claim the Lease must come to name.
-    Bare(&'a HashMap<String, String>),
+    /// Bare claims: Lease name -> the waiter claims the Lease must come to name (one
+    /// per slot).
+    Bare(&'a HashMap<String, Vec<String>>),
     /// Library waiters (their claims named by `storm_library::is_library_claim`), and
     /// each `acquire` returning (Lease index, when).
     Library(&'a mut tokio::sync::mpsc::UnboundedReceiver<Result<(usize, Instant), String>>),
 }
 
 /// Starts a controller (log `scale-storm-<n>-<kind>.log`), waits for every re-grant
-/// (at most 60 s + 20 ms per Lease past the due instant), then kills it.
+/// (at most 60 s + 20 ms per grant past the due instant), then kills it.
 pub(crate) async fn run_storm(
     s: &Size<'_>,
     procs: &mut Procs,
@@ -43,10 +45,13 @@ pub(crate) async fn run_storm(
     kind: &str,
     mut waiters: Waiters<'_>,
 ) -> Result<StormOutcome> {
-    let n = s.n;
+    let grants = match &waiters {
+        Waiters::Bare(expected) => expected.values().map(Vec::len).sum(),
+        Waiters::Library(_) => s.n,
+    };
     let client = s.leases.clone().into_client();
     watch.drain();
-    let log = s.args.out.join(format!("scale-storm-{n}-{kind}.log"));
+    let log = s.args.out.join(format!("scale-storm-{}-{kind}.log", s.n));
     let _ = std::fs::remove_file(&log);
     let t_spawn = Instant::now();
     let mut ctrl = Controller::spawn(s.root, s.ns, &log)?;
@@ -70,18 +75,20 @@ pub(crate) async fn run_storm(
     let writes_0 = apiserver_requests(&client, is_write_request).await?;
 
     let bound =
-        (due + Duration::from_secs(60) + Duration::from_millis(20 * n as u64)).min(s.deadline);
+        (due + Duration::from_secs(60) + Duration::from_millis(20 * grants as u64)).min(s.deadline);
+    // Waiter claim -> when the watch first saw it hold a slot.
     let mut writes: HashMap<String, Instant> = HashMap::new();
+    let mut lease_writes = Vec::new();
     let mut acquired: HashMap<usize, Instant> = HashMap::new();
     let mut failed = Vec::new();
     let library = matches!(waiters, Waiters::Library(_));
-    while writes.len() < n || (library && acquired.len() + failed.len() < n) {
+    while writes.len() < grants || (library && acquired.len() + failed.len() < grants) {
         let event = tokio::time::timeout_at(bound.into(), async {
             match &mut waiters {
                 Waiters::Bare(_) => Seen::Watch(watch.rx.recv().await),
                 Waiters::Library(rx) => tokio::select! {
                     w = watch.rx.recv() => Seen::Watch(w),
-                    a = rx.recv(), if acquired.len() + failed.len() < n => Seen::Acquired(a),
+                    a = rx.recv(), if acquired.len() + failed.len() < grants => Seen::Acquired(a),
                 },
             }
         })
@@ -91,16 +98,24 @@ pub(crate) async fn run_storm(
                 break;
             }
             Ok(Seen::Watch(None)) => bail!("the Lease watch ended"),
-            Ok(Seen::Watch(Some((l, Some(h), at)))) => {
-                let new = match &waiters {
-                    Waiters::Bare(expected) => expected.get(&l) == Some(&h),
-                    Waiters::Library(_) => is_library_claim(&l, &h),
-                };
-                if new {
-                    writes.entry(l).or_insert(at);
+            Ok(Seen::Watch(Some(seen))) => {
+                let mut granted = false;
+                for (_, h) in &seen.holders {
+                    let waiter = match &waiters {
+                        Waiters::Bare(expected) => {
+                            expected.get(&seen.lease).is_some_and(|w| w.contains(h))
+                        }
+                        Waiters::Library(_) => is_library_claim(&seen.lease, h),
+                    };
+                    if waiter && !writes.contains_key(h) {
+                        writes.insert(h.clone(), seen.at);
+                        granted = true;
+                    }
+                }
+                if granted {
+                    lease_writes.push(seen.at);
                 }
             }
-            Ok(Seen::Watch(Some(_))) => {}
             Ok(Seen::Acquired(Some(Ok((i, at))))) => {
                 acquired.entry(i).or_insert(at);
             }
@@ -119,9 +134,9 @@ pub(crate) async fn run_storm(
     } else {
         writes.len()
     };
-    if writes.len() < n || done < n {
+    if writes.len() < grants || done < grants {
         bail!(
-            "storm ({kind}): {} of {n} Leases re-granted ({done} seen by their waiters) within {:.0} s of the due instant (log: {})",
+            "storm ({kind}): {} of {grants} waiters granted ({done} seen by their waiters) within {:.0} s of the due instant (log: {})",
             writes.len(),
             (bound - due).as_secs_f64(),
             log.display()
@@ -129,22 +144,21 @@ pub(crate) async fn run_storm(
     }
     if !failed.is_empty() && acquired.len() < 2 {
         bail!(
-            "storm ({kind}): {} of {n} acquires failed, the first: {}",
+            "storm ({kind}): {} of {grants} acquires failed, the first: {}",
             failed.len(),
             failed[0]
         );
     }
-    let writes: Vec<Instant> = (0..n).map(|i| writes[&lease_name(i)]).collect();
     let regrants = if library {
-        (0..n).filter_map(|i| acquired.get(&i).copied()).collect()
+        acquired.into_values().collect()
     } else {
-        writes.clone()
+        writes.into_values().collect()
     };
     let window = c1.since(&c0);
     let notes = format!(
         "{busy_note}; grants before the due instant: {early_grants}; expirations counted by the controller: {expirations}{}",
-        if expirations > n as f64 {
-            " (more than N: a waiter granted early had its own grant expire before the last re-grant, nobody renewing it; those writes fell into the storm too)"
+        if expirations > grants as f64 {
+            " (more than the grants held: a waiter granted early had its own grant expire before the last re-grant, nobody renewing it; those writes fell into the storm too)"
         } else {
             ""
         }
@@ -152,7 +166,7 @@ pub(crate) async fn run_storm(
     Ok(StormOutcome {
         regrants,
         failed,
-        writes,
+        lease_writes,
         due,
         sync_secs: (ready - t_spawn).as_secs_f64(),
         api_writes_per_s: (writes_1 - writes_0) / window.secs,
@@ -162,7 +176,7 @@ pub(crate) async fn run_storm(
 }
 
 enum Seen {
-    Watch(Option<(String, Option<String>, Instant)>),
+    Watch(Option<LeaseSeen>),
     Acquired(Option<Result<(usize, Instant), String>>),
 }
 
