@@ -307,7 +307,22 @@ async fn run(args: &Args, plane: &ControlPlane) -> bool {
         servers: &servers,
         relays: &relays,
     };
-    verdict::judge(&out, &stores, &leases, started, args.seed, plane.ha).await
+    let held = verdict::judge(&out, &stores, &leases, started, args.seed, plane.ha).await;
+    let relay_pids = relays.pids();
+    drop(relays);
+    held & none_left("outbox relay", &relay_pids)
+}
+
+/// Whether every one of `pids` is gone (killed and reaped); says which are not.
+fn none_left(what: &str, pids: &[u32]) -> bool {
+    let left: Vec<&u32> = pids
+        .iter()
+        .filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .collect();
+    if !left.is_empty() {
+        eprintln!("chaos: FAILED: {what} processes still running after the run: {left:?}");
+    }
+    left.is_empty()
 }
 
 /// The harness's watches: straight to the API server, or (HA) one through each.

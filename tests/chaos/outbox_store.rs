@@ -137,11 +137,9 @@ impl Relays {
         format!("{identity} for {} ms", pause.as_millis())
     }
 
-    pub fn stop(&mut self) {
-        for (_, child) in &mut self.running {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+    /// The relays' process ids, to check after the drop that none outlived it.
+    pub fn pids(&self) -> Vec<u32> {
+        self.running.iter().map(|(_, child)| child.id()).collect()
     }
 
     /// The outbox's verdict (see the module's docs): its violations, none when it held.
@@ -169,6 +167,18 @@ impl Relays {
             self.provider.requests()
         );
         violations
+    }
+}
+
+/// A relay outlives the run otherwise: a `Child` dropped is neither killed nor reaped,
+/// and the chaos binary's exit does not end its children.
+impl Drop for Relays {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.running {
+            // A paused relay dies of SIGKILL too.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

@@ -357,9 +357,7 @@ impl Processes {
 
 impl Drop for Processes {
     fn drop(&mut self) {
-        if let Some(relays) = &mut self.relays {
-            relays.stop();
-        }
+        self.relays = None;
         self.kill_controllers();
         for (_, child) in &mut self.workers {
             // A paused worker dies of SIGKILL too.
