@@ -23,14 +23,7 @@ pub(crate) async fn run_size(
     report: &mut Report,
 ) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await
-        .context("creating the namespace")?;
+    create_namespace(client, ns).await?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
     let claims: Api<LeaseClaim> = Api::namespaced(client.clone(), ns);
     let events: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
@@ -104,6 +97,18 @@ pub(crate) async fn run_size(
         semaphore_storm(client, &size, &mut procs, api_capacity, report).await?;
         phase("semaphore storm", t);
     }
+    Ok(())
+}
+
+pub(crate) async fn create_namespace(client: &Client, ns: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await
+        .with_context(|| format!("creating namespace {ns}"))?;
     Ok(())
 }
 

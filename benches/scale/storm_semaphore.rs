@@ -28,14 +28,7 @@ pub(crate) async fn semaphore_storm(
 ) -> Result<()> {
     let (n, permits) = (s.n, s.args.storm_permits);
     let ns = semaphore_namespace(s.ns);
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await
-        .context("creating the semaphores' namespace")?;
+    create_namespace(client, &ns).await?;
     let sem = Size {
         ns: &ns,
         leases: Api::namespaced(client.clone(), &ns),
