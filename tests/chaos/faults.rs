@@ -233,6 +233,9 @@ pub struct HeldGrant {
     pub fence_key: String,
     pub claim_uid: String,
     pub token: u64,
+    /// Whether the Lease had a waiter when read: only then does the grant, once
+    /// expired, pass to another holder (a free permit of a semaphore just stays free).
+    pub contended: bool,
 }
 
 /// The grants our live workers hold, in Lease and slot order: every slot of every
@@ -246,7 +249,9 @@ async fn held_grants(ctx: &FaultContext<'_>, procs: &Processes) -> Vec<HeldGrant
         else {
             continue;
         };
-        for row in l.status.unwrap_or_default().slot_rows() {
+        let status = l.status.unwrap_or_default();
+        let contended = has_waiter(&status);
+        for row in status.slot_rows() {
             if let Some(h) = row.holder
                 && procs.worker_pid(&h.identity).is_some()
             {
@@ -258,11 +263,17 @@ async fn held_grants(ctx: &FaultContext<'_>, procs: &Processes) -> Vec<HeldGrant
                     fence_key: palisade::permits::fence_key(NAMESPACE, &lease.name, row.slot),
                     claim_uid: h.claim_uid,
                     token: row.fencing_token.unwrap_or(0) as u64,
+                    contended,
                 });
             }
         }
     }
     held
+}
+
+/// Whether a Lease's status shows a claim waiting.
+pub fn has_waiter(status: &palisade::crd::LeaseStatus) -> bool {
+    !status.waiting.is_empty() || status.waiting_count.unwrap_or(0) > 0
 }
 
 /// [`pick_holder`], with the Lease, the slot and the claim: any slot's holder.

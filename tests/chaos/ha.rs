@@ -68,8 +68,9 @@ pub async fn inject(
 }
 
 /// A grant to pause beside an HA fault, waiting out the moment between a release
-/// and the next grant: a long holder's with writes ahead of it, if one holds within
-/// two seconds (a holder past its last write wakes only to release).
+/// and the next grant: a long holder's with writes ahead of it on a Lease with a
+/// waiter, if one holds within two seconds (a holder past its last write wakes only
+/// to release, and one whose Lease nobody waits for is never succeeded).
 async fn pick_for_overlap(
     ctx: &FaultContext<'_>,
     procs: &Processes,
@@ -78,7 +79,10 @@ async fn pick_for_overlap(
     let mut any = None;
     for _ in 0..10 {
         if let Some(held) = pick_grant(ctx, procs, rng).await {
-            if holds_long(&held.identity) && procs.writes_left(&held.identity, held.token) >= 3 {
+            if held.contended
+                && holds_long(&held.identity)
+                && procs.writes_left(&held.identity, held.token) >= 3
+            {
                 return Some(held);
             }
             any.get_or_insert(held);

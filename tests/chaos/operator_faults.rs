@@ -27,7 +27,7 @@ pub async fn operator_grant(
         if let Ok(Ok(lease)) =
             tokio::time::timeout(Duration::from_secs(2), api.get(OPERATOR_LEASE)).await
             && let Some(status) = lease.status
-            && let Some(holder) = status.holder
+            && let Some(holder) = status.holder.clone()
             && procs.worker_pid(&holder.identity).is_some()
         {
             return Some(HeldGrant {
@@ -38,6 +38,7 @@ pub async fn operator_grant(
                 fence_key: palisade::permits::fence_key(OPERATOR_NAMESPACE, OPERATOR_LEASE, 0),
                 claim_uid: holder.claim_uid,
                 token: status.fencing_token.unwrap_or(0) as u64,
+                contended: crate::faults::has_waiter(&status),
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
