@@ -212,7 +212,11 @@ pub fn decide(view: &LeaseView<'_>, now: Instant, wall: Timestamp) -> Decision {
         let Some(h) = row.holder.as_ref() else {
             continue;
         };
-        let ending = if row.slot >= lease.spec.permits {
+        // A slot above `permits` ends as a revocation, marked first, so its holder's
+        // claim must be in view; one that is not is judged as a holder whose claim is
+        // missing (released, once a quorum read shows it gone; else no write).
+        let in_view = claims.iter().any(|c| c.claim.uid == h.claim_uid);
+        let ending = if row.slot >= lease.spec.permits && in_view {
             let why = messages::permits_lowered(row.slot, lease.spec.permits);
             Some(Ending::Revoked(why))
         } else {
