@@ -153,9 +153,14 @@ pub(crate) async fn quiesce(
 }
 
 pub(crate) fn claim_json(prefix: &str, i: usize) -> Value {
+    named_claim_json(&format!("{prefix}-{i:05}"), i)
+}
+
+/// A bare claim `name` (its holder identity too) on Lease `i`, for any slot.
+pub(crate) fn named_claim_json(name: &str, i: usize) -> Value {
     json!({"apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
-           "metadata": {"name": format!("{prefix}-{i:05}")},
-           "spec": {"leaseName": lease_name(i), "holderIdentity": format!("{prefix}-{i:05}")}})
+           "metadata": {"name": name},
+           "spec": {"leaseName": lease_name(i), "holderIdentity": name}})
 }
 
 pub(crate) fn name_uid<K: Resource>(o: &K) -> (String, String) {

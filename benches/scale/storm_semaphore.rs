@@ -11,10 +11,7 @@ pub(crate) fn semaphore_namespace(ns: &str) -> String {
 
 /// A claim for any slot of Lease `i`, the `k`th of its kind there.
 fn slot_claim_json(prefix: &str, i: usize, k: usize) -> Value {
-    let name = format!("{prefix}-{i:05}-{k}");
-    json!({"apiVersion": "palisade.dev/v1alpha1", "kind": "LeaseClaim",
-           "metadata": {"name": name},
-           "spec": {"leaseName": lease_name(i), "holderIdentity": name}})
+    named_claim_json(&format!("{prefix}-{i:05}-{k}"), i)
 }
 
 /// Sets up the semaphores (no controller running), grants every slot, then runs the
